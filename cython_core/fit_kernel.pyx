@@ -1,0 +1,282 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""The /filter hot loop: fit every candidate node, score, choose, in one call.
+
+This is a line-for-line translation of ``hami_py/scheduling/kernel_ref.py`` (read that for the
+rules and their sources); hypothesis keeps the two equal. It walks the usage cache's typed arrays
+directly, so a filter costs O(candidate nodes x devices) in C and nothing per running pod.
+"""
+from libc.stdlib cimport malloc, free
+from libc.string cimport memset
+
+# Keep these in step with hami_py/scheduling/reasons.py and kernel_ref.py.
+DEF ROW_WIDTH = 7
+DEF N_REASONS = 16
+DEF MEMPCT_UNSET = 101
+DEF POLICY_BINPACK = 0
+DEF POLICY_SPREAD = 1
+DEF NODE_FIT = 0
+DEF NODE_DEVICE_REASONS = 1
+DEF NODE_INSUFFICIENT_DEVICE = 2
+DEF CARD_NOT_HEALTH = 1
+DEF CARD_CORDONED = 2
+DEF CARD_TYPE_MISMATCH = 3
+DEF NUMA_NOT_FIT = 4
+DEF CARD_TIME_SLICING_EXHAUSTED = 6
+DEF EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = 7
+DEF CARD_INSUFFICIENT_MEMORY = 9
+DEF CARD_INSUFFICIENT_CORE = 10
+DEF CARD_COMPUTE_UNITS_EXHAUSTED = 11
+DEF ALLOCATED_CARDS_INSUFFICIENT_REQUEST = 13
+
+
+cdef inline long long resolve_mem(int memreq, int mempct, long long total_mem) noexcept nogil:
+    if memreq > 0:
+        return memreq
+    if mempct != MEMPCT_UNSET:
+        return total_mem * mempct // 100
+    return 0
+
+
+cdef inline bint prefer(double sa, int na, int pa, double sb, int nb, int pb,
+                        int gpu_policy, int numa_bind) noexcept nogil:
+    """True when device a sorts strictly before device b (is tried first)."""
+    if numa_bind:
+        if gpu_policy == POLICY_BINPACK:
+            if na != nb:
+                return na < nb
+            if sa != sb:
+                return sa > sb
+            return pa > pb
+        if na != nb:
+            return na > nb
+        if sa != sb:
+            return sa < sb
+        return pa > pb
+    if gpu_policy == POLICY_BINPACK:
+        if sa != sb:
+            return sa > sb
+        if na != nb:
+            return na > nb
+        return pa > pb
+    if sa != sb:
+        return sa < sb
+    if na != nb:
+        return na > nb
+    return pa > pb
+
+
+def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] count,
+                 const int[:] numa, const signed char[:] health, const int[:] vendor,
+                 const long long[:] used_mem, const long long[:] used_cores, const long long[:] used,
+                 const int[:] node_offset, const int[:] node_len, const int[:] candidates,
+                 const int[:] rows, const signed char[:] mask,
+                 int node_policy, int gpu_policy, int numa_bind,
+                 double w_slot, double w_core, double w_mem,
+                 int[:] out_status, int[:] out_reasons, int[:] out_total, double[:] out_score,
+                 int[:] out_row, int[:] out_dev, long long[:] out_mem, int[:] out_cores):
+    cdef Py_ssize_t n_rows = rows.shape[0] // ROW_WIDTH
+    cdef Py_ssize_t n_cand = candidates.shape[0]
+    cdef bint has_mask = mask.shape[0] > 0
+    cdef Py_ssize_t max_len = 0, total_nums = 0
+    cdef Py_ssize_t c, j, k, r, i, n, off, ni, base, ncands, npicked, nchosen
+    for c in range(n_cand):
+        if node_len[candidates[c]] > max_len:
+            max_len = node_len[candidates[c]]
+    for r in range(n_rows):
+        total_nums += rows[r * ROW_WIDTH + 3]
+    if max_len == 0:
+        max_len = 1
+    # Scratch buffers, sized by the largest candidate node; freed on every exit path below.
+    cdef long long *app_used = <long long *> malloc(max_len * sizeof(long long))
+    cdef long long *app_mem = <long long *> malloc(max_len * sizeof(long long))
+    cdef long long *app_cores = <long long *> malloc(max_len * sizeof(long long))
+    cdef long long *ini_used = <long long *> malloc(max_len * sizeof(long long))
+    cdef long long *ini_mem = <long long *> malloc(max_len * sizeof(long long))
+    cdef long long *ini_cores = <long long *> malloc(max_len * sizeof(long long))
+    cdef int *cand = <int *> malloc(max_len * sizeof(int))
+    cdef double *score = <double *> malloc(max_len * sizeof(double))
+    cdef int *picked = <int *> malloc(max_len * sizeof(int))
+    cdef long long *picked_mem = <long long *> malloc(max_len * sizeof(long long))
+    cdef Py_ssize_t chosen_cap = total_nums if total_nums > 0 else 1
+    cdef int *ch_row = <int *> malloc(chosen_cap * sizeof(int))
+    cdef int *ch_dev = <int *> malloc(chosen_cap * sizeof(int))
+    cdef long long *ch_mem = <long long *> malloc(chosen_cap * sizeof(long long))
+    cdef int *ch_cores = <int *> malloc(chosen_cap * sizeof(int))
+    cdef int counts[N_REASONS]
+    cdef long long *s_used
+    cdef long long *s_mem
+    cdef long long *s_cores
+    cdef long long s_u, s_c, s_uc, s_tc, s_um, s_tm, mem
+    cdef double node_score, best_score = 0.0, sc, tmp_s
+    cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
+    cdef int need, prev_numa, m, tmp_k
+    cdef bint better
+    if (app_used == NULL or app_mem == NULL or app_cores == NULL or ini_used == NULL
+            or ini_mem == NULL or ini_cores == NULL or cand == NULL or score == NULL
+            or picked == NULL or picked_mem == NULL or ch_row == NULL or ch_dev == NULL
+            or ch_mem == NULL or ch_cores == NULL):
+        free(app_used); free(app_mem); free(app_cores); free(ini_used); free(ini_mem)
+        free(ini_cores); free(cand); free(score); free(picked); free(picked_mem)
+        free(ch_row); free(ch_dev); free(ch_mem); free(ch_cores)
+        raise MemoryError()
+    with nogil:
+        for c in range(n_cand):
+            ni = candidates[c]
+            off = node_offset[ni]
+            n = node_len[ni]
+            s_u = 0; s_c = 0; s_uc = 0; s_tc = 0; s_um = 0; s_tm = 0
+            for j in range(off, off + n):
+                s_u += used[j]
+                s_c += count[j]
+                s_uc += used_cores[j]
+                s_tc += total_cores[j]
+                s_um += used_mem[j]
+                s_tm += total_mem[j]
+            if s_c == 0 or s_tc == 0 or s_tm == 0:
+                node_score = 0.0
+            else:
+                node_score = 10.0 * (<double> s_u / s_c + <double> s_uc / s_tc + <double> s_um / s_tm)
+            out_score[c] = node_score
+            for k in range(n):
+                app_used[k] = used[off + k]
+                app_mem[k] = used_mem[off + k]
+                app_cores[k] = used_cores[off + k]
+            nchosen = 0
+            status = NODE_FIT
+            current_container = -1
+            s_used = app_used; s_mem = app_mem; s_cores = app_cores
+            for r in range(n_rows):
+                base = r * ROW_WIDTH
+                container = rows[base]
+                if rows[base + 1]:
+                    if container != current_container:
+                        for k in range(n):
+                            ini_used[k] = used[off + k]
+                            ini_mem[k] = used_mem[off + k]
+                            ini_cores[k] = used_cores[off + k]
+                    s_used = ini_used; s_mem = ini_mem; s_cores = ini_cores
+                else:
+                    s_used = app_used; s_mem = app_mem; s_cores = app_cores
+                current_container = container
+                v = rows[base + 2]
+                nums = rows[base + 3]
+                memreq = rows[base + 4]
+                mempct = rows[base + 5]
+                cores = rows[base + 6]
+                if cores > 100:
+                    cores = 100
+                ncands = 0
+                for k in range(n):
+                    if vendor[off + k] == v:
+                        cand[ncands] = <int> k
+                        ncands += 1
+                if nums > ncands:
+                    status = NODE_INSUFFICIENT_DEVICE
+                    break
+                for i in range(ncands):
+                    k = cand[i]
+                    j = off + k
+                    if count[j] == 0 or total_cores[j] == 0 or total_mem[j] == 0:
+                        score[i] = 0.0
+                    else:
+                        mem = resolve_mem(memreq, mempct, total_mem[j])
+                        score[i] = 10.0 * (w_slot * ((<double> (1 + s_used[k])) / count[j])
+                                           + w_core * ((<double> (cores + s_cores[k])) / total_cores[j])
+                                           + w_mem * ((<double> (mem + s_mem[k])) / total_mem[j]))
+                # Insertion sort: nodes carry a handful of devices.
+                for i in range(1, ncands):
+                    tmp_k = cand[i]
+                    tmp_s = score[i]
+                    k = i - 1
+                    while k >= 0 and prefer(tmp_s, numa[off + tmp_k], tmp_k,
+                                            score[k], numa[off + cand[k]], cand[k],
+                                            gpu_policy, numa_bind):
+                        cand[k + 1] = cand[k]
+                        score[k + 1] = score[k]
+                        k -= 1
+                    cand[k + 1] = tmp_k
+                    score[k + 1] = tmp_s
+                memset(counts, 0, sizeof(counts))
+                npicked = 0
+                need = nums
+                prev_numa = -1
+                for i in range(ncands):
+                    k = cand[i]
+                    j = off + k
+                    if not health[j]:
+                        counts[CARD_NOT_HEALTH] += 1
+                        continue
+                    m = mask[j] if has_mask else 0
+                    if m == CARD_CORDONED or m == CARD_TYPE_MISMATCH:
+                        counts[m] += 1
+                        continue
+                    if numa_bind and numa[j] != prev_numa:
+                        if npicked > 0:
+                            counts[NUMA_NOT_FIT] += <int> npicked
+                        npicked = 0
+                        need = nums
+                        prev_numa = numa[j]
+                    if m != 0:
+                        counts[m] += 1
+                        continue
+                    if count[j] <= s_used[k]:
+                        counts[CARD_TIME_SLICING_EXHAUSTED] += 1
+                        continue
+                    mem = resolve_mem(memreq, mempct, total_mem[j])
+                    if total_mem[j] - s_mem[k] < mem:
+                        counts[CARD_INSUFFICIENT_MEMORY] += 1
+                        continue
+                    if total_cores[j] - s_cores[k] < cores:
+                        counts[CARD_INSUFFICIENT_CORE] += 1
+                        continue
+                    if total_cores[j] == 100 and cores == 100 and s_used[k] > 0:
+                        counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                        continue
+                    if total_cores[j] != 0 and s_cores[k] == total_cores[j] and cores == 0:
+                        counts[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
+                        continue
+                    picked[npicked] = <int> k
+                    picked_mem[npicked] = mem
+                    npicked += 1
+                    need -= 1
+                    if need == 0:
+                        break
+                if need > 0:
+                    if npicked > 0:
+                        counts[ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += <int> npicked
+                    status = NODE_DEVICE_REASONS
+                    for i in range(N_REASONS):
+                        out_reasons[c * N_REASONS + i] = counts[i]
+                    out_total[c] = <int> ncands
+                    break
+                for i in range(npicked):
+                    k = picked[i]
+                    s_used[k] += 1
+                    s_mem[k] += picked_mem[i]
+                    s_cores[k] += cores
+                    ch_row[nchosen] = <int> r
+                    ch_dev[nchosen] = <int> (off + k)
+                    ch_mem[nchosen] = picked_mem[i]
+                    ch_cores[nchosen] = cores
+                    nchosen += 1
+            out_status[c] = status
+            if status != NODE_FIT:
+                continue
+            if best < 0:
+                better = True
+            elif node_policy == POLICY_SPREAD:
+                better = node_score < best_score
+            else:
+                better = node_score > best_score
+            if better:
+                best = <int> c
+                best_score = node_score
+                for i in range(nchosen):
+                    out_row[i] = ch_row[i]
+                    out_dev[i] = ch_dev[i]
+                    out_mem[i] = ch_mem[i]
+                    out_cores[i] = ch_cores[i]
+    free(app_used); free(app_mem); free(app_cores); free(ini_used); free(ini_mem)
+    free(ini_cores); free(cand); free(score); free(picked); free(picked_mem)
+    free(ch_row); free(ch_dev); free(ch_mem); free(ch_cores)
+    return best

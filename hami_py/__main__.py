@@ -1,0 +1,3 @@
+from hami_py.cli import main
+
+raise SystemExit(main())

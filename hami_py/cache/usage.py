@@ -1,0 +1,487 @@
+"""Device inventory and usage, kept incrementally from watch events in flat typed arrays.
+
+Upstream HAMi rebuilds every node's usage from every pod on each /filter call. Here the books are
+kept as the events arrive: a node's registration annotation is decoded only when its text
+changes, a pod's allocation is added once under its UID (so a replayed event is harmless) and
+subtracted exactly on delete, termination or rollback. The devices live in struct-of-arrays form
+(one ``array.array`` per field, a node owning a contiguous slice) so the Cython kernel can walk
+any set of candidate nodes without touching a Python object.
+
+Everything here runs on the event loop thread and never awaits: a filter reads free capacity and
+records its reservation in one synchronous stretch, so two concurrent filters cannot both take the
+last share of a GPU.
+"""
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import structlog
+
+from hami_py.devices.base import (
+    AllocationDecodeError, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices,
+)
+
+log = structlog.get_logger(__name__)
+
+VGPU_NODE_ANNOTATION = "hami.io/vgpu-node"
+HANDSHAKE_TIMEOUT_S = 60.0
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(slots=True)
+class UsageEntry:
+    """One device's share held by one pod (already collapsed over its containers)."""
+    vendor: str
+    uuid: str
+    mem: int
+    cores: int
+    slots: int
+
+
+@dataclass(slots=True)
+class PodUsage:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    entries: list[UsageEntry]
+    resolved: list[int] = field(default_factory=list)   # device slot per entry, -1 if unknown
+    resource_version: int | None = None                  # events older than this are stale
+    reserved: bool = False                               # made by our own /filter
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    name: str
+    index: int
+    offset: int = 0
+    length: int = 0
+    devices: list[DeviceInfo] = field(default_factory=list)
+    uuid_to_slot: dict[str, int] = field(default_factory=dict)
+    register_text: dict[str, str | None] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    stale_after: float | None = None    # handshake deadline (wall clock), None = fresh
+    allocatable_positive: bool = False  # the kubelet still advertises devices
+    decode_error: str | None = None
+
+
+def collapse(pod_devices: PodDevices, vendor: str, num_init: int, init_done: bool) -> list[UsageEntry]:
+    """Per-device usage of one vendor's allocation, init containers folded in as upstream does.
+
+    Init containers run one at a time before the app containers, so a device's charge is the
+    larger of the peak over init containers and the sum over app containers. Once every init
+    container has succeeded only the app containers count.
+    """
+    peak: dict[str, list[int]] = {}
+    app: dict[str, list[int]] = {}
+    for position, container in enumerate(pod_devices):
+        is_init = position < num_init
+        if is_init and init_done:
+            continue
+        for dev in container:
+            if is_init:
+                cur = peak.setdefault(dev.uuid, [0, 0])
+                cur[0] = max(cur[0], dev.usedmem)
+                cur[1] = max(cur[1], dev.usedcores)
+            else:
+                cur = app.setdefault(dev.uuid, [0, 0, 0])
+                cur[0] += dev.usedmem
+                cur[1] += dev.usedcores
+                cur[2] += 1
+    entries = []
+    for uuid in sorted(peak.keys() | app.keys()):
+        p = peak.get(uuid, (0, 0))
+        a = app.get(uuid, (0, 0, 0))
+        entries.append(UsageEntry(vendor, uuid, max(p[0], a[0]), max(p[1], a[1]), max(a[2], 1)))
+    return entries
+
+
+def init_containers_done(pod: dict) -> bool:
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    if not statuses:
+        return False
+    for st in statuses:
+        term = (st.get("state") or {}).get("terminated")
+        if not term or term.get("exitCode") != 0:
+            return False
+    return True
+
+
+def parse_handshake_deadline(value: str | None) -> float | None:
+    """When a ``Requesting_<local time>`` handshake goes stale; None when it cannot."""
+    if not value or "Requesting" not in value:
+        return None
+    _, sep, stamp = value.partition("_")
+    if not sep:
+        return None
+    try:
+        return time.mktime(time.strptime(stamp.strip(), "%Y-%m-%d %H:%M:%S")) + HANDSHAKE_TIMEOUT_S
+    except (ValueError, OverflowError):
+        return None
+
+
+def _rv(obj: dict) -> int | None:
+    try:
+        return int(obj["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class UsageCache:
+    """The scheduler's books: what every registered device has and what is taken of it."""
+
+    def __init__(self, vendors: dict[str, DeviceVendor], *, node_selector: dict[str, str] | None = None):
+        self.vendors = vendors
+        self.vendor_ids = {key: i for i, key in enumerate(vendors)}
+        self.node_selector = node_selector or {}
+        # Per-device arrays (the kernel's inputs).
+        self.total_mem = array("i")
+        self.total_cores = array("i")
+        self.count = array("i")
+        self.numa = array("i")
+        self.health = array("b")
+        self.vendor = array("i")
+        self.used_mem = array("q")
+        self.used_cores = array("q")
+        self.used = array("q")
+        self.device_ids: list[str] = []
+        # Per-node-index arrays.
+        self.node_offset = array("i")
+        self.node_len = array("i")
+        self.nodes: dict[str, NodeEntry] = {}
+        self._free_node_indexes: list[int] = []
+        self._dead_slots = 0
+        # Pods.
+        self.pods: dict[str, PodUsage] = {}
+        self.node_pods: dict[str, set[str]] = {}
+        # Decisions rolled back (failed patch or bind) that the pod's annotations may still
+        # carry: events repeating exactly that decision must not charge it again.
+        self.released: dict[str, tuple[str, list[UsageEntry]]] = {}
+        self.nodes_synced = False
+        self.pods_synced = False
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def synced(self) -> bool:
+        return self.nodes_synced and self.pods_synced
+
+    def node_usable(self, entry: NodeEntry, now: float) -> bool:
+        """Registered, and its device plugin has not gone silent (upstream's handshake rule:
+        a ``Requesting_`` stamp older than 60 s with nothing allocatable means the plugin is gone)."""
+        return entry.length > 0 and (entry.stale_after is None or now < entry.stale_after
+                                     or entry.allocatable_positive)
+
+    def device_usage(self, node: str) -> list[dict]:
+        """A readable snapshot of one node's devices (for tests, the demo and metrics)."""
+        e = self.nodes.get(node)
+        if e is None:
+            return []
+        out = []
+        for k, dev in enumerate(e.devices):
+            j = e.offset + k
+            out.append({
+                "id": dev.id, "index": dev.index, "type": dev.type, "count": self.count[j],
+                "used": self.used[j], "totalmem": self.total_mem[j], "usedmem": self.used_mem[j],
+                "totalcore": self.total_cores[j], "usedcores": self.used_cores[j],
+                "health": bool(self.health[j]),
+            })
+        return out
+
+    # ------------------------------------------------------------------ nodes
+    def upsert_node(self, node: dict) -> None:
+        meta = node.get("metadata") or {}
+        name = meta.get("name")
+        if not name:
+            return
+        labels = meta.get("labels") or {}
+        if any(labels.get(k) != v for k, v in self.node_selector.items()):
+            self.remove_node(name)
+            return
+        annotations = meta.get("annotations") or {}
+        entry = self.nodes.get(name)
+        if entry is None:
+            entry = NodeEntry(name=name, index=self._new_node_index())
+            self.nodes[name] = entry
+        entry.labels = labels
+        selected = {}
+        handshake_deadline = None
+        allocatable_positive = False
+        allocatable = (node.get("status") or {}).get("allocatable") or {}
+        for key, vendor in self.vendors.items():
+            selected[key] = annotations.get(vendor.register_annotation)
+            if vendor.handshake_annotation:
+                d = parse_handshake_deadline(annotations.get(vendor.handshake_annotation))
+                if d is not None:
+                    handshake_deadline = d if handshake_deadline is None else min(handshake_deadline, d)
+            for res in vendor.resource_names()[:1]:
+                if str(allocatable.get(res, "0")) not in ("0", ""):
+                    allocatable_positive = True
+        # Keep only what the per-pod device selectors may read (cordon list and the like).
+        entry.annotations = {k: v for k, v in annotations.items() if k.startswith("hami.io/device-")}
+        entry.allocatable_positive = allocatable_positive
+        entry.stale_after = handshake_deadline
+        texts = {k: annotations.get(v.register_annotation) for k, v in self.vendors.items()}
+        # Pair scores live in their own annotation; a change there must re-decode as well.
+        for k, v in self.vendors.items():
+            extra = getattr(v, "score_annotation", None)
+            if extra:
+                texts[k + "/score"] = annotations.get(extra)
+        if texts == entry.register_text:
+            return
+        entry.register_text = texts
+        devices: list[tuple[int, DeviceInfo]] = []
+        errors = []
+        for key, vendor in self.vendors.items():
+            try:
+                for dev in vendor.parse_node_devices(annotations):
+                    devices.append((self.vendor_ids[key], dev))
+            except DeviceDecodeError as exc:
+                errors.append(f"{vendor.register_annotation}: {exc}")
+        entry.decode_error = "; ".join(errors) or None
+        if errors:
+            log.warning("node registration rejected", node=name, error=entry.decode_error)
+        self._place_devices(entry, devices)
+
+    def _new_node_index(self) -> int:
+        if self._free_node_indexes:
+            return self._free_node_indexes.pop()
+        self.node_offset.append(0)
+        self.node_len.append(0)
+        return len(self.node_offset) - 1
+
+    def _place_devices(self, entry: NodeEntry, devices: list[tuple[int, DeviceInfo]]) -> None:
+        n = len(devices)
+        if n != entry.length:
+            self._kill_slice(entry)
+            entry.offset = len(self.total_mem)
+            entry.length = n
+            for arr, fill in self._arrays_with_fill():
+                arr.extend([fill] * n)
+            self.device_ids.extend([""] * n)
+        entry.devices = [d for _, d in devices]
+        entry.uuid_to_slot = {}
+        for k, (vid, dev) in enumerate(devices):
+            j = entry.offset + k
+            self.total_mem[j] = dev.devmem
+            self.total_cores[j] = dev.devcore
+            self.count[j] = dev.count
+            self.numa[j] = dev.numa
+            self.health[j] = 1 if dev.health else 0
+            self.vendor[j] = vid
+            self.device_ids[j] = dev.id
+            entry.uuid_to_slot.setdefault(dev.id, j)
+        self.node_offset[entry.index] = entry.offset
+        self.node_len[entry.index] = entry.length
+        self._recount_node(entry)
+        if self._dead_slots > 1024 and self._dead_slots > len(self.total_mem) // 2:
+            self._compact()
+
+    def _arrays_with_fill(self):
+        return ((self.total_mem, 0), (self.total_cores, 0), (self.count, 0), (self.numa, 0),
+                (self.health, 0), (self.vendor, -1), (self.used_mem, 0), (self.used_cores, 0),
+                (self.used, 0))
+
+    def _kill_slice(self, entry: NodeEntry) -> None:
+        for j in range(entry.offset, entry.offset + entry.length):
+            self.vendor[j] = -1
+            self.health[j] = 0
+            self.device_ids[j] = ""
+        self._dead_slots += entry.length
+        entry.length = 0
+        entry.uuid_to_slot = {}
+        self.node_len[entry.index] = 0
+
+    def _recount_node(self, entry: NodeEntry) -> None:
+        """Rebuild one node's usage from the pods charged to it (after its inventory changed)."""
+        for j in range(entry.offset, entry.offset + entry.length):
+            self.used[j] = 0
+            self.used_mem[j] = 0
+            self.used_cores[j] = 0
+        for uid in self.node_pods.get(entry.name, ()):
+            pod = self.pods[uid]
+            pod.resolved = self._resolve(pod)
+            self._apply(pod, +1)
+
+    def _compact(self) -> None:
+        live = sorted((e for e in self.nodes.values() if e.length), key=lambda e: e.offset)
+        moves = []
+        for e in live:
+            moves.append((e, e.offset))
+        new_cols = [array(a.typecode) for a, _ in self._arrays_with_fill()]
+        new_ids: list[str] = []
+        pos = 0
+        for e, old in moves:
+            for col, (arr, _) in zip(new_cols, self._arrays_with_fill()):
+                col.extend(arr[old:old + e.length])
+            new_ids.extend(self.device_ids[old:old + e.length])
+            e.offset = pos
+            self.node_offset[e.index] = pos
+            e.uuid_to_slot = {uuid: pos + (slot - old) for uuid, slot in e.uuid_to_slot.items()}
+            pos += e.length
+        (self.total_mem, self.total_cores, self.count, self.numa, self.health, self.vendor,
+         self.used_mem, self.used_cores, self.used) = new_cols
+        self.device_ids = new_ids
+        self._dead_slots = 0
+        for pod in self.pods.values():
+            pod.resolved = self._resolve(pod)
+
+    def remove_node(self, name: str) -> None:
+        entry = self.nodes.pop(name, None)
+        if entry is None:
+            return
+        self._kill_slice(entry)
+        self._free_node_indexes.append(entry.index)
+        # Pods charged to the node keep their records: they are released by their own events.
+        for uid in self.node_pods.get(name, ()):
+            self.pods[uid].resolved = []
+
+    def replace_nodes(self, nodes: Iterable[dict]) -> None:
+        """A fresh list: upsert everything in it, drop every node that is no longer there."""
+        seen = set()
+        for node in nodes:
+            self.upsert_node(node)
+            seen.add((node.get("metadata") or {}).get("name"))
+        for name in [n for n in self.nodes if n not in seen]:
+            self.remove_node(name)
+        self.nodes_synced = True
+
+    # ------------------------------------------------------------------ pods
+    def _resolve(self, pod: PodUsage) -> list[int]:
+        entry = self.nodes.get(pod.node)
+        if entry is None:
+            return []
+        return [entry.uuid_to_slot.get(e.uuid, -1) for e in pod.entries]
+
+    def _apply(self, pod: PodUsage, sign: int) -> None:
+        for e, j in zip(pod.entries, pod.resolved):
+            if j < 0:
+                continue
+            self.used[j] += sign * e.slots
+            self.used_mem[j] += sign * e.mem
+            self.used_cores[j] += sign * e.cores
+
+    def add_pod_usage(self, pod: PodUsage) -> None:
+        """Charge a pod's usage; a pod already charged is replaced (add is idempotent per UID)."""
+        if pod.reserved:
+            self.released.pop(pod.uid, None)
+        old = self.pods.get(pod.uid)
+        if old is not None:
+            if old.node == pod.node and old.entries == pod.entries:
+                old.resource_version = pod.resource_version or old.resource_version
+                old.reserved = pod.reserved
+                return
+            self.remove_pod(old.uid)
+        pod.resolved = self._resolve(pod)
+        if pod.resolved and -1 in pod.resolved:
+            log.warning("pod holds a device its node does not register", pod=f"{pod.namespace}/{pod.name}",
+                        node=pod.node)
+        self.pods[pod.uid] = pod
+        self.node_pods.setdefault(pod.node, set()).add(pod.uid)
+        self._apply(pod, +1)
+
+    def release_pod(self, uid: str) -> PodUsage | None:
+        """Roll back a decision: free its usage and ignore events that still carry it."""
+        pod = self.remove_pod(uid)
+        if pod is not None:
+            self.released[uid] = (pod.node, pod.entries)
+        return pod
+
+    def remove_pod(self, uid: str) -> PodUsage | None:
+        pod = self.pods.pop(uid, None)
+        if pod is None:
+            return None
+        self._apply(pod, -1)
+        members = self.node_pods.get(pod.node)
+        if members is not None:
+            members.discard(uid)
+            if not members:
+                del self.node_pods[pod.node]
+        return pod
+
+    def pod_usage_from_object(self, pod: dict) -> PodUsage | None:
+        """The usage a pod object's annotations claim, or None when it claims none."""
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        node = annotations.get(VGPU_NODE_ANNOTATION)
+        if not node:
+            return None
+        spec = pod.get("spec") or {}
+        num_init = len(spec.get("initContainers") or [])
+        init_done = num_init > 0 and init_containers_done(pod)
+        entries: list[UsageEntry] = []
+        for key, vendor in self.vendors.items():
+            devices = vendor.decode_allocation(annotations)
+            if devices:
+                entries.extend(collapse(devices, key, num_init, init_done))
+        return PodUsage(uid=meta.get("uid", ""), namespace=meta.get("namespace", ""),
+                        name=meta.get("name", ""), node=node, entries=entries,
+                        resource_version=_rv(pod))
+
+    def on_pod_event(self, event_type: str, pod: dict) -> None:
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
+        if not uid:
+            return
+        if event_type == "DELETED":
+            self.remove_pod(uid)
+            self.released.pop(uid, None)
+            return
+        current = self.pods.get(uid)
+        rv = _rv(pod)
+        if current is not None and current.resource_version is not None and rv is not None \
+                and rv < current.resource_version:
+            return  # older than what our own patch produced: a stale event in flight
+        if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+            self.remove_pod(uid)
+            return
+        try:
+            usage = self.pod_usage_from_object(pod)
+        except AllocationDecodeError as exc:
+            log.warning("pod allocation annotation rejected", pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                        error=str(exc))
+            return
+        if usage is None:
+            # No scheduler decision on this object. A reservation whose patch has not been
+            # confirmed yet stays; one the API server has seen and that is now gone is released.
+            if current is not None and current.resource_version is not None and rv is not None:
+                self.remove_pod(uid)
+            return
+        if self.released.get(uid) == (usage.node, usage.entries):
+            return  # the annotations still show a decision we rolled back
+        self.add_pod_usage(usage)
+
+    def replace_pods(self, pods: Iterable[dict], list_rv: int | None) -> None:
+        """A fresh list: apply everything in it; pods missing from it were deleted meanwhile.
+
+        A reservation whose pod patch is still in flight (no resourceVersion yet) or that is newer
+        than the list is kept: the list simply predates it."""
+        seen = set()
+        for pod in pods:
+            uid = (pod.get("metadata") or {}).get("uid")
+            seen.add(uid)
+            self.on_pod_event("ADDED", pod)
+        for uid in [u for u in self.pods if u not in seen]:
+            p = self.pods[uid]
+            if p.resource_version is None and p.reserved:
+                continue
+            if list_rv is not None and p.resource_version is not None and p.resource_version > list_rv:
+                continue
+            self.remove_pod(uid)
+        self.pods_synced = True
+
+    # ------------------------------------------------------------------ checks
+    def recount(self) -> dict[str, tuple[int, int, int]]:
+        """Usage recomputed from scratch from the pod records (for invariant checks in tests)."""
+        totals: dict[str, list[int]] = {}
+        for pod in self.pods.values():
+            for e, j in zip(pod.entries, pod.resolved):
+                if j >= 0:
+                    t = totals.setdefault(self.device_ids[j], [0, 0, 0])
+                    t[0] += e.slots
+                    t[1] += e.mem
+                    t[2] += e.cores
+        return {k: tuple(v) for k, v in totals.items()}

@@ -1,0 +1,185 @@
+"""``hami-scheduler``: upstream's scheduler flags, plus the ``demo`` and ``version`` commands.
+
+A bad flag, a bad value or an unreadable file is reported in one line and exit code 2; nobody
+configuring a scheduler should have to read a traceback to find a typo.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+
+from hami_py import __version__
+from hami_py.app import Options, SchedulerApp, split_host_port
+from hami_py.config import ConfigError, DeviceConfig, load_device_config
+from hami_py.logs import configure_logging
+
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage dump
+        raise UsageError(message)
+
+
+def _duration(text: str) -> float:
+    """Go-style durations as upstream's flags take them: 5m, 28s, 1h30m, 500ms, or plain seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    s = text.strip()
+    try:
+        return float(s)
+    except ValueError:
+        pass
+    total, num, i = 0.0, "", 0
+    if not s:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
+    while i < len(s):
+        ch = s[i]
+        if ch.isdigit() or ch == ".":
+            num += ch
+            i += 1
+            continue
+        unit = next((u for u in ("ms", "us", "µs", "ns", "h", "m", "s") if s.startswith(u, i)), None)
+        if unit is None or not num:
+            raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
+        total += float(num) * units[unit]
+        num = ""
+        i += len(unit)
+    if num:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (missing unit)")
+    return total
+
+
+def _bool(text: str) -> bool:
+    if text in ("1", "t", "T", "true", "TRUE", "True"):
+        return True
+    if text in ("0", "f", "F", "false", "FALSE", "False"):
+        return False
+    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
+
+
+def _selector(text: str) -> dict[str, str]:
+    out = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        k, sep, v = part.partition("=")
+        if not sep or not k:
+            raise argparse.ArgumentTypeError(f"invalid label selector entry {part!r} (want key=value)")
+        out[k.strip()] = v.strip()
+    return out
+
+
+def _address(text: str) -> str:
+    try:
+        split_host_port(text, default_host="0.0.0.0")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hami-scheduler", description="HAMi-compatible scheduler extender for shared GPUs.")
+    flag = p.add_argument
+    flag("--http_bind", default="127.0.0.1:8080", type=_address, help="extender server address")
+    flag("--cert_file", default="", help="TLS certificate (TLS when both cert and key are set)")
+    flag("--key_file", default="", help="TLS private key")
+    flag("--scheduler-name", default="", help="scheduler name the webhook writes into pods")
+    flag("--node-scheduler-policy", default="binpack", help="default node policy: binpack or spread")
+    flag("--gpu-scheduler-policy", default="spread", help="default device policy: binpack or spread")
+    flag("--metrics-bind-address", default=":9395", type=_address, help="metrics server address")
+    flag("--node-label-selector", default={}, type=_selector, help="k=v,k2=v2: only nodes with these labels")
+    flag("--kube-qps", default=5.0, type=float, help="API client queries per second")
+    flag("--kube-burst", default=10, type=int, help="API client burst")
+    flag("--kube-timeout", default=0, type=int, help="API client timeout in seconds (0: none)")
+    flag("--profiling", default=False, type=_bool, nargs="?", const=True, help="accepted for compatibility")
+    flag("--node-lock-timeout", default=300.0, type=_duration, help="node lock expiry (Go duration)")
+    flag("--node-lock-retry-timeout", default=28.0, type=_duration, help="PodGroup lock retry budget")
+    flag("--force-overwrite-default-scheduler", default=True, type=_bool, nargs="?", const=True)
+    flag("--leader-elect", default=False, type=_bool, nargs="?", const=True)
+    flag("--leader-elect-resource-name", default="")
+    flag("--leader-elect-resource-namespace", default="")
+    flag("--legacy-metrics", default=False, type=_bool, nargs="?", const=True)
+    flag("--device-config-file", default="", help="device configuration YAML (upstream's schema)")
+    flag("--kubeconfig", default=None, help="kubeconfig file (else $KUBECONFIG, else in-cluster)")
+    flag("--debug", default=False, type=_bool, nargs="?", const=True, help="debug logging")
+    flag("-v", "--v", dest="verbosity", default=0, type=int, help="log verbosity (klog style)")
+    flag("--log-format", default="json", choices=["json", "console"], help="log output format")
+    flag("--max-request-bytes", default=1 << 20, type=int, help="largest extender request body")
+    return p
+
+
+def options_from_args(ns: argparse.Namespace) -> Options:
+    return Options(
+        http_bind=ns.http_bind, cert_file=ns.cert_file, key_file=ns.key_file,
+        scheduler_name=ns.scheduler_name, node_scheduler_policy=ns.node_scheduler_policy,
+        gpu_scheduler_policy=ns.gpu_scheduler_policy, metrics_bind_address=ns.metrics_bind_address,
+        node_label_selector=ns.node_label_selector, kube_qps=ns.kube_qps, kube_burst=ns.kube_burst,
+        kube_timeout=ns.kube_timeout, profiling=ns.profiling, node_lock_timeout_s=ns.node_lock_timeout,
+        node_lock_retry_timeout_s=ns.node_lock_retry_timeout,
+        force_overwrite_default_scheduler=ns.force_overwrite_default_scheduler,
+        leader_elect=ns.leader_elect, leader_elect_resource_name=ns.leader_elect_resource_name,
+        leader_elect_resource_namespace=ns.leader_elect_resource_namespace,
+        legacy_metrics=ns.legacy_metrics, device_config_file=ns.device_config_file,
+        kubeconfig=ns.kubeconfig, debug=ns.debug, verbosity=ns.verbosity,
+        body_limit=ns.max_request_bytes,
+    )
+
+
+def _fail(message: str) -> int:
+    sys.stderr.write(f"hami-scheduler: {message}\n")
+    return EXIT_USAGE
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "version":
+        print(__version__)  # noqa: T201 - the command's output
+        return 0
+    if argv and argv[0] == "demo":
+        from hami_py.demo import main as demo_main
+        return demo_main(argv[1:])
+    try:
+        ns = build_parser().parse_args(argv)
+        if ns.node_scheduler_policy not in ("binpack", "spread"):
+            raise UsageError(f"--node-scheduler-policy must be binpack or spread, not {ns.node_scheduler_policy!r}")
+        if bool(ns.cert_file) != bool(ns.key_file):
+            raise UsageError("--cert_file and --key_file must be given together")
+        for path in (ns.cert_file, ns.key_file):
+            if path:
+                open(path, "rb").close()
+        device_config = load_device_config(ns.device_config_file) if ns.device_config_file else DeviceConfig.default()
+    except UsageError as exc:
+        return _fail(str(exc))
+    except ConfigError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot read {exc.filename}: {exc.strerror}")
+    level = logging.DEBUG if ns.debug or ns.verbosity >= 4 else logging.INFO
+    configure_logging(json=ns.log_format == "json", level=level)
+    return asyncio.run(serve(options_from_args(ns), device_config))
+
+
+async def serve(options: Options, device_config: DeviceConfig) -> int:
+    from hami_py.k8s.client import load_configuration
+    try:
+        configuration = await load_configuration(options.kubeconfig)
+    except Exception as exc:  # noqa: BLE001 - whatever the loader raises, say it in one line
+        return _fail(f"cannot load cluster configuration: {exc}")
+    app = SchedulerApp(options, device_config=device_config, configuration=configuration)
+    try:
+        await app.start()
+    except OSError as exc:
+        await app.stop()
+        return _fail(f"cannot listen: {exc}")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await app.stop()
+    return 0

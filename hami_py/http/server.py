@@ -1,0 +1,115 @@
+"""The extender's HTTP surface: /filter, /bind, /healthz, /readyz, and /metrics on its own port.
+
+kube-scheduler treats any answer that is not a well-formed result as an extender failure, and
+upstream's contract is that errors travel inside an HTTP 200 body with ``Error`` set. So every
+way a request can be wrong (oversized, not JSON, nested too deep, missing fields) ends in such a
+body with a precise message, and only a result we cannot serialise is a 500.
+"""
+from __future__ import annotations
+
+import time
+
+import orjson
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from hami_py.metrics import Metrics
+from hami_py.scheduling.service import SchedulerService, filter_result
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_BODY_LIMIT = 1 << 20
+_JSON = "application/json"
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+async def read_body(request: web.Request, limit: int) -> bytes:
+    """Read at most ``limit`` bytes; more is an error, never a silent truncation."""
+    if request.content_length is not None and request.content_length > limit:
+        raise BodyTooLarge()
+    chunks = []
+    size = 0
+    async for chunk in request.content.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLarge()
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _decode(request: web.Request, limit: int):
+    """(args, None) or (None, error message)."""
+    try:
+        body = await read_body(request, limit)
+    except BodyTooLarge:
+        return None, f"request body exceeds the limit of {limit} bytes"
+    if not body.strip():
+        return None, "empty request body: EOF"
+    try:
+        return orjson.loads(body), None
+    except orjson.JSONDecodeError as exc:
+        return None, f"invalid JSON request body: {exc}"
+
+
+def _respond(result: dict, what: str) -> web.Response:
+    try:
+        return web.Response(body=orjson.dumps(result), content_type=_JSON)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        body = orjson.dumps({**{k: None for k in result}, "Error": f"Failed to marshal {what} result: {exc}"})
+        return web.Response(status=500, body=body, content_type=_JSON)
+
+
+def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit: int = DEFAULT_BODY_LIMIT,
+              extra_routes=None) -> web.Application:
+    """``ready`` is a zero-argument callable: True once the initial lists are in."""
+
+    async def filter_handler(request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        args, error = await _decode(request, body_limit)
+        result = filter_result(error=error) if error else await service.filter(args)
+        if result.get("Error"):
+            metrics.request_errors.labels("filter").inc()
+        response = _respond(result, "extender filter")
+        metrics.request_seconds.labels("filter").observe(time.perf_counter() - t0)
+        return response
+
+    async def bind_handler(request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        args, error = await _decode(request, body_limit)
+        result = {"Error": error} if error else await service.bind(args)
+        if result.get("Error"):
+            metrics.request_errors.labels("bind").inc()
+        response = _respond(result, "binding")
+        metrics.request_seconds.labels("bind").observe(time.perf_counter() - t0)
+        return response
+
+    async def healthz(_: web.Request) -> web.Response:
+        return web.Response(status=200)
+
+    async def readyz(_: web.Request) -> web.Response:
+        if ready():
+            return web.Response(status=200)
+        return web.Response(status=503, text="usage cache not synced yet")
+
+    app = web.Application(client_max_size=body_limit)
+    app.router.add_post("/filter", filter_handler)
+    app.router.add_post("/bind", bind_handler)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    for method, path, handler in extra_routes or ():
+        app.router.add_route(method, path, handler)
+    return app
+
+
+def build_metrics_app(metrics: Metrics) -> web.Application:
+    async def handler(_: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(metrics.registry),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", handler)
+    return app

@@ -1,0 +1,177 @@
+"""A thin, fast door to the Kubernetes API on top of kubernetes-asyncio.
+
+kubernetes-asyncio gives us what is hard to get right: kubeconfig and in-cluster configuration,
+bearer tokens, client certificates, TLS and a pooled aiohttp session. What we do not want from it
+is its model classes: deserialising a pod into generated Python objects costs far more than the
+whole /filter decision, so every call here goes through ``ApiClient.call_api`` with
+``_preload_content=False`` and the raw JSON is parsed with orjson.
+
+Client-side rate limiting follows client-go's ``--kube-qps``/``--kube-burst`` token bucket, so the
+scheduler behaves towards the API server the way upstream's does; watches are not limited.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import aiohttp
+import orjson
+from kubernetes_asyncio import client as k8s_client
+from kubernetes_asyncio import config as k8s_config
+
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+class KubeApiError(Exception):
+    """An API call failed: ``status`` is the HTTP code (0 for a transport failure or timeout)."""
+
+    def __init__(self, status: int, reason: str, message: str, *, retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.retry_after = retry_after
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def uncertain(self) -> bool:
+        """The request may or may not have been applied (timeout, dropped connection, 5xx)."""
+        return self.status == 0 or self.status >= 500
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class TokenBucket:
+    """client-go's flowcontrol token bucket: ``qps`` tokens a second, at most ``burst`` saved."""
+
+    def __init__(self, qps: float, burst: int):
+        self.qps = qps
+        self.burst = max(1, burst)
+        self.tokens = float(self.burst)
+        self.stamp = time.monotonic()
+
+    async def acquire(self) -> None:
+        if self.qps <= 0:
+            return
+        while True:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.qps)
+            self.stamp = now
+            if self.tokens >= 1:
+                self.tokens -= 1
+                return
+            await asyncio.sleep((1 - self.tokens) / self.qps)
+
+
+async def load_configuration(kubeconfig: str | None) -> k8s_client.Configuration:
+    """``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else in-cluster."""
+    configuration = k8s_client.Configuration()
+    path = kubeconfig or os.environ.get("KUBECONFIG")
+    if path:
+        await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+        return configuration
+    try:
+        k8s_config.load_incluster_config(client_configuration=configuration)
+    except k8s_config.ConfigException:
+        default = os.path.expanduser("~/.kube/config")
+        await k8s_config.load_kube_config(config_file=default, client_configuration=configuration)
+    return configuration
+
+
+class KubeClient:
+    """JSON in, JSON out, over the configured kubernetes-asyncio ApiClient."""
+
+    def __init__(self, configuration: k8s_client.Configuration, *, qps: float = 5.0, burst: int = 10,
+                 timeout: float = 0.0):
+        configuration.connection_pool_maxsize = max(getattr(configuration, "connection_pool_maxsize", 0) or 0, 64)
+        self.api = k8s_client.ApiClient(configuration)
+        self.bucket = TokenBucket(qps, burst)
+        self.timeout = timeout if timeout > 0 else None
+
+    async def close(self) -> None:
+        await self.api.close()
+
+    async def open(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
+                   body: Any = None, content_type: str = "application/json",
+                   timeout: float | aiohttp.ClientTimeout | None = None,
+                   limited: bool = True) -> aiohttp.ClientResponse:
+        """Send a request and return the unread response (for watch streams)."""
+        if limited:
+            await self.bucket.acquire()
+        try:
+            return await self.api.call_api(
+                path, method,
+                query_params=query or [],
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout if timeout is not None else self.timeout,
+            )
+        except asyncio.TimeoutError as exc:
+            raise KubeApiError(0, "Timeout", f"{method} {path}: timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise KubeApiError(0, "ConnectionError", f"{method} {path}: {exc}") from exc
+
+    async def request(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
+                      body: Any = None, content_type: str = "application/json",
+                      timeout: float | None = None) -> dict:
+        """One API call; the decoded JSON body, or KubeApiError with the server's own message."""
+        response = await self.open(method, path, query=query, body=body, content_type=content_type,
+                                   timeout=timeout)
+        try:
+            async with response:
+                data = await response.read()
+        except asyncio.TimeoutError as exc:
+            raise KubeApiError(0, "Timeout", f"{method} {path}: timed out") from exc
+        except aiohttp.ClientError as exc:
+            raise KubeApiError(0, "ConnectionError", f"{method} {path}: {exc}") from exc
+        if 200 <= response.status < 300:
+            return orjson.loads(data) if data else {}
+        raise error_from_response(response.status, data, response.headers.get("Retry-After"),
+                                  what=f"{method} {path}")
+
+    async def get(self, path: str, **kw) -> dict:
+        return await self.request("GET", path, **kw)
+
+    async def patch(self, path: str, body: Any, *, content_type: str = MERGE_PATCH, **kw) -> dict:
+        return await self.request("PATCH", path, body=body, content_type=content_type, **kw)
+
+    async def post(self, path: str, body: Any, **kw) -> dict:
+        return await self.request("POST", path, body=body, **kw)
+
+
+def error_from_response(status: int, data: bytes, retry_after: str | None, *, what: str) -> KubeApiError:
+    reason, message = "Unknown", ""
+    try:
+        st = orjson.loads(data)
+        if isinstance(st, dict):
+            reason = st.get("reason") or reason
+            message = st.get("message") or ""
+    except orjson.JSONDecodeError:
+        message = data[:200].decode("utf-8", "replace")
+    try:
+        ra = float(retry_after) if retry_after is not None else None
+    except ValueError:
+        ra = None
+    return KubeApiError(status, reason, message or f"{what}: HTTP {status}", retry_after=ra)
+
+
+def pod_path(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{namespace}/pods/{name}"
+
+
+def node_path(name: str) -> str:
+    return f"/api/v1/nodes/{name}"

@@ -1,0 +1,135 @@
+"""The per-node bind lock HAMi's device plugins expect, taken with compare-and-set.
+
+Between /bind and the device plugin's Allocate, only one pod at a time may be in flight on a node:
+the plugin finds "its" pod by the lock. The lock is the node annotation ``hami.io/mutex.lock`` =
+``<RFC3339 time>,<pod namespace>,<pod name>``; the device plugin releases it after allocating.
+Every write is a merge patch carrying the node's resourceVersion, so the API server refuses it
+(409) when anyone changed the node in between: two schedulers can never both believe they hold it.
+An expired lock, or one whose owner pod no longer exists, is taken over; only the owner releases.
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+from datetime import datetime, timezone
+
+import structlog
+
+from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
+
+log = structlog.get_logger(__name__)
+
+LOCK_ANNOTATION = "hami.io/mutex.lock"
+CAS_ATTEMPTS = 5
+
+
+class NodeLockError(Exception):
+    """The lock could not be taken; ``contention`` says whether another pod holds it."""
+
+    def __init__(self, message: str, *, contention: bool):
+        super().__init__(message)
+        self.contention = contention
+
+
+def go_duration(seconds: float) -> str:
+    """Render a duration as Go's time.Duration.String() does for whole seconds (``5m0s``)."""
+    total = int(seconds)
+    h, rem = divmod(total, 3600)
+    m, s = divmod(rem, 60)
+    if h:
+        return f"{h}h{m}m{s}s"
+    if m:
+        return f"{m}m{s}s"
+    return f"{s}s"
+
+
+def lock_value(namespace: str, name: str, now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc)
+    return f"{now.strftime('%Y-%m-%dT%H:%M:%SZ')},{namespace},{name}"
+
+
+def parse_lock(value: str) -> tuple[datetime, str | None, str | None]:
+    """(time, owner namespace, owner name); legacy values carry only the time."""
+    if "," in value:
+        parts = value.split(",")
+        if len(parts) != 3:
+            raise ValueError(f"malformed lock annotation: expected 3 parts, got {len(parts)} from {value}")
+        stamp, ns, name = parts
+    else:
+        stamp, ns, name = value, None, None
+    try:
+        t = datetime.fromisoformat(stamp.strip())
+    except ValueError as exc:
+        raise ValueError(f"malformed lock annotation time {stamp!r} in {value!r}") from exc
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t, ns, name
+
+
+class NodeLocker:
+    def __init__(self, client: KubeClient, *, timeout_s: float = 300.0):
+        self.client = client
+        self.timeout_s = timeout_s
+
+    async def _read(self, node: str) -> tuple[str | None, str]:
+        obj = await self.client.get(node_path(node))
+        meta = obj.get("metadata") or {}
+        return (meta.get("annotations") or {}).get(LOCK_ANNOTATION), meta.get("resourceVersion", "")
+
+    async def _cas(self, node: str, value: str | None, rv: str) -> None:
+        body = {"metadata": {"annotations": {LOCK_ANNOTATION: value}, "resourceVersion": rv}}
+        await self.client.patch(node_path(node), body)
+
+    async def acquire(self, node: str, namespace: str, name: str) -> None:
+        """Take the lock for pod namespace/name, or raise NodeLockError."""
+        suffix = f",{namespace},{name}"
+        for attempt in range(CAS_ATTEMPTS):
+            current, rv = await self._read(node)
+            if current:
+                try:
+                    stamp, owner_ns, owner_name = parse_lock(current)
+                except ValueError as exc:
+                    raise NodeLockError(f"node {node}: {exc}", contention=False) from None
+                if current.endswith(suffix):
+                    return  # re-entrant: this pod already holds it
+                age = (datetime.now(timezone.utc) - stamp).total_seconds()
+                if age <= self.timeout_s and not await self._owner_gone(owner_ns, owner_name):
+                    raise NodeLockError(
+                        f"node {node} has been locked within {go_duration(self.timeout_s)}: node lock contention",
+                        contention=True)
+                log.info("taking over node lock", node=node, previous=current)
+            try:
+                await self._cas(node, lock_value(namespace, name), rv)
+                return
+            except KubeApiError as exc:
+                if not exc.conflict:
+                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
+            await asyncio.sleep(0.1 * (2 ** attempt) * random.uniform(0.5, 1.0))
+        raise NodeLockError(f"node {node} is locked: node lock contention", contention=True)
+
+    async def _owner_gone(self, namespace: str | None, name: str | None) -> bool:
+        if not namespace or not name:
+            return False
+        try:
+            await self.client.get(pod_path(namespace, name))
+        except KubeApiError as exc:
+            if exc.not_found:
+                return True
+            raise NodeLockError(f"checking node lock owner {namespace}/{name}: {exc}", contention=False) from None
+        return False
+
+    async def release(self, node: str, namespace: str, name: str) -> None:
+        """Drop the lock if (and only if) pod namespace/name holds it. Best effort, never raises."""
+        suffix = f",{namespace},{name}"
+        for attempt in range(CAS_ATTEMPTS):
+            try:
+                current, rv = await self._read(node)
+                if not current or not current.endswith(suffix):
+                    return
+                await self._cas(node, None, rv)
+                return
+            except KubeApiError as exc:
+                if exc.not_found:
+                    return
+                log.warning("node lock release failed", node=node, error=str(exc), attempt=attempt + 1)
+            await asyncio.sleep(0.05 * (2 ** attempt) * random.uniform(0.5, 1.0))

@@ -1,0 +1,119 @@
+"""The /bind step: node lock, bind-phase annotations, Binding, and a clean undo on every failure.
+
+Upstream leaks the pod's reservation on three of its failure paths; here every failure releases
+the lock this bind took and rolls back the reservation. One failure is special: a Binding call
+that timed out (or lost its connection) may have been applied anyway, so the pod is read back and
+a bind that in fact happened is reported as a success, never undone.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from hami_py.cache.usage import UsageCache
+from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
+from hami_py.k8s.nodelock import NodeLocker, NodeLockError
+
+log = structlog.get_logger(__name__)
+
+BIND_PHASE_ANNOTATION = "hami.io/bind-phase"
+BIND_TIME_ANNOTATION = "hami.io/bind-time"
+
+
+class BindError(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class BindRequest:
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+
+class Binder:
+    def __init__(self, *, client: KubeClient, cache: UsageCache, locker: NodeLocker,
+                 lock_retry_timeout_s: float = 28.0, on_result=None):
+        self.client = client
+        self.cache = cache
+        self.locker = locker
+        self.lock_retry_timeout_s = lock_retry_timeout_s
+        self.on_result = on_result
+
+    async def bind(self, req: BindRequest) -> None:
+        """Bind the pod or raise BindError with the message for the extender's ``Error``."""
+        try:
+            pod = await self.client.get(pod_path(req.namespace, req.name))
+        except KubeApiError as exc:
+            if exc.not_found:
+                self.cache.release_pod(req.uid)
+                raise BindError(f'pod "{req.name}" not found') from None
+            raise BindError(f"get pod {req.namespace}/{req.name}: {exc}") from None
+        if req.uid and (pod.get("metadata") or {}).get("uid") not in (None, req.uid):
+            self.cache.release_pod(req.uid)
+            raise BindError(f"pod {req.namespace}/{req.name} has uid {pod['metadata']['uid']}, not {req.uid}")
+        locked = False
+        try:
+            if self._needs_lock(pod):
+                await self._lock(req, pod)
+                locked = True
+            await self.client.patch(pod_path(req.namespace, req.name), {"metadata": {"annotations": {
+                BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: str(int(time.time()))}}})
+            await self._create_binding(req)
+        except (KubeApiError, NodeLockError, BindError) as exc:
+            if locked:
+                await self.locker.release(req.node, req.namespace, req.name)
+            self.cache.release_pod(req.uid)
+            if isinstance(exc, BindError):
+                raise
+            raise BindError(str(exc)) from None
+
+    def _needs_lock(self, pod: dict) -> bool:
+        """Upstream locks only for pods whose app containers were given devices."""
+        usage = self.cache.pods.get((pod.get("metadata") or {}).get("uid", ""))
+        if usage is not None:
+            return bool(usage.entries)
+        return bool(self.cache.pod_usage_from_object(pod))
+
+    async def _lock(self, req: BindRequest, pod: dict) -> None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        group = labels.get("scheduling.x-k8s.io/pod-group") or \
+            ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
+        deadline = time.monotonic() + (self.lock_retry_timeout_s if group else 0)
+        while True:
+            try:
+                await self.locker.acquire(req.node, req.namespace, req.name)
+                return
+            except NodeLockError as exc:
+                if not exc.contention or not group or self.lock_retry_timeout_s <= 0:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise BindError(f"timed out after {int(self.lock_retry_timeout_s)}s waiting for node "
+                                    f"{req.node} to be unlocked: node lock contention") from None
+            await asyncio.sleep(0.1)
+
+    async def _create_binding(self, req: BindRequest) -> None:
+        body = {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": req.name, "namespace": req.namespace, "uid": req.uid or None},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": req.node}}
+        if not req.uid:
+            del body["metadata"]["uid"]
+        try:
+            await self.client.post(pod_path(req.namespace, req.name) + "/binding", body)
+        except KubeApiError as exc:
+            if not exc.uncertain:
+                raise
+            # The Binding may have landed before the error: the pod itself is the truth.
+            try:
+                pod = await self.client.get(pod_path(req.namespace, req.name))
+            except KubeApiError:
+                raise exc from None
+            if (pod.get("spec") or {}).get("nodeName") == req.node:
+                log.info("binding confirmed after an uncertain error", pod=f"{req.namespace}/{req.name}",
+                         node=req.node, error=str(exc))
+                return
+            raise

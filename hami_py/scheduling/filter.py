@@ -1,0 +1,156 @@
+"""The /filter decision: candidates, device gates, one kernel call, choice, reservation.
+
+``Filterer.decide`` is synchronous on purpose. It reads free capacity, picks devices and records
+the reservation in the usage cache without an ``await`` in between, so two concurrent filters on
+one event loop cannot both take the last share of a GPU. The caller then writes the decision onto
+the pod and rolls the reservation back if that write fails.
+"""
+from __future__ import annotations
+
+import time
+from array import array
+from dataclasses import dataclass, field
+
+from hami_py import _kernel
+from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
+from hami_py.devices.base import ContainerDevice, DeviceVendor, PodDevices
+from hami_py.scheduling import reasons as R
+from hami_py.scheduling.policies import Policies, pod_policies
+from hami_py.scheduling.requests import PodRequest
+
+VGPU_TIME_ANNOTATION = "hami.io/vgpu-time"
+
+
+@dataclass(slots=True)
+class FilterDecision:
+    node: str | None
+    failed: dict[str, str]
+    annotations: dict[str, str] = field(default_factory=dict)
+    reservation: PodUsage | None = None
+    allocation: dict[str, PodDevices] = field(default_factory=dict)
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+class Filterer:
+    def __init__(self, cache: UsageCache, vendors: dict[str, DeviceVendor], *,
+                 default_node_policy: str = "binpack", default_gpu_policy: str = "spread",
+                 kernel=None):
+        self.cache = cache
+        self.vendors = vendors
+        self.default_node_policy = default_node_policy
+        self.default_gpu_policy = default_gpu_policy
+        self.kernel = kernel or _kernel.filter_nodes
+
+    def policies(self, pod: dict) -> Policies:
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        return pod_policies(annotations, default_node=self.default_node_policy,
+                            default_gpu=self.default_gpu_policy)
+
+    def decide(self, pod: dict, node_names: list[str], request: PodRequest, *,
+               reserve: bool = True) -> FilterDecision:
+        """Choose a node and devices; with ``reserve`` record the reservation under the pod UID."""
+        cache = self.cache
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid") or ""
+        annotations = meta.get("annotations") or {}
+        policies = self.policies(pod)  # may raise PolicyError: checked before anything changes
+        if reserve and uid:
+            # A pod being filtered again never competes with its own earlier reservation.
+            cache.remove_pod(uid)
+
+        now = time.time()
+        failed: dict[str, str] = {}
+        cand_names: list[str] = []
+        cand_idx = array("i")
+        nodes = cache.nodes
+        for name in node_names:
+            entry = nodes.get(name)
+            if entry is None or not cache.node_usable(entry, now):
+                failed[name] = R.NODE_UNREGISTERED_TEXT
+                continue
+            cand_names.append(name)
+            cand_idx.append(entry.index)
+        if not cand_names:
+            return FilterDecision(None, failed)
+
+        mask = self._device_mask(annotations, cand_names, request)
+        n = len(cand_names)
+        nr = R.N_DEVICE_REASONS
+        out_status = array("i", bytes(4 * n))
+        out_reasons = array("i", bytes(4 * n * nr))
+        out_total = array("i", bytes(4 * n))
+        out_score = array("d", bytes(8 * n))
+        k = max(request.total_nums, 1)
+        out_row = array("i", bytes(4 * k))
+        out_dev = array("i", bytes(4 * k))
+        out_mem = array("q", bytes(8 * k))
+        out_cores = array("i", bytes(4 * k))
+        best = self.kernel(
+            cache.total_mem, cache.total_cores, cache.count, cache.numa, cache.health, cache.vendor,
+            cache.used_mem, cache.used_cores, cache.used,
+            cache.node_offset, cache.node_len, cand_idx, request.rows, mask,
+            policies.node, policies.gpu, int(policies.numa_bind), *policies.weights,
+            out_status, out_reasons, out_total, out_score, out_row, out_dev, out_mem, out_cores)
+
+        scores = {}
+        for c, name in enumerate(cand_names):
+            status = out_status[c]
+            if status == R.NODE_FIT:
+                scores[name] = out_score[c]
+            elif status == R.NODE_INSUFFICIENT_DEVICE:
+                failed[name] = R.NODE_INSUFFICIENT_DEVICE_TEXT
+            else:
+                counts = {r: out_reasons[c * nr + r] for r in range(nr) if out_reasons[c * nr + r]}
+                failed[name] = R.gen_reason(counts, out_total[c])
+        if best < 0:
+            return FilterDecision(None, failed, scores=scores)
+
+        winner = cand_names[best]
+        allocation = self._allocation(request, out_row, out_dev, out_mem, out_cores)
+        pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
+        for key, devices in allocation.items():
+            pod_annotations.update(self.vendors[key].encode_allocation(devices))
+        reservation = None
+        if reserve:
+            entries = []
+            for key, devices in allocation.items():
+                entries.extend(collapse(devices, key, request.num_init, False))
+            reservation = PodUsage(uid=uid, namespace=meta.get("namespace", ""), name=meta.get("name", ""),
+                                   node=winner, entries=entries, reserved=True)
+            cache.add_pod_usage(reservation)
+        return FilterDecision(winner, failed, pod_annotations, reservation, allocation, scores)
+
+    def _allocation(self, request: PodRequest, out_row, out_dev, out_mem, out_cores) -> dict[str, PodDevices]:
+        """Per vendor, one device list per container (init first), aligned by container position:
+        a container that asks nothing of a vendor keeps an empty slot in that vendor's list."""
+        n_containers = len(request.containers)
+        allocation: dict[str, PodDevices] = {
+            key: [[] for _ in range(n_containers)] for key in dict.fromkeys(request.row_vendor)}
+        ids = self.cache.device_ids
+        for i in range(request.total_nums):
+            r = out_row[i]
+            key = request.row_vendor[r]
+            allocation[key][request.row_container[r]].append(
+                ContainerDevice(ids[out_dev[i]], key, out_mem[i], out_cores[i]))
+        return allocation
+
+    def _device_mask(self, pod_annotations: dict[str, str], cand_names: list[str],
+                     request: PodRequest) -> array:
+        """Reason codes for devices this pod may not use; empty (free) when nothing restricts it."""
+        cache = self.cache
+        vendors = [self.vendors[k] for k in request.vendors]
+        pod_wide = any(v.device_selector(pod_annotations, {}) is not None for v in vendors)
+        marked = [n for n in cand_names if cache.nodes[n].annotations] if not pod_wide else cand_names
+        if not marked:
+            return array("b")
+        mask = array("b", bytes(len(cache.total_mem)))
+        for name in marked:
+            entry = cache.nodes[name]
+            selectors = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations)
+                         for v in vendors}
+            for k, dev in enumerate(entry.devices):
+                j = entry.offset + k
+                sel = selectors.get(cache.vendor[j])
+                if sel is not None:
+                    mask[j] = sel(dev)
+        return mask

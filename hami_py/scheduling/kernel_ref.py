@@ -1,0 +1,206 @@
+"""The fit-and-score rules in plain Python: the readable specification of the Cython kernel.
+
+``cython_core/fit_kernel.pyx`` implements exactly this function over the same typed arrays, and
+``tests/test_kernel.py`` has hypothesis compare the two on random clusters and requests. Change a
+rule here first, then mirror it there.
+
+Inputs are the usage cache's struct-of-arrays (one entry per registered device; a node owns the
+contiguous slice ``[node_offset[n], node_offset[n] + node_len[n])``) plus the pod's requests as
+flat rows of ``ROW_WIDTH`` int32 values:
+
+    container, is_init, vendor, nums, memreq, mempct, coresreq
+
+Rows are ordered by container, init containers first. The rules are upstream HAMi's generic
+device fit (hami-scheduling.md §7, §8, §9, §10) with two deliberate fixes: candidates are matched
+by vendor id, not by substring of the model name, and the per-device score includes the request
+being placed (upstream's exact-type comparison makes that term vanish for NVIDIA).
+"""
+from __future__ import annotations
+
+from hami_py.scheduling import reasons as R
+
+ROW_WIDTH = 7
+ROW_CONTAINER, ROW_IS_INIT, ROW_VENDOR, ROW_NUMS, ROW_MEMREQ, ROW_MEMPCT, ROW_CORESREQ = range(7)
+
+POLICY_BINPACK = 0
+POLICY_SPREAD = 1
+
+MEMPCT_UNSET = 101
+
+# Mask reason codes that upstream checks before the NUMA regrouping step, and the one after it.
+_PRE_NUMA_MASK = (R.CARD_CORDONED, R.CARD_TYPE_MISMATCH)
+
+
+def device_score(total_mem, total_cores, count, used, used_mem, used_cores, mem, cores,
+                 w_slot, w_core, w_mem):
+    """Upstream's per-device score with the request placed: 10 × weighted utilisation."""
+    if count == 0 or total_cores == 0 or total_mem == 0:
+        return 0.0
+    slot = (1 + used) / count
+    core = (cores + used_cores) / total_cores
+    memf = (mem + used_mem) / total_mem
+    return 10.0 * (w_slot * slot + w_core * core + w_mem * memf)
+
+
+def resolve_mem(memreq, mempct, total_mem):
+    if memreq > 0:
+        return memreq
+    if mempct != MEMPCT_UNSET:
+        return total_mem * mempct // 100
+    return 0
+
+
+def _preference_key(score, numa, pos, gpu_policy, numa_bind):
+    """Sort key: smallest key is tried first (upstream walks its sorted list from the end)."""
+    if numa_bind:
+        if gpu_policy == POLICY_BINPACK:
+            return (numa, -score, -pos)
+        return (-numa, score, -pos)
+    if gpu_policy == POLICY_BINPACK:
+        return (-score, -numa, -pos)
+    return (score, -numa, -pos)
+
+
+def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
+                 used_mem, used_cores, used,
+                 node_offset, node_len, candidates,
+                 rows, mask,
+                 node_policy, gpu_policy, numa_bind, w_slot, w_core, w_mem,
+                 out_status, out_reasons, out_total, out_score,
+                 out_row, out_dev, out_mem, out_cores):
+    """Fit the pod on every candidate node, score, and choose.
+
+    Per candidate position ``c``: ``out_status[c]`` (reasons.NODE_*), ``out_score[c]``, and for a
+    device-level failure ``out_reasons[c * N_DEVICE_REASONS + r]`` counts and ``out_total[c]`` (the
+    number of candidate devices of the failing request). Returns the winning candidate position,
+    or -1; the winner's devices are written to ``out_row/out_dev/out_mem/out_cores`` (one entry per
+    device given, in request order) and their number is ``sum(nums)``.
+    """
+    n_rows = len(rows) // ROW_WIDTH
+    has_mask = len(mask) > 0
+    nr = R.N_DEVICE_REASONS
+    best = -1
+    best_score = 0.0
+    for c, ni in enumerate(candidates):
+        off = node_offset[ni]
+        n = node_len[ni]
+        # Default node score: usage before this pod, over all of the node's devices.
+        s_used = s_count = s_uc = s_tc = s_um = s_tm = 0
+        for j in range(off, off + n):
+            s_used += used[j]
+            s_count += count[j]
+            s_uc += used_cores[j]
+            s_tc += total_cores[j]
+            s_um += used_mem[j]
+            s_tm += total_mem[j]
+        if s_count == 0 or s_tc == 0 or s_tm == 0:
+            node_score = 0.0
+        else:
+            node_score = 10.0 * (s_used / s_count + s_uc / s_tc + s_um / s_tm)
+        out_score[c] = node_score
+
+        app_used = [used[j] for j in range(off, off + n)]
+        app_mem = [used_mem[j] for j in range(off, off + n)]
+        app_cores = [used_cores[j] for j in range(off, off + n)]
+        chosen = []  # (row, slot, mem, cores)
+        status = R.NODE_FIT
+        current_container = -1
+        for r in range(n_rows):
+            base = r * ROW_WIDTH
+            container = rows[base + ROW_CONTAINER]
+            if rows[base + ROW_IS_INIT]:
+                # Init containers run one after another: each is checked against the node as it
+                # was before this pod, so it gets a fresh copy (shared by its own rows).
+                if container != current_container:
+                    s_used_l = [used[j] for j in range(off, off + n)]
+                    s_mem_l = [used_mem[j] for j in range(off, off + n)]
+                    s_cores_l = [used_cores[j] for j in range(off, off + n)]
+            else:
+                s_used_l, s_mem_l, s_cores_l = app_used, app_mem, app_cores
+            current_container = container
+            v = rows[base + ROW_VENDOR]
+            nums = rows[base + ROW_NUMS]
+            memreq = rows[base + ROW_MEMREQ]
+            mempct = rows[base + ROW_MEMPCT]
+            cores = min(rows[base + ROW_CORESREQ], 100)
+            cands = [k for k in range(n) if vendor[off + k] == v]
+            if nums > len(cands):
+                status = R.NODE_INSUFFICIENT_DEVICE
+                break
+            keyed = []
+            for k in cands:
+                j = off + k
+                mem = resolve_mem(memreq, mempct, total_mem[j])
+                sc = device_score(total_mem[j], total_cores[j], count[j], s_used_l[k],
+                                  s_mem_l[k], s_cores_l[k], mem, cores, w_slot, w_core, w_mem)
+                keyed.append((_preference_key(sc, numa[j], k, gpu_policy, numa_bind), k))
+            keyed.sort()
+            counts = [0] * nr
+            picked = []
+            need = nums
+            prev_numa = -1
+            for _, k in keyed:
+                j = off + k
+                if not health[j]:
+                    counts[R.CARD_NOT_HEALTH] += 1
+                    continue
+                m = mask[j] if has_mask else 0
+                if m in _PRE_NUMA_MASK:
+                    counts[m] += 1
+                    continue
+                if numa_bind and numa[j] != prev_numa:
+                    if picked:
+                        counts[R.NUMA_NOT_FIT] += len(picked)
+                    picked = []
+                    need = nums
+                    prev_numa = numa[j]
+                if m != 0:
+                    counts[m] += 1
+                    continue
+                if count[j] <= s_used_l[k]:
+                    counts[R.CARD_TIME_SLICING_EXHAUSTED] += 1
+                    continue
+                mem = resolve_mem(memreq, mempct, total_mem[j])
+                if total_mem[j] - s_mem_l[k] < mem:
+                    counts[R.CARD_INSUFFICIENT_MEMORY] += 1
+                    continue
+                if total_cores[j] - s_cores_l[k] < cores:
+                    counts[R.CARD_INSUFFICIENT_CORE] += 1
+                    continue
+                if total_cores[j] == 100 and cores == 100 and s_used_l[k] > 0:
+                    counts[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                    continue
+                if total_cores[j] != 0 and s_cores_l[k] == total_cores[j] and cores == 0:
+                    counts[R.CARD_COMPUTE_UNITS_EXHAUSTED] += 1
+                    continue
+                picked.append((k, mem))
+                need -= 1
+                if need == 0:
+                    break
+            if need > 0:
+                if picked:
+                    counts[R.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += len(picked)
+                status = R.NODE_DEVICE_REASONS
+                for i in range(nr):
+                    out_reasons[c * nr + i] = counts[i]
+                out_total[c] = len(cands)
+                break
+            for k, mem in picked:
+                s_used_l[k] += 1
+                s_mem_l[k] += mem
+                s_cores_l[k] += cores
+                chosen.append((r, off + k, mem, cores))
+        out_status[c] = status
+        if status != R.NODE_FIT:
+            continue
+        better = (best < 0 or (node_policy == POLICY_SPREAD and node_score < best_score)
+                  or (node_policy != POLICY_SPREAD and node_score > best_score))
+        if better:
+            best = c
+            best_score = node_score
+            for i, (r, slot, mem, cores_) in enumerate(chosen):
+                out_row[i] = r
+                out_dev[i] = slot
+                out_mem[i] = mem
+                out_cores[i] = cores_
+    return best

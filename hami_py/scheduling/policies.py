@@ -1,0 +1,97 @@
+"""Scheduling policies: which node wins, which device is tried first, how devices are weighed.
+
+Defaults come from ``--node-scheduler-policy`` and ``--gpu-scheduler-policy``; a pod may override
+each with ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``, and reweigh the
+device score with ``hami.io/device-scoring-weights`` (``slot=1,core=1,memory=3``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hami_py.scheduling.kernel_ref import POLICY_BINPACK, POLICY_SPREAD
+
+NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
+GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
+WEIGHTS_ANNOTATION = "hami.io/device-scoring-weights"
+NUMA_BIND_ANNOTATION = "nvidia.com/numa-bind"
+
+BINPACK = "binpack"
+SPREAD = "spread"
+
+
+class PolicyError(ValueError):
+    """A policy annotation the pod cannot be scheduled with."""
+
+
+@dataclass(slots=True, frozen=True)
+class Policies:
+    node: int
+    gpu: int
+    numa_bind: bool
+    weights: tuple[float, float, float]
+    node_name: str
+    gpu_name: str
+
+
+def node_policy_code(name: str) -> int:
+    # Upstream sorts "spread" descending and anything else ascending, so only spread spreads.
+    return POLICY_SPREAD if name == SPREAD else POLICY_BINPACK
+
+
+def gpu_policy_code(name: str) -> int:
+    # Upstream: binpack orders most-used first; every other value (spread, unknown) least-used.
+    return POLICY_BINPACK if name == BINPACK else POLICY_SPREAD
+
+
+_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
+
+
+def parse_bool(value: str | None) -> bool:
+    """Go's strconv.ParseBool, with anything unparsable meaning false (as upstream treats it)."""
+    return value in _TRUE
+
+
+def scoring_weights(annotations: dict[str, str]) -> tuple[float, float, float]:
+    raw = annotations.get(WEIGHTS_ANNOTATION)
+    if raw is None:
+        return (1.0, 1.0, 1.0)
+
+    def fail(why: str) -> PolicyError:
+        return PolicyError(f"invalid {WEIGHTS_ANNOTATION} annotation {raw!r}: {why}")
+
+    entries = [e.strip() for e in raw.split(",")]
+    if len(entries) != 3:
+        raise fail("expected slot, core, and memory weights")
+    values: dict[str, int] = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        if not sep:
+            raise fail("expected key=value entries")
+        key, value = key.strip(), value.strip()
+        if key in values:
+            raise fail(f'duplicate "{key}" weight')
+        try:
+            number = int(value, 10)
+        except ValueError:
+            raise fail(f'"{key}" weight must be an integer') from None
+        if number < 0:
+            raise fail(f'"{key}" weight must not be negative')
+        if key not in ("slot", "core", "memory"):
+            raise fail(f'unknown weight "{key}"')
+        values[key] = number
+    if not any(values.values()):
+        raise fail("at least one weight must be positive")
+    return (float(values["slot"]), float(values["core"]), float(values["memory"]))
+
+
+def pod_policies(annotations: dict[str, str], *, default_node: str, default_gpu: str) -> Policies:
+    node_name = annotations.get(NODE_POLICY_ANNOTATION) or default_node
+    gpu_name = annotations.get(GPU_POLICY_ANNOTATION) or default_gpu
+    return Policies(
+        node=node_policy_code(node_name),
+        gpu=gpu_policy_code(gpu_name),
+        numa_bind=parse_bool(annotations.get(NUMA_BIND_ANNOTATION)),
+        weights=scoring_weights(annotations),
+        node_name=node_name,
+        gpu_name=gpu_name,
+    )

@@ -1,0 +1,148 @@
+"""The extender verbs as kube-scheduler sees them: ExtenderArgs in, ExtenderFilterResult out.
+
+This is the scheduling layer's front door. It owns the entry semantics of upstream's
+``PredicateRoute`` (missing pod, no node list, waiting for the cache, pass-through of pods with no
+device request) and the write-then-undo discipline around the usage cache: reserve, patch the
+pod, roll the reservation back when the patch fails.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import structlog
+
+from hami_py.cache.usage import UsageCache
+from hami_py.devices.base import DeviceVendor, RequestError
+from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
+from hami_py.scheduling import reasons as R
+from hami_py.scheduling.bind import BindError, Binder, BindRequest
+from hami_py.scheduling.filter import FilterDecision, Filterer
+from hami_py.scheduling.policies import PolicyError
+from hami_py.scheduling.requests import parse_pod_requests
+
+log = structlog.get_logger(__name__)
+
+
+def filter_result(*, nodes: Any = None, node_names: Any = None, failed: Any = None, error: str = "") -> dict:
+    """ExtenderFilterResult with every field present, in upstream's order."""
+    return {"Nodes": nodes, "NodeNames": node_names, "FailedNodes": failed,
+            "FailedAndUnresolvableNodes": None, "Error": error}
+
+
+def lower_keys(obj: dict) -> dict:
+    """Go's JSON decoder matches field names case-insensitively; so do we."""
+    return {k.lower(): v for k, v in obj.items()} if isinstance(obj, dict) else {}
+
+
+class SchedulerService:
+    def __init__(self, *, cache: UsageCache, vendors: dict[str, DeviceVendor], client: KubeClient,
+                 binder: Binder, filterer: Filterer, sync_timeout_s: float = 30.0, events=None):
+        self.cache = cache
+        self.vendors = vendors
+        self.client = client
+        self.binder = binder
+        self.filterer = filterer
+        self.sync_timeout_s = sync_timeout_s
+        self.synced = asyncio.Event()
+        self.events = events
+        self._pod_locks: dict[str, asyncio.Lock] = {}
+
+    # ------------------------------------------------------------------ filter
+    async def filter(self, args: Any) -> dict:
+        if not isinstance(args, dict):
+            return filter_result(error="extender args must be a JSON object")
+        a = lower_keys(args)
+        pod = a.get("pod")
+        if not pod:
+            return filter_result(error="extender args missing pod")
+        if not isinstance(pod, dict):
+            return filter_result(error="extender args pod must be an object")
+        node_names = a.get("nodenames")
+        nodes = a.get("nodes")
+        try:
+            request = parse_pod_requests(pod, self.vendors, self.cache.vendor_ids)
+        except RequestError as exc:
+            return filter_result(error=f"pod {_pod_key(pod)}: {exc}")
+        if request is None:
+            # Not ours: hand back exactly what we were given.
+            return filter_result(nodes=nodes, node_names=node_names)
+        if node_names is None and nodes is None:
+            return filter_result(error="extender args have neither NodeNames nor Nodes")
+        if node_names is not None and (not isinstance(node_names, list)
+                                       or not all(isinstance(n, str) for n in node_names)):
+            return filter_result(error="extender args NodeNames must be a list of node names")
+        if node_names is None:
+            return filter_result(error="extender args without NodeNames (nodeCacheCapable: false) "
+                                       "are not supported yet; configure the extender with nodeCacheCapable: true")
+        if not await self._wait_synced():
+            return filter_result(error="scheduler cache is not synced yet")
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        lock = self._pod_locks.setdefault(uid, asyncio.Lock())
+        try:
+            async with lock:
+                return await self._filter_live(pod, node_names, request)
+        finally:
+            if not lock.locked() and self._pod_locks.get(uid) is lock:
+                del self._pod_locks[uid]
+
+    async def _filter_live(self, pod: dict, node_names: list[str], request) -> dict:
+        try:
+            decision = self.filterer.decide(pod, node_names, request)
+        except PolicyError as exc:
+            return filter_result(error=str(exc))
+        if decision.node is None:
+            self._event(pod, "filter_failed", decision)
+            return filter_result(failed=decision.failed)
+        meta = pod.get("metadata") or {}
+        body = {"metadata": {"annotations": decision.annotations,
+                             "labels": {"hami.io/vgpu-node": decision.node}}}
+        try:
+            patched = await self.client.patch(pod_path(meta.get("namespace", "default"), meta.get("name", "")), body)
+        except KubeApiError as exc:
+            self.cache.release_pod(meta.get("uid") or "")
+            log.warning("pod patch failed, reservation rolled back", pod=_pod_key(pod), error=str(exc))
+            return filter_result(error=f"patch pod {_pod_key(pod)}: {exc}")
+        rv = (patched.get("metadata") or {}).get("resourceVersion")
+        if decision.reservation is not None and rv and rv.isdigit():
+            decision.reservation.resource_version = int(rv)
+        self._event(pod, "filter_succeeded", decision)
+        return filter_result(node_names=[decision.node])
+
+    async def _wait_synced(self) -> bool:
+        if self.synced.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self.synced.wait(), self.sync_timeout_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    def _event(self, pod: dict, what: str, decision: FilterDecision) -> None:
+        if self.events is not None:
+            self.events(pod, what, decision)
+
+    # ------------------------------------------------------------------ bind
+    async def bind(self, args: Any) -> dict:
+        if not isinstance(args, dict):
+            return {"Error": "binding args must be a JSON object"}
+        a = lower_keys(args)
+        req = BindRequest(name=str(a.get("podname") or ""), namespace=str(a.get("podnamespace") or ""),
+                          uid=str(a.get("poduid") or ""), node=str(a.get("node") or ""))
+        missing = [k for k, v in (("PodName", req.name), ("PodNamespace", req.namespace), ("Node", req.node)) if not v]
+        if missing:
+            return {"Error": f"binding args missing {', '.join(missing)}"}
+        try:
+            await self.binder.bind(req)
+        except BindError as exc:
+            log.warning("bind failed", pod=f"{req.namespace}/{req.name}", node=req.node, error=str(exc))
+            return {"Error": str(exc)}
+        return {"Error": ""}
+
+
+def _pod_key(pod: dict) -> str:
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+__all__ = ["SchedulerService", "filter_result", "R"]

@@ -1,0 +1,29 @@
+"""Build hami-py: the Python package plus the Cython allocation kernel in cython_core/."""
+from setuptools import Extension, find_packages, setup
+from Cython.Build import cythonize
+
+extensions = [
+    Extension(
+        "hami_py._kernel",
+        ["cython_core/fit_kernel.pyx"],
+        extra_compile_args=["-O2"],
+    ),
+]
+
+setup(
+    name="hami-py",
+    version="0.1.0",
+    description="A HAMi-compatible Kubernetes scheduler extender for sharing GPUs between pods",
+    packages=find_packages(include=["hami_py", "hami_py.*"]),
+    ext_modules=cythonize(
+        extensions,
+        language_level=3,
+        compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
+    ),
+    python_requires=">=3.11",
+    install_requires=[
+        "aiohttp", "kubernetes-asyncio", "orjson", "structlog", "prometheus-client", "PyYAML",
+    ],
+    entry_points={"console_scripts": ["hami-scheduler = hami_py.cli:main"]},
+    zip_safe=False,
+)

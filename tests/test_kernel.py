@@ -1,0 +1,104 @@
+"""The Cython kernel must decide exactly what the plain-Python reference decides.
+
+hypothesis builds random clusters (healthy and sick devices, partial usage, several vendors, NUMA
+nodes), random pods (init and app containers, counts, memory, percentages, cores) and random
+policies, and both implementations must agree on every output.
+"""
+from array import array
+
+from hypothesis import given, settings, strategies as st
+
+from hami_py import _kernel
+from hami_py.scheduling import kernel_ref, reasons as R
+from hami_py.scheduling.kernel_ref import ROW_WIDTH
+
+
+@st.composite
+def clusters(draw):
+    n_nodes = draw(st.integers(1, 6))
+    cols = {k: [] for k in ("total_mem", "total_cores", "count", "numa", "health", "vendor",
+                            "used_mem", "used_cores", "used")}
+    node_offset, node_len = [], []
+    for _ in range(n_nodes):
+        n = draw(st.integers(0, 8))
+        node_offset.append(len(cols["total_mem"]))
+        node_len.append(n)
+        for _ in range(n):
+            tm = draw(st.sampled_from([0, 1024, 16384, 40960, 81920, 143771]))
+            tc = draw(st.sampled_from([0, 50, 100, 100, 200]))
+            cnt = draw(st.integers(0, 10))
+            cols["total_mem"].append(tm)
+            cols["total_cores"].append(tc)
+            cols["count"].append(cnt)
+            cols["numa"].append(draw(st.integers(0, 2)))
+            cols["health"].append(draw(st.sampled_from([1, 1, 1, 0])))
+            cols["vendor"].append(draw(st.sampled_from([0, 0, 0, 1])))
+            cols["used"].append(draw(st.integers(0, max(cnt, 0) + 1)))
+            cols["used_mem"].append(draw(st.integers(0, tm)))
+            cols["used_cores"].append(draw(st.integers(0, tc)))
+    candidates = draw(st.lists(st.integers(0, n_nodes - 1), min_size=1, max_size=n_nodes, unique=True))
+    return cols, node_offset, node_len, candidates
+
+
+@st.composite
+def pods(draw):
+    n_init = draw(st.integers(0, 2))
+    n_app = draw(st.integers(1, 3))
+    rows = []
+    for c in range(n_init + n_app):
+        for vendor in draw(st.lists(st.sampled_from([0, 1]), min_size=0, max_size=2, unique=True)):
+            memreq = draw(st.sampled_from([0, 0, 1000, 4096, 20000, 90000]))
+            mempct = draw(st.sampled_from([101, 101, 10, 50, 100]))
+            rows += [c, int(c < n_init), vendor, draw(st.integers(1, 4)), memreq, mempct,
+                     draw(st.sampled_from([0, 0, 10, 30, 100, 150]))]
+    return rows
+
+
+def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies):
+    n_cand = len(candidates)
+    total_nums = sum(rows[i * ROW_WIDTH + 3] for i in range(len(rows) // ROW_WIDTH))
+    out = {
+        "status": array("i", [0] * n_cand),
+        "reasons": array("i", [0] * (n_cand * R.N_DEVICE_REASONS)),
+        "total": array("i", [0] * n_cand),
+        "score": array("d", [0.0] * n_cand),
+        "row": array("i", [0] * max(total_nums, 1)),
+        "dev": array("i", [0] * max(total_nums, 1)),
+        "mem": array("q", [0] * max(total_nums, 1)),
+        "cores": array("i", [0] * max(total_nums, 1)),
+    }
+    best = impl(
+        array("i", cols["total_mem"]), array("i", cols["total_cores"]), array("i", cols["count"]),
+        array("i", cols["numa"]), array("b", cols["health"]), array("i", cols["vendor"]),
+        array("q", cols["used_mem"]), array("q", cols["used_cores"]), array("q", cols["used"]),
+        array("i", node_offset), array("i", node_len), array("i", candidates),
+        array("i", rows), array("b", mask), *policies,
+        out["status"], out["reasons"], out["total"], out["score"],
+        out["row"], out["dev"], out["mem"], out["cores"],
+    )
+    result = {k: list(v) for k, v in out.items()}
+    if best < 0:  # the allocation buffers are only meaningful for a winner
+        for k in ("row", "dev", "mem", "cores"):
+            result.pop(k)
+    return best, result
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    cluster=clusters(),
+    rows=pods(),
+    node_policy=st.sampled_from([0, 1]),
+    gpu_policy=st.sampled_from([0, 1]),
+    numa_bind=st.sampled_from([0, 1]),
+    weights=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
+    mask_seed=st.none() | st.lists(st.sampled_from([0, 0, 0, R.CARD_CORDONED, R.CARD_TYPE_MISMATCH,
+                                                     R.CARD_UUID_MISMATCH]), min_size=64, max_size=64),
+)
+def test_cython_kernel_matches_reference(cluster, rows, node_policy, gpu_policy, numa_bind, weights, mask_seed):
+    cols, node_offset, node_len, candidates = cluster
+    n_dev = len(cols["total_mem"])
+    mask = [] if mask_seed is None else mask_seed[:n_dev] + [0] * max(0, n_dev - 64)
+    policies = (node_policy, gpu_policy, numa_bind, float(weights[0]), float(weights[1]), float(weights[2]))
+    expected = _run(kernel_ref.filter_nodes, cols, node_offset, node_len, candidates, rows, mask, policies)
+    actual = _run(_kernel.filter_nodes, cols, node_offset, node_len, candidates, rows, mask, policies)
+    assert actual == expected
