@@ -450,8 +450,10 @@ class UsageCache:
             if current is not None and current.resource_version is not None and rv is not None:
                 self.remove_pod(uid)
             return
-        if self.released.get(uid) == (usage.node, usage.entries):
-            return  # the annotations still show a decision we rolled back
+        if self.released.get(uid) == (usage.node, usage.entries) and not (pod.get("spec") or {}).get("nodeName"):
+            # The annotations still show a decision we rolled back. A pod that is bound all the
+            # same (a Binding that landed after we gave up on it) is always charged.
+            return
         self.add_pod_usage(usage)
 
     def replace_pods(self, pods: Iterable[dict], list_rv: int | None) -> None:

@@ -1,0 +1,398 @@
+"""NVIDIA GPUs: the vendor HAMi was built for and the one most clusters run.
+
+Everything here is fixed by what HAMi's NVIDIA device plugin and HAMi-core expect: the
+annotation keys, the inventory format, how a container's ``nvidia.com/*`` resources become a
+request, and which pod annotations pick or avoid GPUs. The rules follow upstream HAMi's NVIDIA
+vendor, with one deliberate difference: a device resource that is present but malformed (a
+fractional count, a memory value that is not a whole number of MiB, negative cores) raises
+:class:`RequestError` instead of silently turning the container into one without a GPU request
+(upstream defect: the pod would be bound without devices and fail later on the node).
+
+Capacity checks, health and NUMA grouping live in the fit code; this module only says what a
+container asks for and which devices a pod may consider at all.
+"""
+from __future__ import annotations
+
+import orjson
+
+from hami_py.config import NvidiaConfig
+from hami_py.devices.base import (
+    ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, PodDevices, RequestError,
+)
+from hami_py.devices.codec import (
+    INT32_MAX, INT64_MAX, decode_json_devices, decode_legacy_devices, decode_pod_devices,
+    encode_pod_devices, go_quote, parse_go_bool,
+)
+from hami_py.quantity import parse_exact_int
+from hami_py.scheduling.reasons import CARD_CORDONED, CARD_TYPE_MISMATCH, CARD_UUID_MISMATCH, OK
+
+VENDOR_KEY = "NVIDIA"
+
+# Node annotations
+REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
+PAIR_SCORE_ANNOTATION = "hami.io/node-nvidia-score"
+HANDSHAKE_ANNOTATION = "hami.io/node-handshake"
+CORDON_ANNOTATION = "hami.io/device-cordon"
+
+# Pod annotations written at filter time
+TO_ALLOCATE_ANNOTATION = "hami.io/vgpu-devices-to-allocate"
+ALLOCATED_ANNOTATION = "hami.io/vgpu-devices-allocated"
+
+# Pod annotations that steer the choice of GPUs
+USE_TYPE_ANNOTATION = "nvidia.com/use-gputype"
+NOUSE_TYPE_ANNOTATION = "nvidia.com/nouse-gputype"
+USE_UUID_ANNOTATION = "nvidia.com/use-gpuuuid"
+NOUSE_UUID_ANNOTATION = "nvidia.com/nouse-gpuuuid"
+VGPU_MODE_ANNOTATION = "nvidia.com/vgpu-mode"
+NUMA_BIND_ANNOTATION = "nvidia.com/numa-bind"
+
+# Device modes a plugin registers
+MODE_HAMI_CORE = "hami-core"
+MODE_MIG = "mig"
+MODE_MPS = "mps"
+
+# Key of DeviceInfo.custom holding {other_uuid: score} from the pair-score annotation.
+PAIR_SCORES_KEY = "pair_scores"
+
+# mempct sentinel: no percentage asked for (memory is given in MiB, or the default applies).
+MEMORY_PERCENT_UNSET = 101
+
+_MISSING = object()
+
+
+def parse_numa_bind(pod_annotations: dict[str, str]) -> bool:
+    """Whether the pod asks for all its GPUs on one NUMA node (``nvidia.com/numa-bind``).
+
+    Read with Go's ``ParseBool`` like upstream: ``true``/``1``/``t``... bind; anything
+    unparsable counts as false.
+    """
+    text = pod_annotations.get(NUMA_BIND_ANNOTATION)
+    return text is not None and parse_go_bool(text) is True
+
+
+# ---------------------------------------------------------------------------------------------
+# Inventory
+# ---------------------------------------------------------------------------------------------
+
+def _looks_like_json(text: str) -> bool:
+    """Current plugins write a JSON array; older ones the colon format, which never starts so."""
+    head = text.lstrip()[:1]
+    return head in ("[", "{") or text.strip() == "null"
+
+
+def _decode_pair_scores(text: str) -> dict[str, dict[str, int]]:
+    """``[{"uuid": "GPU-a", "score": {"GPU-b": 200}}, ...]`` as {uuid: {other: score}}.
+
+    Go's decoding rules (case-insensitive keys, null = nothing); the first entry for a UUID wins,
+    as upstream takes the first match. Raises DeviceDecodeError for anything malformed.
+    """
+    prefix = f"{PAIR_SCORE_ANNOTATION}: "
+    try:
+        parsed = orjson.loads(text)
+    except orjson.JSONDecodeError as err:
+        raise DeviceDecodeError(f"{prefix}invalid JSON: {err}") from None
+    if parsed is None:
+        return {}
+    if type(parsed) is not list:
+        raise DeviceDecodeError(f"{prefix}expected a JSON array")
+    scores: dict[str, dict[str, int]] = {}
+    for position, entry in enumerate(parsed):
+        if entry is None:
+            entry = {}
+        if type(entry) is not dict:
+            raise DeviceDecodeError(f"{prefix}entry {position}: expected an object")
+        uuid, pairs = "", {}
+        for key, value in entry.items():
+            folded = key.lower()
+            if value is None:
+                continue
+            if folded == "uuid":
+                if type(value) is not str:
+                    raise DeviceDecodeError(f'{prefix}entry {position}: field "uuid": expected a string')
+                uuid = value
+            elif folded == "score":
+                pairs = _decode_score_map(value, f"{prefix}entry {position}")
+        scores.setdefault(uuid, pairs)
+    return scores
+
+
+def _decode_score_map(value: object, where: str) -> dict[str, int]:
+    if type(value) is not dict:
+        raise DeviceDecodeError(f'{where}: field "score": expected an object of integers')
+    for other, score in value.items():
+        if type(score) is not int or not -INT64_MAX - 1 <= score <= INT64_MAX:
+            raise DeviceDecodeError(
+                f'{where}: field "score": {go_quote(other)}: expected an integer, got {orjson.dumps(score).decode()}')
+    return dict(value)
+
+
+def _attach_pair_scores(devices: list[DeviceInfo], text: str) -> None:
+    scores = _decode_pair_scores(text)
+    for device in devices:
+        pairs = scores.get(device.id)
+        if pairs is not None:
+            device.custom[PAIR_SCORES_KEY] = pairs
+
+
+# ---------------------------------------------------------------------------------------------
+# Device selection (type, mode, UUID, cordon)
+# ---------------------------------------------------------------------------------------------
+
+def _non_blank(annotations: dict[str, str], key: str) -> str | None:
+    """The annotation's value when it is present and not blank (blank means no constraint)."""
+    value = annotations.get(key)
+    if value is None or not value.strip():
+        return None
+    return value
+
+
+def _type_entries(value: str | None) -> tuple[str, ...] | None:
+    """A type list upper-cased once; blank entries are dropped (they match nothing upstream)."""
+    if value is None:
+        return None
+    return tuple(entry.strip().upper() for entry in value.split(",") if entry.strip())
+
+
+def _uuid_entries(value: str | None) -> frozenset[str] | None:
+    if value is None:
+        return None
+    return frozenset(entry.strip() for entry in value.split(","))
+
+
+def _make_type_gate(use: tuple[str, ...] | None, nouse: tuple[str, ...] | None, mode: str | None):
+    """A function device -> allowed by ``use-gputype``/``nouse-gputype``/``vgpu-mode``."""
+    upper_of: dict[str, str] = {}  # device type -> upper-cased, computed once per distinct type
+
+    def type_allowed(device: DeviceInfo) -> bool:
+        if mode is not None and device.mode not in mode:
+            return False  # the pod's mode text must contain the device's mode ("" always does)
+        if use is None and nouse is None:
+            return True
+        model = upper_of.get(device.type)
+        if model is None:
+            model = upper_of[device.type] = device.type.upper()
+        if use is not None and not any(entry in model for entry in use):
+            return False
+        return nouse is None or not any(entry in model for entry in nouse)
+
+    return type_allowed
+
+
+def _make_selector(cordoned: frozenset[str] | None, type_allowed,
+                   use_uuids: frozenset[str] | None, nouse_uuids: frozenset[str] | None) -> DeviceSelector:
+    # Checked in upstream's order (cordon, type, UUID), so the reason counted is upstream's.
+    def select(device: DeviceInfo) -> int:
+        if cordoned is not None and device.id in cordoned:
+            return CARD_CORDONED
+        if type_allowed is not None and not type_allowed(device):
+            return CARD_TYPE_MISMATCH
+        if use_uuids is not None and device.id not in use_uuids:
+            return CARD_UUID_MISMATCH
+        if nouse_uuids is not None and device.id in nouse_uuids:
+            return CARD_UUID_MISMATCH
+        return OK
+
+    return select
+
+
+# ---------------------------------------------------------------------------------------------
+# The vendor
+# ---------------------------------------------------------------------------------------------
+
+def _quote_value(raw: object) -> str:
+    """A resource value as written in the pod (JSON numbers and null appear as JSON does)."""
+    if type(raw) is str:
+        return go_quote(raw)
+    if raw is None or type(raw) in (int, float, bool):
+        return go_quote(orjson.dumps(raw).decode())
+    return go_quote(repr(raw))
+
+
+class NvidiaVendor:
+    """HAMi's NVIDIA vendor: vGPU sharing of memory (MiB or percent) and cores (percent)."""
+
+    vendor_key = VENDOR_KEY
+    register_annotation = REGISTER_ANNOTATION
+    handshake_annotation = HANDSHAKE_ANNOTATION
+    to_allocate_annotation = TO_ALLOCATE_ANNOTATION
+    allocated_annotation = ALLOCATED_ANNOTATION
+
+    def __init__(self, config: NvidiaConfig):
+        self.config = config
+        self._count_name = config.resource_count_name
+        self._memory_name = config.resource_memory_name
+        self._percent_name = config.resource_memory_percentage_name
+        self._core_name = config.resource_core_name
+        self._memory_factor = max(config.memory_factor, 1)
+        # Largest memory value whose product with the factor still fits int32.
+        self._max_memory = INT32_MAX // self._memory_factor
+
+    # -- resources ------------------------------------------------------------------------------
+
+    def resource_names(self) -> list[str]:
+        """Count, memory, memory-percentage, cores and priority names (unset ones left out)."""
+        config = self.config
+        names = [config.resource_count_name, config.resource_memory_name,
+                 config.resource_memory_percentage_name, config.resource_core_name,
+                 config.resource_priority_name]
+        return [name for name in names if name]
+
+    # -- inventory ------------------------------------------------------------------------------
+
+    def parse_node_devices(self, annotations: dict[str, str]) -> list[DeviceInfo]:
+        """The node's GPUs from ``hami.io/node-nvidia-register`` plus optional pair scores.
+
+        JSON is what current plugins write (and all upstream decodes); the legacy colon format
+        is accepted too because older plugins wrote it. No annotation -> []. An empty
+        inventory, or any garbled part (pair scores included), rejects the node's whole NVIDIA
+        inventory with DeviceDecodeError, as upstream does.
+        """
+        text = annotations.get(REGISTER_ANNOTATION)
+        if text is None:
+            return []
+        try:
+            devices = decode_json_devices(text) if _looks_like_json(text) else decode_legacy_devices(text)
+        except DeviceDecodeError as err:
+            raise DeviceDecodeError(f"{REGISTER_ANNOTATION}: {err}") from None
+        if not devices:
+            raise DeviceDecodeError("no gpu found on node")
+        score_text = annotations.get(PAIR_SCORE_ANNOTATION)
+        if score_text is not None:
+            _attach_pair_scores(devices, score_text)
+        return devices
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:
+        """The container's NVIDIA request, or None when it asks for no GPU.
+
+        Upstream's rules: every resource is read from limits first, then requests; no count (or
+        count 0) means no request; memory is multiplied by ``memoryFactor``; the percentage
+        starts at the 101 "unset" sentinel, is clamped to 100 and ignored when <= 0 or not a
+        whole number; with neither memory nor percentage the default memory applies, else the
+        whole card (100 %); cores default to ``defaultCores``.
+
+        Raises RequestError for a present but malformed count, memory or cores value.
+        """
+        resources = container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        requests = resources.get("requests") or {}
+        raw_count = self._lookup(limits, requests, self._count_name)
+        if raw_count is _MISSING:
+            return None
+        name = container.get("name", "")
+        count = self._whole(name, self._count_name, raw_count, "a whole number")
+        if count < 0:
+            raise self._error(name, self._count_name, raw_count, "must not be negative")
+        if count > INT32_MAX:
+            raise self._error(name, self._count_name, raw_count, f"is out of range (at most {INT32_MAX})")
+        if count == 0:
+            return None
+        memreq = self._memory(name, limits, requests)
+        mempct = self._memory_percent(limits, requests)
+        if mempct == MEMORY_PERCENT_UNSET and memreq == 0:
+            if self.config.default_memory != 0:
+                memreq = self.config.default_memory  # already MiB: not multiplied by the factor
+            else:
+                mempct = 100
+        coresreq = self._cores(name, limits, requests)
+        return ContainerRequest(vendor=VENDOR_KEY, nums=count, memreq=memreq, mempct=mempct, coresreq=coresreq)
+
+    @staticmethod
+    def _lookup(limits: dict, requests: dict, resource: str) -> object:
+        if not resource:
+            return _MISSING
+        value = limits.get(resource, _MISSING)
+        if value is _MISSING:
+            value = requests.get(resource, _MISSING)
+        return value
+
+    @staticmethod
+    def _error(container: str, resource: str, raw: object, problem: str) -> RequestError:
+        return RequestError(f"container {go_quote(container)}: {resource} {_quote_value(raw)} {problem}")
+
+    def _whole(self, container: str, resource: str, raw: object, what: str) -> int:
+        number = parse_exact_int(raw)
+        if number is None:
+            raise self._error(container, resource, raw, f"is not {what}")
+        return number
+
+    def _memory(self, container: str, limits: dict, requests: dict) -> int:
+        raw = self._lookup(limits, requests, self._memory_name)
+        if raw is _MISSING:
+            return 0
+        factor = self._memory_factor
+        unit = "MiB" if factor == 1 else f"units of {factor} MiB (memoryFactor)"
+        memory = self._whole(container, self._memory_name, raw, f"a whole number of {unit}")
+        if not 0 <= memory <= self._max_memory:
+            raise self._error(container, self._memory_name, raw,
+                              f"is out of range: must be between 0 and {self._max_memory} {unit}")
+        return memory * factor
+
+    def _memory_percent(self, limits: dict, requests: dict) -> int:
+        raw = self._lookup(limits, requests, self._percent_name)
+        if raw is _MISSING:
+            return MEMORY_PERCENT_UNSET
+        percent = parse_exact_int(raw)
+        if percent is None or percent <= 0:
+            # Upstream ignores it; the webhook already refuses values outside 0..100, and 0
+            # would mean "no limit" to HAMi-core, so the default below applies instead.
+            return MEMORY_PERCENT_UNSET
+        return min(percent, 100)
+
+    def _cores(self, container: str, limits: dict, requests: dict) -> int:
+        raw = self._lookup(limits, requests, self._core_name)
+        if raw is _MISSING:
+            return self.config.default_cores
+        cores = self._whole(container, self._core_name, raw, "a whole number")
+        if cores < 0:
+            raise self._error(container, self._core_name, raw, "must not be negative")
+        if cores > INT32_MAX:
+            raise self._error(container, self._core_name, raw, f"is out of range (at most {INT32_MAX})")
+        return cores  # values above 100 are clamped by the fit, as upstream does
+
+    # -- selection ------------------------------------------------------------------------------
+
+    def device_selector(self, pod_annotations: dict[str, str],
+                        node_annotations: dict[str, str]) -> DeviceSelector | None:
+        """A per-device gate for pods that pick or avoid GPUs, or None when nothing restricts.
+
+        Gates, in upstream's order: the node's ``hami.io/device-cordon`` UUID list
+        (CardCordoned); the pod's ``use-gputype``/``nouse-gputype`` (case-insensitive substring
+        of the model) and ``vgpu-mode`` (its text must contain the device's mode)
+        (CardTypeMismatch); the pod's ``use-gpuuuid``/``nouse-gpuuuid`` (exact UUIDs)
+        (CardUuidMismatch). Blank annotations impose nothing. The comma lists are split here,
+        once, not per device.
+        """
+        cordon = _non_blank(node_annotations, CORDON_ANNOTATION)
+        use_type = _non_blank(pod_annotations, USE_TYPE_ANNOTATION)
+        nouse_type = _non_blank(pod_annotations, NOUSE_TYPE_ANNOTATION)
+        mode = _non_blank(pod_annotations, VGPU_MODE_ANNOTATION)
+        use_uuid = _non_blank(pod_annotations, USE_UUID_ANNOTATION)
+        nouse_uuid = _non_blank(pod_annotations, NOUSE_UUID_ANNOTATION)
+        if cordon is None and use_type is None and nouse_type is None and mode is None \
+                and use_uuid is None and nouse_uuid is None:
+            return None
+        cordoned = None
+        if cordon is not None:
+            cordoned = frozenset(entry.strip() for entry in cordon.split(",") if entry.strip())
+        type_allowed = None
+        if use_type is not None or nouse_type is not None or mode is not None:
+            type_allowed = _make_type_gate(_type_entries(use_type), _type_entries(nouse_type), mode)
+        return _make_selector(cordoned, type_allowed, _uuid_entries(use_uuid), _uuid_entries(nouse_uuid))
+
+    # -- allocation annotations -----------------------------------------------------------------
+
+    def encode_allocation(self, pod_devices: PodDevices) -> dict[str, str]:
+        """Both allocation annotations (identical text), or {} when no container got a GPU."""
+        if not any(pod_devices):
+            return {}
+        text = encode_pod_devices(pod_devices)
+        return {TO_ALLOCATE_ANNOTATION: text, ALLOCATED_ANNOTATION: text}
+
+    def decode_allocation(self, annotations: dict[str, str]) -> PodDevices | None:
+        """The allocation recorded in ``hami.io/vgpu-devices-allocated``, or None if absent."""
+        text = annotations.get(ALLOCATED_ANNOTATION)
+        if text is None:
+            return None
+        return decode_pod_devices(text)

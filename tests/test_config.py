@@ -1,0 +1,211 @@
+"""The device config file: upstream's schema and zero-value rules, the chart defaults, and
+one-line errors that name the file, line and field."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hami_py.config import (
+    CHART_DEFAULT_DEVICE_CONFIG, ConfigError, DeviceConfig, MigProfileAllowlistEntry, NvidiaConfig,
+    load_device_config, parse_device_config,
+)
+
+FIXTURE = Path(__file__).parent / "fixtures" / "device-config.yaml"
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "device-config.yaml"
+    path.write_text(text)
+    return path
+
+
+def error_of(tmp_path: Path, text: str) -> str:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_device_config(path)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: ")
+    return message[len(f"{path}: "):]
+
+
+# ---------------------------------------------------------------------------------------------
+# chart defaults
+# ---------------------------------------------------------------------------------------------
+
+def test_fixture_is_the_chart_default():
+    assert load_device_config(FIXTURE) == DeviceConfig.default()
+    assert FIXTURE.read_text().endswith(CHART_DEFAULT_DEVICE_CONFIG)
+
+
+def test_chart_default_nvidia_section():
+    nvidia = DeviceConfig.default().nvidia
+    assert (nvidia.resource_count_name, nvidia.resource_memory_name, nvidia.resource_memory_percentage_name,
+            nvidia.resource_core_name, nvidia.resource_priority_name) == (
+        "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
+        "nvidia.com/priority")
+    assert (nvidia.overwrite_env, nvidia.default_memory, nvidia.default_cores, nvidia.default_gpu_num,
+            nvidia.memory_factor, nvidia.disable_core_limit, nvidia.gpu_core_policy, nvidia.runtime_class_name) == (
+        False, 0, 0, 1, 1, False, "default", "")
+    assert (nvidia.device_split_count, nvidia.device_memory_scaling, nvidia.device_core_scaling,
+            nvidia.pre_configured_device_memory, nvidia.enable_numa_topology, nvidia.lib_cuda_log_level) == (
+        10, 1.0, 1.0, 0, False, "1")
+    assert MigProfileAllowlistEntry(["H200 NVL", "H200-SXM5"], ["1g.18gb", "2g.35gb", "3g.71gb", "7g.141gb"]) \
+        in nvidia.mig_profile_allowlist
+    assert len(nvidia.mig_profile_allowlist) == 9
+    assert NvidiaConfig.chart_defaults() == nvidia
+
+
+def test_chart_default_other_sections():
+    others = DeviceConfig.default().other_sections
+    assert set(others) == {"cambricon", "hygon", "metax", "enflame", "mthreads", "iluvatars", "kunlun",
+                           "awsneuron", "amd", "vastai", "biren", "vnpus"}
+    assert others["hygon"] == {"resourceCountName": "hygon.com/dcunum", "resourceMemoryName": "hygon.com/dcumem",
+                               "resourceCoreName": "hygon.com/dcucores", "memoryFactor": 1}
+    assert [c["commonWord"] for c in others["vnpus"]["configs"]] == [
+        "Ascend910A", "Ascend910B2", "Ascend910B3", "Ascend910B4-1", "Ascend910B4", "Ascend310P", "Ascend910C"]
+    assert [i["commonWord"] for i in others["iluvatars"]] == ["MR-V100", "MR-V50", "BI-V150", "BI-V100"]
+
+
+def test_default_returns_independent_copies():
+    first = DeviceConfig.default()
+    first.nvidia.mig_profile_allowlist.clear()
+    assert len(DeviceConfig.default().nvidia.mig_profile_allowlist) == 9
+
+
+# ---------------------------------------------------------------------------------------------
+# schema rules
+# ---------------------------------------------------------------------------------------------
+
+def test_missing_keys_are_zero_values_not_chart_defaults(tmp_path):
+    config = load_device_config(write(tmp_path, "nvidia:\n  resourceCountName: nvidia.com/gpu\n"))
+    assert config.nvidia == NvidiaConfig(resource_count_name="nvidia.com/gpu")
+    assert config.nvidia.default_gpu_num == 0 and config.nvidia.memory_factor == 0
+    assert config.nvidia.device_split_count is None
+    assert config.other_sections == {}
+
+
+def test_unknown_keys_are_ignored_and_keys_are_case_sensitive(tmp_path):
+    config = load_device_config(write(tmp_path, (
+        "nvidia:\n  resourceCountName: nvidia.com/gpu\n  ResourceMemoryName: ignored\n  futureKey: {a: 1}\n"
+        "someOtherVendor:\n  x: 1\n")))
+    assert config.nvidia.resource_memory_name == ""
+    assert "someOtherVendor" not in config.other_sections
+
+
+def test_scalars_fill_string_fields_with_their_text(tmp_path):
+    config = load_device_config(write(tmp_path, (
+        "nvidia:\n  resourceCountName: nvidia.com/gpu\n  libCudaLogLevel: 4\n  runtimeClassName: 0x10\n"
+        "  gpuCorePolicy: force\n  resourcePriorityName:\n")))
+    assert config.nvidia.lib_cuda_log_level == "4"
+    assert config.nvidia.runtime_class_name == "0x10"
+    assert config.nvidia.gpu_core_policy == "force"
+    assert config.nvidia.resource_priority_name == ""
+
+
+def test_typed_values(tmp_path):
+    config = load_device_config(write(tmp_path, (
+        "nvidia:\n  overwriteEnv: yes\n  defaultMemory: 4096\n  defaultCores: 2.0\n  memoryFactor: 1024\n"
+        "  disableCoreLimit: true\n  deviceSplitCount: 20\n  deviceMemoryScaling: 1.5\n  deviceCoreScaling: 2\n"
+        "  preConfiguredDeviceMemory: 131072\n  enableNumaTopology: true\n")))
+    nvidia = config.nvidia
+    assert nvidia.overwrite_env is True  # YAML 1.1 "yes", as yaml.v2 reads it
+    assert (nvidia.default_memory, nvidia.default_cores, nvidia.memory_factor) == (4096, 2, 1024)
+    assert nvidia.disable_core_limit is True and nvidia.enable_numa_topology is True
+    assert (nvidia.device_split_count, nvidia.device_memory_scaling, nvidia.device_core_scaling) == (20, 1.5, 2.0)
+    assert nvidia.pre_configured_device_memory == 131072
+
+
+def test_only_first_document_is_read(tmp_path):
+    config = load_device_config(write(tmp_path, "nvidia:\n  defaultGPUNum: 3\n---\nnvidia: [broken\n"))
+    assert config.nvidia.default_gpu_num == 3
+
+
+def test_other_vendor_section_alone_is_enough(tmp_path):
+    config = load_device_config(write(tmp_path, "hygon:\n  resourceCountName: hygon.com/dcunum\n"))
+    assert config.nvidia == NvidiaConfig()
+    assert config.other_sections == {"hygon": {"resourceCountName": "hygon.com/dcunum"}}
+
+
+# ---------------------------------------------------------------------------------------------
+# errors
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "", "# nothing\n", "nvidia:\n", "nvidia: {}\ncambricon: {}\n", "nvidia:\n  overwriteEnv: false\n",
+    "iluvatars: []\nvnpus:\n  hamiVnpuCore: true\n", "amd:\n  unknownKey: x\n", "hygon:\n  memoryFactor: 0\n",
+])
+def test_all_empty(tmp_path, text):
+    assert error_of(tmp_path, text) == "all configurations are empty"
+
+
+def test_missing_file(tmp_path):
+    path = tmp_path / "absent.yaml"
+    with pytest.raises(ConfigError) as err:
+        load_device_config(path)
+    assert str(err.value) == f"{path}: cannot read device config: No such file or directory"
+
+
+def test_not_utf8(tmp_path):
+    path = tmp_path / "device-config.yaml"
+    path.write_bytes(b"nvidia:\n  resourceCountName: \xff\n")
+    with pytest.raises(ConfigError, match=r": not UTF-8 text \(byte 29\)$"):
+        load_device_config(path)
+
+
+def test_yaml_syntax_error_names_line(tmp_path):
+    message = error_of(tmp_path, "nvidia:\n  resourceCountName: nvidia.com/gpu\n  bad: [unclosed\n")
+    assert message.startswith("line 4, column 1: YAML syntax error: ")
+    message = error_of(tmp_path, "nvidia:\n  a: b: c\n")
+    assert message == "line 2, column 7: YAML syntax error: mapping values are not allowed here"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("- nvidia\n", "line 1: expected a mapping of vendor sections, got list"),
+    ("nvidia: 5\n", "line 1: nvidia: expected a mapping, got integer"),
+    ("nvidia:\n  resourceCountName: nvidia.com/gpu\n  defaultMemory: abc\n",
+     'line 3: nvidia.defaultMemory: expected an integer, got string "abc"'),
+    ("nvidia:\n  defaultMemory: 1.5\n", 'line 2: nvidia.defaultMemory: expected an integer, got number "1.5"'),
+    ("nvidia:\n  defaultCores: true\n", 'line 2: nvidia.defaultCores: expected an integer, got boolean "true"'),
+    ("nvidia:\n  memoryFactor: 3000000000\n",
+     "line 2: nvidia.memoryFactor: 3000000000 is out of range for int32 (-2147483648..2147483647)"),
+    ("nvidia:\n  deviceSplitCount: -1\n",
+     "line 2: nvidia.deviceSplitCount: -1 is out of range for uint (0..18446744073709551615)"),
+    ("nvidia:\n  overwriteEnv: \"false\"\n", 'line 2: nvidia.overwriteEnv: expected true or false, got string "false"'),
+    ("nvidia:\n  resourceCountName: [a, b]\n", "line 2: nvidia.resourceCountName: expected a string, got list"),
+    ("nvidia:\n  deviceMemoryScaling: lots\n",
+     'line 2: nvidia.deviceMemoryScaling: expected a number, got string "lots"'),
+    ("nvidia:\n  migProfileAllowlist: {models: [A30]}\n",
+     "line 2: nvidia.migProfileAllowlist: expected a list of {models, profiles} entries, got mapping"),
+    ("nvidia:\n  migProfileAllowlist:\n    - models: [A30]\n",
+     "line 3: nvidia.migProfileAllowlist[0]: MIG profile allowlist entry must define models and profiles"),
+    ("nvidia:\n  migProfileAllowlist:\n    - {models: [A30], profiles: []}\n",
+     "line 3: nvidia.migProfileAllowlist[0]: MIG profile allowlist entry must define models and profiles"),
+    ("nvidia:\n  migProfileAllowlist:\n    - {models: [A30], profiles: [1g.6gb]}\n"
+     "    - models: [H200 NVL]\n      profiles: [1g.18gb, 3x.71gb]\n",
+     "line 5: nvidia.migProfileAllowlist[1].profiles[1]: invalid MIG profile '3x.71gb': expected <n>g.<memory>, e.g. 1g.18gb"),
+    ("nvidia:\n  migProfileAllowlist:\n    - {models: [A30], profiles: [g.6gb]}\n",
+     "line 3: nvidia.migProfileAllowlist[0].profiles[0]: invalid MIG profile 'g.6gb': expected <n>g.<memory>, e.g. 1g.18gb"),
+    ("nvidia:\n  migProfileAllowlist:\n    - {models: [A30], profiles: [1g6gb]}\n",
+     "line 3: nvidia.migProfileAllowlist[0].profiles[0]: invalid MIG profile '1g6gb': expected <n>g.<memory>, e.g. 1g.18gb"),
+    ("nvidia:\n  migProfileAllowlist:\n    - {models: A30, profiles: [1g.6gb]}\n",
+     "line 3: nvidia.migProfileAllowlist[0].models: expected a list of strings, got string"),
+    ("nvidia:\n  resourceCountName: x\niluvatars: {a: 1}\n", "line 3: iluvatars: expected a list, got mapping"),
+    ("nvidia:\n  resourceCountName: x\nhygon: [a]\n", "line 3: hygon: expected a mapping, got list"),
+])
+def test_errors_name_line_and_field(tmp_path, text, message):
+    assert error_of(tmp_path, text) == message
+
+
+def test_valid_unusual_mig_profiles_pass(tmp_path):
+    config = load_device_config(write(tmp_path, (
+        "nvidia:\n  migProfileAllowlist:\n    - {models: [A100], profiles: [1g.5gb+me, 10g., xg.x]}\n")))
+    assert config.nvidia.mig_profile_allowlist == [MigProfileAllowlistEntry(["A100"], ["1g.5gb+me", "10g.", "xg.x"])]
+
+
+def test_parse_device_config_names_its_source():
+    with pytest.raises(ConfigError) as err:
+        parse_device_config("nvidia:\n  defaultGPUNum: many\n", "configmap hami-scheduler-device")
+    assert str(err.value) == ('configmap hami-scheduler-device: line 2: nvidia.defaultGPUNum: '
+                              'expected an integer, got string "many"')

@@ -1,0 +1,193 @@
+"""Every error path of /filter and /bind: a precise message in an HTTP 200 body, the server still
+serving, and no reservation left behind."""
+from __future__ import annotations
+
+import pytest
+
+from hami_py.embedded import embedded_options
+from hami_py.fakeapi.objects import gpu_node, gpu_pod
+from hami_py.k8s.nodelock import LOCK_ANNOTATION
+from tests.conftest import assert_books_balance, wait_until
+
+
+@pytest.fixture
+def scheduler_options():
+    return embedded_options(body_limit=64 * 1024, kube_timeout=2)
+
+
+async def _node(api, app, name="n1", gpus=1):
+    api.create("nodes", gpu_node(name, gpus=gpus))
+    await wait_until(lambda: name in app.cache.nodes, "node registered")
+    return [name]
+
+
+def _used_mem(app, node="n1"):
+    return sum(d["usedmem"] for d in app.cache.device_usage(node))
+
+
+async def test_oversized_body_is_an_error_not_a_truncation(api, app, extender):
+    status, body = await extender.post("filter", b'{"Pod": {"metadata": {"name": "' + b"x" * 70000 + b'"}}}')
+    assert status == 200
+    assert body["Error"] == "request body exceeds the limit of 65536 bytes"
+    assert body["NodeNames"] is None
+    status, body = await extender.post("bind", b"{" + b" " * 70000 + b"}")
+    assert (status, body) == (200, {"Error": "request body exceeds the limit of 65536 bytes"})
+
+
+@pytest.mark.parametrize("payload, message", [
+    (b"", "empty request body: EOF"),
+    (b'{"Pod": ', "invalid JSON request body"),
+    (b"[1, 2]", "extender args must be a JSON object"),
+    (b'{"NodeNames": ["n1"]}', "extender args missing pod"),
+    (b'{"Pod": null, "NodeNames": ["n1"]}', "extender args missing pod"),
+    (b'{"Pod": "text", "NodeNames": ["n1"]}', "extender args pod must be an object"),
+    (b"[" * 5000 + b"]" * 5000, "invalid JSON request body"),
+])
+async def test_malformed_filter_requests_get_a_clear_error(app, extender, payload, message):
+    status, body = await extender.post("filter", payload)
+    assert status == 200
+    assert body["Error"].startswith(message), body
+    assert set(body) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+async def test_keys_are_matched_case_insensitively_like_go(api, app, extender):
+    names = await _node(api, app)
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    _, body = await extender.post("filter", {"pod": pod, "nodenames": names})
+    assert body["NodeNames"] == names
+
+
+async def test_no_node_list_at_all_is_an_error_not_a_crash(api, app, extender):
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    _, body = await extender.post("filter", {"Pod": pod})
+    assert body["Error"] == "extender args have neither NodeNames nor Nodes"
+    _, body = await extender.post("filter", {"Pod": pod, "NodeNames": "n1"})
+    assert body["Error"] == "extender args NodeNames must be a list of node names"
+
+
+@pytest.mark.parametrize("limits, fragment", [
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1.5"}, "nvidia.com/gpumem"),
+    ({"nvidia.com/gpu": "half"}, "nvidia.com/gpu"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "-5"}, "nvidia.com/gpucores"),
+])
+async def test_malformed_device_quantities_are_refused_loudly(api, app, extender, limits, fragment):
+    names = await _node(api, app)
+    pod = gpu_pod("p")
+    pod["spec"]["containers"][0]["resources"]["limits"] = limits
+    pod = api.create("pods", pod)
+    result = await extender.filter(pod, names)
+    assert fragment in result["Error"] and "default/p" in result["Error"], result
+    assert _used_mem(app) == 0
+
+
+@pytest.mark.parametrize("value, message", [
+    ("slot=1,core=1", "expected slot, core, and memory weights"),
+    ("slot=1,core,memory=1", "expected key=value entries"),
+    ("slot=1,slot=1,memory=1", 'duplicate "slot" weight'),
+    ("slot=a,core=1,memory=1", '"slot" weight must be an integer'),
+    ("slot=-1,core=1,memory=1", '"slot" weight must not be negative'),
+    ("slot=1,gpu=1,memory=1", 'unknown weight "gpu"'),
+    ("slot=0,core=0,memory=0", "at least one weight must be positive"),
+])
+async def test_invalid_scoring_weights_annotation(api, app, extender, value, message):
+    names = await _node(api, app)
+    pod = api.create("pods", gpu_pod("p", gpumem=1000, annotations={"hami.io/device-scoring-weights": value}))
+    result = await extender.filter(pod, names)
+    assert result["Error"] == f"invalid hami.io/device-scoring-weights annotation {value!r}: {message}"
+    assert _used_mem(app) == 0
+
+
+async def test_failed_pod_patch_rolls_the_reservation_back(api, app, extender):
+    names = await _node(api, app)
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    fault = api.faults.add(method="PATCH", path="/pods/p$", status=500)
+    result = await extender.filter(pod, names)
+    assert fault.hits == 1
+    assert result["Error"].startswith("patch pod default/p:")
+    assert _used_mem(app) == 0 and not app.cache.pods
+    result = await extender.filter(pod, names)  # kube-scheduler retries; now it works
+    assert result["NodeNames"] == names
+    assert _used_mem(app) == 1000
+    assert_books_balance(app)
+
+
+async def test_bind_of_a_vanished_pod_rolls_back(api, app, extender):
+    names = await _node(api, app)
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    await extender.filter(pod, names)
+    assert _used_mem(app) == 1000
+    api.delete("pods", "p", namespace="default")
+    assert (await extender.bind(pod, "n1")) == {"Error": 'pod "p" not found'}
+    assert _used_mem(app) == 0
+
+
+async def test_bind_args_missing_fields(app, extender):
+    _, body = await extender.post("bind", {"PodName": "p"})
+    assert body == {"Error": "binding args missing PodNamespace, Node"}
+
+
+async def test_binding_rejected_releases_lock_and_reservation(api, app, extender):
+    names = await _node(api, app)
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    await extender.filter(pod, names)
+    api.faults.add(method="POST", path="/binding$", status=409)
+    result = await extender.bind(pod, "n1")
+    assert result["Error"]
+    assert _used_mem(app) == 0
+    assert LOCK_ANNOTATION not in (api.get("nodes", "n1")["metadata"].get("annotations") or {})
+    # The rolled-back decision stays rolled back even as later events of the pod arrive.
+    api.patch("pods", "p", {"metadata": {"labels": {"touched": "yes"}}}, namespace="default")
+    await wait_until(lambda: app.cache.pods == {} and api.resource_version > 0, "event applied")
+    assert _used_mem(app) == 0
+
+
+async def test_binding_that_landed_despite_an_error_is_not_undone(api, app, extender):
+    names = await _node(api, app)
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    await extender.filter(pod, names)
+    api.faults.add(method="POST", path="/binding$", status=504, after_apply=True)
+    assert await extender.bind(pod, "n1") == {"Error": ""}
+    assert api.get("pods", "p", namespace="default")["spec"]["nodeName"] == "n1"
+    assert _used_mem(app) == 1000
+
+
+async def test_binding_error_on_a_bind_that_did_not_land_rolls_back(api, app, extender):
+    names = await _node(api, app)
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    await extender.filter(pod, names)
+    api.faults.add(method="POST", path="/binding$", status=503)
+    result = await extender.bind(pod, "n1")
+    assert result["Error"]
+    assert api.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
+    assert _used_mem(app) == 0
+
+
+async def test_filter_waits_for_sync_and_reports_when_it_never_comes(api):
+    from hami_py.embedded import running_scheduler
+    from hami_py.fakeapi.kubescheduler import ExtenderClient
+    api.faults.add(method="GET", path="^/api/v1/pods$", status=500, times=None)
+    async with running_scheduler(api, options=embedded_options(sync_timeout_s=0.3), wait_ready=False,
+                                 device_plugin=False) as app:
+        client = ExtenderClient(app.url)
+        try:
+            pod = api.create("pods", gpu_pod("p", gpumem=1000))
+            status, _ = await client.post("filter", {"Pod": pod, "NodeNames": ["n1"]})
+            result = await client.filter(pod, ["n1"])
+            assert result["Error"] == "scheduler cache is not synced yet"
+            async with client.session.get(f"{app.url}/readyz") as r:
+                assert r.status == 503
+            async with client.session.get(f"{app.url}/healthz") as r:
+                assert r.status == 200
+            api.faults.clear()
+            await wait_until(lambda: app.ready, "sync after the API server recovers", timeout=30)
+            async with client.session.get(f"{app.url}/readyz") as r:
+                assert r.status == 200
+        finally:
+            await client.close()
+
+
+async def test_unknown_path_and_wrong_method(app, extender):
+    async with extender.session.get(f"{app.url}/filter") as r:
+        assert r.status == 405
+    async with extender.session.post(f"{app.url}/nope") as r:
+        assert r.status == 404
