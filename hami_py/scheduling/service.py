@@ -15,7 +15,6 @@ import structlog
 from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
-from hami_py.scheduling import reasons as R
 from hami_py.scheduling.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.policies import PolicyError
@@ -73,8 +72,7 @@ class SchedulerService:
                                        or not all(isinstance(n, str) for n in node_names)):
             return filter_result(error="extender args NodeNames must be a list of node names")
         if node_names is None:
-            return filter_result(error="extender args without NodeNames (nodeCacheCapable: false) "
-                                       "are not supported yet; configure the extender with nodeCacheCapable: true")
+            return self._filter_nodes_path(pod, nodes, request)
         if not await self._wait_synced():
             return filter_result(error="scheduler cache is not synced yet")
         uid = (pod.get("metadata") or {}).get("uid") or ""
@@ -108,6 +106,32 @@ class SchedulerService:
             decision.reservation.resource_version = int(rv)
         self._event(pod, "filter_succeeded", decision)
         return filter_result(node_names=[decision.node])
+
+    def _filter_nodes_path(self, pod: dict, nodes: Any, request) -> dict:
+        """``nodeCacheCapable: false``: fit against the node objects in the request, as upstream's
+        filter simulation does (each node's inventory decoded from its own annotations, usage zero),
+        with no reservation and no pod patch; the chosen node object comes back in ``Nodes``.
+
+        Unlike upstream it does not wait for the live cache, which it never reads."""
+        items = nodes.get("items") if isinstance(nodes, dict) else None
+        if not isinstance(items, list) or not all(isinstance(n, dict) for n in items):
+            return filter_result(error="extender args Nodes must be a NodeList with an items list")
+        scratch = UsageCache(self.vendors)
+        by_name = {}
+        for node in items:
+            name = (node.get("metadata") or {}).get("name")
+            if isinstance(name, str) and name:
+                scratch.upsert_node(node)
+                by_name[name] = node
+        filterer = Filterer(scratch, self.vendors, default_node_policy=self.filterer.default_node_policy,
+                            default_gpu_policy=self.filterer.default_gpu_policy)
+        try:
+            decision = filterer.decide(pod, list(by_name), request, reserve=False)
+        except PolicyError as exc:
+            return filter_result(error=str(exc))
+        if decision.node is None:
+            return filter_result(failed=decision.failed)
+        return filter_result(nodes={"metadata": {}, "items": [by_name[decision.node]]}, failed=decision.failed)
 
     async def _wait_synced(self) -> bool:
         if self.synced.is_set():
@@ -144,5 +168,3 @@ def _pod_key(pod: dict) -> str:
     meta = pod.get("metadata") or {}
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
-
-__all__ = ["SchedulerService", "filter_result", "R"]
