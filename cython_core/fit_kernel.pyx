@@ -14,19 +14,29 @@ DEF N_REASONS = 16
 DEF MEMPCT_UNSET = 101
 DEF POLICY_BINPACK = 0
 DEF POLICY_SPREAD = 1
+DEF ORDER_MUTEX = 2
+DEF ORDER_CHAIN = 64
+DEF KEY_BINPACK = 1
+DEF KEY_SPREAD = 2
 DEF NODE_FIT = 0
 DEF NODE_DEVICE_REASONS = 1
 DEF NODE_INSUFFICIENT_DEVICE = 2
+DEF NODE_UNREGISTERED = 3
 DEF CARD_NOT_HEALTH = 1
 DEF CARD_CORDONED = 2
 DEF CARD_TYPE_MISMATCH = 3
 DEF NUMA_NOT_FIT = 4
 DEF CARD_TIME_SLICING_EXHAUSTED = 6
 DEF EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = 7
+DEF RESOURCE_QUOTA_NOT_FIT = 8
 DEF CARD_INSUFFICIENT_MEMORY = 9
 DEF CARD_INSUFFICIENT_CORE = 10
 DEF CARD_COMPUTE_UNITS_EXHAUSTED = 11
 DEF ALLOCATED_CARDS_INSUFFICIENT_REQUEST = 13
+
+
+# "No quota" (hami_py.cache.quota.UNLIMITED); any other value, negative too, is the headroom.
+cdef long long UNLIMITED = -(1LL << 62)
 
 
 cdef inline long long resolve_mem(int memreq, int mempct, long long total_mem) noexcept nogil:
@@ -37,9 +47,31 @@ cdef inline long long resolve_mem(int memreq, int mempct, long long total_mem) n
     return 0
 
 
-cdef inline bint prefer(double sa, int na, int pa, double sb, int nb, int pb,
+cdef inline bint prefer(double sa, int na, int pa, long long ua, double sb, int nb, int pb, long long ub,
                         int gpu_policy, int numa_bind) noexcept nogil:
     """True when device a sorts strictly before device b (is tried first)."""
+    cdef int code, k
+    if gpu_policy >= ORDER_CHAIN:
+        code = gpu_policy - ORDER_CHAIN
+        while code:
+            k = code % 4
+            code = code // 4
+            if k == KEY_BINPACK:
+                if sa != sb:
+                    return sa > sb
+            elif k == KEY_SPREAD:
+                if sa != sb:
+                    return sa < sb
+            else:
+                if na != nb:
+                    return na > nb
+        return pa > pb
+    if gpu_policy == ORDER_MUTEX:
+        if ua != ub:
+            return ua < ub
+        if na != nb:
+            return na > nb
+        return pa > pb
     if numa_bind:
         if gpu_policy == POLICY_BINPACK:
             if na != nb:
@@ -70,8 +102,9 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                  const long long[:] used_mem, const long long[:] used_cores, const long long[:] used,
                  const int[:] node_offset, const int[:] node_len, const int[:] candidates,
                  const int[:] rows, const signed char[:] mask,
-                 int node_policy, int gpu_policy, int numa_bind,
+                 int node_policy, int gpu_policy, int numa_bind, int mutex,
                  double w_slot, double w_core, double w_mem,
+                 const long long[:] quota_mem, const long long[:] quota_cores,
                  int[:] out_status, int[:] out_reasons, int[:] out_total, double[:] out_score,
                  int[:] out_row, int[:] out_dev, long long[:] out_mem, int[:] out_cores):
     cdef Py_ssize_t n_rows = rows.shape[0] // ROW_WIDTH
@@ -80,7 +113,7 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
     cdef Py_ssize_t max_len = 0, total_nums = 0
     cdef Py_ssize_t c, j, k, r, i, n, off, ni, base, ncands, npicked, nchosen
     for c in range(n_cand):
-        if node_len[candidates[c]] > max_len:
+        if candidates[c] >= 0 and node_len[candidates[c]] > max_len:
             max_len = node_len[candidates[c]]
     for r in range(n_rows):
         total_nums += rows[r * ROW_WIDTH + 3]
@@ -97,6 +130,10 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
     cdef double *score = <double *> malloc(max_len * sizeof(double))
     cdef int *picked = <int *> malloc(max_len * sizeof(int))
     cdef long long *picked_mem = <long long *> malloc(max_len * sizeof(long long))
+    cdef long long *q_init_mem = <long long *> malloc(max_len * sizeof(long long))
+    cdef long long *q_init_cores = <long long *> malloc(max_len * sizeof(long long))
+    cdef long long *q_app_mem = <long long *> malloc(max_len * sizeof(long long))
+    cdef long long *q_app_cores = <long long *> malloc(max_len * sizeof(long long))
     cdef Py_ssize_t chosen_cap = total_nums if total_nums > 0 else 1
     cdef int *ch_row = <int *> malloc(chosen_cap * sizeof(int))
     cdef int *ch_dev = <int *> malloc(chosen_cap * sizeof(int))
@@ -109,19 +146,26 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
     cdef long long s_u, s_c, s_uc, s_tc, s_um, s_tm, mem
     cdef double node_score, best_score = 0.0, sc, tmp_s
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
-    cdef int need, prev_numa, m, tmp_k
+    cdef int need, prev_numa, m, tmp_k, is_init
+    cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
+    cdef Py_ssize_t a, b, kk
     cdef bint better
     if (app_used == NULL or app_mem == NULL or app_cores == NULL or ini_used == NULL
             or ini_mem == NULL or ini_cores == NULL or cand == NULL or score == NULL
             or picked == NULL or picked_mem == NULL or ch_row == NULL or ch_dev == NULL
-            or ch_mem == NULL or ch_cores == NULL):
-        free(app_used); free(app_mem); free(app_cores); free(ini_used); free(ini_mem)
-        free(ini_cores); free(cand); free(score); free(picked); free(picked_mem)
-        free(ch_row); free(ch_dev); free(ch_mem); free(ch_cores)
+            or ch_mem == NULL or ch_cores == NULL or q_init_mem == NULL or q_init_cores == NULL
+            or q_app_mem == NULL or q_app_cores == NULL):
+        _free_all(app_used, app_mem, app_cores, ini_used, ini_mem, ini_cores, cand, score, picked,
+                  picked_mem, ch_row, ch_dev, ch_mem, ch_cores, q_init_mem, q_init_cores, q_app_mem,
+                  q_app_cores)
         raise MemoryError()
     with nogil:
         for c in range(n_cand):
             ni = candidates[c]
+            if ni < 0:
+                out_status[c] = NODE_UNREGISTERED
+                out_score[c] = 0.0
+                continue
             off = node_offset[ni]
             n = node_len[ni]
             s_u = 0; s_c = 0; s_uc = 0; s_tc = 0; s_um = 0; s_tm = 0
@@ -141,6 +185,10 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                 app_used[k] = used[off + k]
                 app_mem[k] = used_mem[off + k]
                 app_cores[k] = used_cores[off + k]
+                q_init_mem[k] = 0
+                q_init_cores[k] = 0
+                q_app_mem[k] = 0
+                q_app_cores[k] = 0
             nchosen = 0
             status = NODE_FIT
             current_container = -1
@@ -158,7 +206,10 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                 else:
                     s_used = app_used; s_mem = app_mem; s_cores = app_cores
                 current_container = container
+                is_init = rows[base + 1]
                 v = rows[base + 2]
+                qm = quota_mem[v]
+                qc = quota_cores[v]
                 nums = rows[base + 3]
                 memreq = rows[base + 4]
                 mempct = rows[base + 5]
@@ -188,8 +239,9 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     tmp_k = cand[i]
                     tmp_s = score[i]
                     k = i - 1
-                    while k >= 0 and prefer(tmp_s, numa[off + tmp_k], tmp_k,
-                                            score[k], numa[off + cand[k]], cand[k],
+                    tmp_u = s_used[tmp_k]
+                    while k >= 0 and prefer(tmp_s, numa[off + tmp_k], tmp_k, tmp_u,
+                                            score[k], numa[off + cand[k]], cand[k], s_used[cand[k]],
                                             gpu_policy, numa_bind):
                         cand[k + 1] = cand[k]
                         score[k + 1] = score[k]
@@ -222,7 +274,35 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     if count[j] <= s_used[k]:
                         counts[CARD_TIME_SLICING_EXHAUSTED] += 1
                         continue
+                    if mutex and s_used[k] > 0:
+                        counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                        continue
                     mem = resolve_mem(memreq, mempct, total_mem[j])
+                    if qm != UNLIMITED or qc != UNLIMITED:
+                        # The pod's charge if it also took this device: per device
+                        # max(init peak, app sum) over this vendor's devices, picks included.
+                        tm = 0
+                        tc = 0
+                        for a in range(ncands):
+                            kk = cand[a]
+                            add_m = 0
+                            add_c = 0
+                            for b in range(npicked):
+                                if picked[b] == kk:
+                                    add_m += picked_mem[b]
+                                    add_c += cores
+                            if kk == k:
+                                add_m += mem
+                                add_c += cores
+                            if is_init:
+                                tm += max(max(q_init_mem[kk], add_m), q_app_mem[kk])
+                                tc += max(max(q_init_cores[kk], add_c), q_app_cores[kk])
+                            else:
+                                tm += max(q_init_mem[kk], q_app_mem[kk] + add_m)
+                                tc += max(q_init_cores[kk], q_app_cores[kk] + add_c)
+                        if (qm != UNLIMITED and tm > qm) or (qc != UNLIMITED and tc > qc):
+                            counts[RESOURCE_QUOTA_NOT_FIT] += 1
+                            continue
                     if total_mem[j] - s_mem[k] < mem:
                         counts[CARD_INSUFFICIENT_MEMORY] += 1
                         continue
@@ -254,6 +334,12 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     s_used[k] += 1
                     s_mem[k] += picked_mem[i]
                     s_cores[k] += cores
+                    if is_init:
+                        q_init_mem[k] = max(q_init_mem[k], picked_mem[i])
+                        q_init_cores[k] = max(q_init_cores[k], <long long> cores)
+                    else:
+                        q_app_mem[k] += picked_mem[i]
+                        q_app_cores[k] += cores
                     ch_row[nchosen] = <int> r
                     ch_dev[nchosen] = <int> (off + k)
                     ch_mem[nchosen] = picked_mem[i]
@@ -276,7 +362,15 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     out_dev[i] = ch_dev[i]
                     out_mem[i] = ch_mem[i]
                     out_cores[i] = ch_cores[i]
-    free(app_used); free(app_mem); free(app_cores); free(ini_used); free(ini_mem)
-    free(ini_cores); free(cand); free(score); free(picked); free(picked_mem)
-    free(ch_row); free(ch_dev); free(ch_mem); free(ch_cores)
+    _free_all(app_used, app_mem, app_cores, ini_used, ini_mem, ini_cores, cand, score, picked,
+              picked_mem, ch_row, ch_dev, ch_mem, ch_cores, q_init_mem, q_init_cores, q_app_mem,
+              q_app_cores)
     return best
+
+
+cdef void _free_all(long long *a1, long long *a2, long long *a3, long long *a4, long long *a5,
+                    long long *a6, int *i1, double *d1, int *i2, long long *a7, int *i3, int *i4,
+                    long long *a8, int *i5, long long *a9, long long *a10, long long *a11,
+                    long long *a12) noexcept nogil:
+    free(a1); free(a2); free(a3); free(a4); free(a5); free(a6); free(i1); free(d1); free(i2)
+    free(a7); free(i3); free(i4); free(a8); free(i5); free(a9); free(a10); free(a11); free(a12)

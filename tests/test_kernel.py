@@ -10,7 +10,10 @@ from hypothesis import given, settings, strategies as st
 
 from hami_py import _kernel
 from hami_py.scheduling import kernel_ref, reasons as R
-from hami_py.scheduling.kernel_ref import ROW_WIDTH
+from hami_py.scheduling.kernel_ref import (
+    KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN, ORDER_MUTEX, ORDER_SPREAD, ROW_WIDTH,
+    UNLIMITED,
+)
 
 
 @st.composite
@@ -37,6 +40,8 @@ def clusters(draw):
             cols["used_mem"].append(draw(st.integers(0, tm)))
             cols["used_cores"].append(draw(st.integers(0, tc)))
     candidates = draw(st.lists(st.integers(0, n_nodes - 1), min_size=1, max_size=n_nodes, unique=True))
+    if draw(st.booleans()):
+        candidates.insert(draw(st.integers(0, len(candidates))), -1)  # a name the cache does not know
     return cols, node_offset, node_len, candidates
 
 
@@ -54,7 +59,7 @@ def pods(draw):
     return rows
 
 
-def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies):
+def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, quotas):
     n_cand = len(candidates)
     total_nums = sum(rows[i * ROW_WIDTH + 3] for i in range(len(rows) // ROW_WIDTH))
     out = {
@@ -73,6 +78,7 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies):
         array("q", cols["used_mem"]), array("q", cols["used_cores"]), array("q", cols["used"]),
         array("i", node_offset), array("i", node_len), array("i", candidates),
         array("i", rows), array("b", mask), *policies,
+        array("q", quotas[0]), array("q", quotas[1]),
         out["status"], out["reasons"], out["total"], out["score"],
         out["row"], out["dev"], out["mem"], out["cores"],
     )
@@ -88,17 +94,24 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies):
     cluster=clusters(),
     rows=pods(),
     node_policy=st.sampled_from([0, 1]),
-    gpu_policy=st.sampled_from([0, 1]),
+    gpu_policy=st.sampled_from([ORDER_BINPACK, ORDER_SPREAD, ORDER_MUTEX,
+                                ORDER_CHAIN + KEY_NUMA + 4 * KEY_BINPACK,
+                                ORDER_CHAIN + KEY_SPREAD + 4 * KEY_NUMA,
+                                ORDER_CHAIN + KEY_BINPACK + 4 * KEY_SPREAD + 16 * KEY_NUMA]),
     numa_bind=st.sampled_from([0, 1]),
+    mutex=st.sampled_from([0, 0, 1]),
+    quotas=st.tuples(st.lists(st.sampled_from([UNLIMITED, UNLIMITED, -1, 0, 5000, 50000, 200000]), min_size=2, max_size=2),
+                     st.lists(st.sampled_from([UNLIMITED, UNLIMITED, 0, 50, 150]), min_size=2, max_size=2)),
     weights=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
     mask_seed=st.none() | st.lists(st.sampled_from([0, 0, 0, R.CARD_CORDONED, R.CARD_TYPE_MISMATCH,
                                                      R.CARD_UUID_MISMATCH]), min_size=64, max_size=64),
 )
-def test_cython_kernel_matches_reference(cluster, rows, node_policy, gpu_policy, numa_bind, weights, mask_seed):
+def test_cython_kernel_matches_reference(cluster, rows, node_policy, gpu_policy, numa_bind, mutex, quotas,
+                                         weights, mask_seed):
     cols, node_offset, node_len, candidates = cluster
     n_dev = len(cols["total_mem"])
     mask = [] if mask_seed is None else mask_seed[:n_dev] + [0] * max(0, n_dev - 64)
-    policies = (node_policy, gpu_policy, numa_bind, float(weights[0]), float(weights[1]), float(weights[2]))
-    expected = _run(kernel_ref.filter_nodes, cols, node_offset, node_len, candidates, rows, mask, policies)
-    actual = _run(_kernel.filter_nodes, cols, node_offset, node_len, candidates, rows, mask, policies)
+    policies = (node_policy, gpu_policy, numa_bind, mutex, float(weights[0]), float(weights[1]), float(weights[2]))
+    expected = _run(kernel_ref.filter_nodes, cols, node_offset, node_len, candidates, rows, mask, policies, quotas)
+    actual = _run(_kernel.filter_nodes, cols, node_offset, node_len, candidates, rows, mask, policies, quotas)
     assert actual == expected

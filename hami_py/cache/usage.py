@@ -20,6 +20,7 @@ from typing import Iterable
 
 import structlog
 
+from hami_py.cache.quota import QuotaBook
 from hami_py.devices.base import (
     AllocationDecodeError, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices,
 )
@@ -66,6 +67,7 @@ class NodeEntry:
     labels: dict[str, str] = field(default_factory=dict)
     stale_after: float | None = None    # handshake deadline (wall clock), None = fresh
     allocatable_positive: bool = False  # the kubelet still advertises devices
+    plugin_gone: bool = False           # registration upkeep judged its device plugin gone
     decode_error: str | None = None
 
 
@@ -111,7 +113,7 @@ def init_containers_done(pod: dict) -> bool:
     return True
 
 
-def parse_handshake_deadline(value: str | None) -> float | None:
+def parse_handshake_deadline(value: str | None, *, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> float | None:
     """When a ``Requesting_<local time>`` handshake goes stale; None when it cannot."""
     if not value or "Requesting" not in value:
         return None
@@ -119,7 +121,7 @@ def parse_handshake_deadline(value: str | None) -> float | None:
     if not sep:
         return None
     try:
-        return time.mktime(time.strptime(stamp.strip(), "%Y-%m-%d %H:%M:%S")) + HANDSHAKE_TIMEOUT_S
+        return time.mktime(time.strptime(stamp.strip(), "%Y-%m-%d %H:%M:%S")) + timeout_s
     except (ValueError, OverflowError):
         return None
 
@@ -134,10 +136,12 @@ def _rv(obj: dict) -> int | None:
 class UsageCache:
     """The scheduler's books: what every registered device has and what is taken of it."""
 
-    def __init__(self, vendors: dict[str, DeviceVendor], *, node_selector: dict[str, str] | None = None):
+    def __init__(self, vendors: dict[str, DeviceVendor], *, node_selector: dict[str, str] | None = None,
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S):
         self.vendors = vendors
         self.vendor_ids = {key: i for i, key in enumerate(vendors)}
         self.node_selector = node_selector or {}
+        self.handshake_timeout_s = handshake_timeout_s
         # Per-device arrays (the kernel's inputs).
         self.total_mem = array("i")
         self.total_cores = array("i")
@@ -153,6 +157,12 @@ class UsageCache:
         self.node_offset = array("i")
         self.node_len = array("i")
         self.nodes: dict[str, NodeEntry] = {}
+        # name → node index for nodes with devices: one dict lookup per candidate in /filter.
+        self.node_index_of: dict[str, int] = {}
+        # Nodes carrying per-device annotations (cordons): only they need a device mask.
+        self.annotated_nodes: set[str] = set()
+        # Nodes whose handshake is pending: name → deadline (see node_usable).
+        self.handshake_deadlines: dict[str, float] = {}
         self._free_node_indexes: list[int] = []
         self._dead_slots = 0
         # Pods.
@@ -161,6 +171,7 @@ class UsageCache:
         # Decisions rolled back (failed patch or bind) that the pod's annotations may still
         # carry: events repeating exactly that decision must not charge it again.
         self.released: dict[str, tuple[str, list[UsageEntry]]] = {}
+        self.quota = QuotaBook(vendors, self.vendor_ids)
         self.nodes_synced = False
         self.pods_synced = False
 
@@ -173,7 +184,19 @@ class UsageCache:
         """Registered, and its device plugin has not gone silent (upstream's handshake rule:
         a ``Requesting_`` stamp older than 60 s with nothing allocatable means the plugin is gone)."""
         return entry.length > 0 and (entry.stale_after is None or now < entry.stale_after
-                                     or entry.allocatable_positive)
+                                     or entry.allocatable_positive) and not entry.plugin_gone
+
+    def set_plugin_gone(self, name: str, gone: bool) -> None:
+        """Registration upkeep (hami_py/k8s/registration.py) judged the node's device plugin gone,
+        or back: a gone node is left out of /filter like an unregistered one, its devices kept."""
+        entry = self.nodes.get(name)
+        if entry is None or entry.plugin_gone == gone:
+            return
+        entry.plugin_gone = gone
+        if gone or not entry.length:
+            self.node_index_of.pop(name, None)
+        else:
+            self.node_index_of[name] = entry.index
 
     def device_usage(self, node: str) -> list[dict]:
         """A readable snapshot of one node's devices (for tests, the demo and metrics)."""
@@ -207,14 +230,13 @@ class UsageCache:
             entry = NodeEntry(name=name, index=self._new_node_index())
             self.nodes[name] = entry
         entry.labels = labels
-        selected = {}
         handshake_deadline = None
         allocatable_positive = False
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         for key, vendor in self.vendors.items():
-            selected[key] = annotations.get(vendor.register_annotation)
             if vendor.handshake_annotation:
-                d = parse_handshake_deadline(annotations.get(vendor.handshake_annotation))
+                d = parse_handshake_deadline(annotations.get(vendor.handshake_annotation),
+                                             timeout_s=self.handshake_timeout_s)
                 if d is not None:
                     handshake_deadline = d if handshake_deadline is None else min(handshake_deadline, d)
             for res in vendor.resource_names()[:1]:
@@ -222,8 +244,16 @@ class UsageCache:
                     allocatable_positive = True
         # Keep only what the per-pod device selectors may read (cordon list and the like).
         entry.annotations = {k: v for k, v in annotations.items() if k.startswith("hami.io/device-")}
+        if entry.annotations:
+            self.annotated_nodes.add(name)
+        else:
+            self.annotated_nodes.discard(name)
         entry.allocatable_positive = allocatable_positive
         entry.stale_after = handshake_deadline
+        if handshake_deadline is not None and not allocatable_positive:
+            self.handshake_deadlines[name] = handshake_deadline
+        else:
+            self.handshake_deadlines.pop(name, None)
         texts = {k: annotations.get(v.register_annotation) for k, v in self.vendors.items()}
         # Pair scores live in their own annotation; a change there must re-decode as well.
         for k, v in self.vendors.items():
@@ -276,6 +306,10 @@ class UsageCache:
             entry.uuid_to_slot.setdefault(dev.id, j)
         self.node_offset[entry.index] = entry.offset
         self.node_len[entry.index] = entry.length
+        if entry.length and not entry.plugin_gone:
+            self.node_index_of[entry.name] = entry.index
+        else:
+            self.node_index_of.pop(entry.name, None)
         self._recount_node(entry)
         if self._dead_slots > 1024 and self._dead_slots > len(self.total_mem) // 2:
             self._compact()
@@ -334,6 +368,9 @@ class UsageCache:
         if entry is None:
             return
         self._kill_slice(entry)
+        self.node_index_of.pop(name, None)
+        self.handshake_deadlines.pop(name, None)
+        self.annotated_nodes.discard(name)
         self._free_node_indexes.append(entry.index)
         # Pods charged to the node keep their records: they are released by their own events.
         for uid in self.node_pods.get(name, ()):
@@ -382,6 +419,7 @@ class UsageCache:
         self.pods[pod.uid] = pod
         self.node_pods.setdefault(pod.node, set()).add(pod.uid)
         self._apply(pod, +1)
+        self.quota.charge(pod.namespace, pod.entries, +1)
 
     def release_pod(self, uid: str) -> PodUsage | None:
         """Roll back a decision: free its usage and ignore events that still carry it."""
@@ -395,6 +433,7 @@ class UsageCache:
         if pod is None:
             return None
         self._apply(pod, -1)
+        self.quota.charge(pod.namespace, pod.entries, -1)
         members = self.node_pods.get(pod.node)
         if members is not None:
             members.discard(uid)

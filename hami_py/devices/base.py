@@ -76,6 +76,10 @@ class DeviceVendor(Protocol):
     def resource_names(self) -> list[str]:
         """Every extended resource name this vendor manages (for managedResources)."""
 
+    def quota_resources(self) -> tuple[str, str, int]:
+        """(memory resource, core resource, memory factor) that namespace quotas may limit;
+        empty names when the vendor has no such resource."""
+
     def parse_node_devices(self, annotations: dict[str, str]) -> list[DeviceInfo]:
         """Decode the node's inventory; [] when the node has no registration for this vendor.
 
@@ -85,6 +89,13 @@ class DeviceVendor(Protocol):
         """This vendor's request of one container (raw Kubernetes container dict), or None.
 
         Raises RequestError when a resource is present but malformed."""
+
+    def mutate_admission(self, container: dict, pod: dict) -> bool:
+        """Apply this vendor's admission-time defaults to one container (raw dict, changed in
+        place; pod-level fields such as runtimeClassName go into ``pod``). True when the
+        container asks for this vendor's devices after the defaults.
+
+        Raises RequestError when the container's request is invalid (the pod is refused)."""
 
     def device_selector(self, pod_annotations: dict[str, str], node_annotations: dict[str, str]) -> DeviceSelector | None:
         """A per-device gate for pods that pick or avoid devices (type, UUID, cordon), or None

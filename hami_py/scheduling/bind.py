@@ -56,11 +56,12 @@ class Binder:
         if req.uid and (pod.get("metadata") or {}).get("uid") not in (None, req.uid):
             self.cache.release_pod(req.uid)
             raise BindError(f"pod {req.namespace}/{req.name} has uid {pod['metadata']['uid']}, not {req.uid}")
-        locked = False
+        locked = locking = False
         try:
             if self._needs_lock(pod):
+                locking = True
                 await self._lock(req, pod)
-                locked = True
+                locked, locking = True, False
             await self.client.patch(pod_path(req.namespace, req.name), {"metadata": {"annotations": {
                 BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: str(int(time.time()))}}})
             await self._create_binding(req)
@@ -68,9 +69,19 @@ class Binder:
             if locked:
                 await self.locker.release(req.node, req.namespace, req.name)
             self.cache.release_pod(req.uid)
+            # Reading the node is the lock's first step: a 404 there is upstream's missing node.
+            node_missing = locking and isinstance(exc, KubeApiError) and exc.not_found
+            self._report(pod, req, f"failed to get node {req.node}" if node_missing else str(exc))
             if isinstance(exc, BindError):
                 raise
             raise BindError(str(exc)) from None
+        self._report(pod, req, None)
+
+    def _report(self, pod: dict, req: BindRequest, error: str | None) -> None:
+        """Tell ``on_result`` (the BindingSucceed/BindingFailed events) how the bind ended;
+        ``error`` is None for a bind that happened. The hook only queues, it never blocks."""
+        if self.on_result is not None:
+            self.on_result(pod, req.node, error)
 
     def _needs_lock(self, pod: dict) -> bool:
         """Upstream locks only for pods whose app containers were given devices."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from array import array
-from dataclasses import dataclass, field
 
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
@@ -21,14 +20,30 @@ from hami_py.scheduling.requests import PodRequest
 VGPU_TIME_ANNOTATION = "hami.io/vgpu-time"
 
 
-@dataclass(slots=True)
 class FilterDecision:
-    node: str | None
-    failed: dict[str, str]
-    annotations: dict[str, str] = field(default_factory=dict)
-    reservation: PodUsage | None = None
-    allocation: dict[str, PodDevices] = field(default_factory=dict)
-    scores: dict[str, float] = field(default_factory=dict)
+    """The outcome of one filter: the winner (or None), why the others failed, the annotations to
+    write and the reservation made. Node scores are only computed when someone asks (events)."""
+
+    def __init__(self, node: str | None, failed: dict[str, str], annotations: dict[str, str] | None = None,
+                 reservation: PodUsage | None = None, allocation: dict[str, PodDevices] | None = None,
+                 scored: tuple[list[str], array, array] | None = None):
+        self.node = node
+        self.failed = failed
+        self.annotations = annotations or {}
+        self.reservation = reservation
+        self.allocation = allocation or {}
+        self._scored = scored
+        self._scores: dict[str, float] | None = None
+
+    @property
+    def scores(self) -> dict[str, float]:
+        """Score of every node that fits (upstream's FilteringSucceed event lists them)."""
+        if self._scores is None:
+            self._scores = {}
+            if self._scored is not None:
+                names, status, score = self._scored
+                self._scores = {n: score[c] for c, n in enumerate(names) if status[c] == R.NODE_FIT}
+        return self._scores
 
 
 class Filterer:
@@ -52,6 +67,7 @@ class Filterer:
         cache = self.cache
         meta = pod.get("metadata") or {}
         uid = meta.get("uid") or ""
+        namespace = meta.get("namespace") or "default"
         annotations = meta.get("annotations") or {}
         policies = self.policies(pod)  # may raise PolicyError: checked before anything changes
         if reserve and uid:
@@ -59,22 +75,18 @@ class Filterer:
             cache.remove_pod(uid)
 
         now = time.time()
-        failed: dict[str, str] = {}
-        cand_names: list[str] = []
-        cand_idx = array("i")
-        nodes = cache.nodes
-        for name in node_names:
-            entry = nodes.get(name)
-            if entry is None or not cache.node_usable(entry, now):
-                failed[name] = R.NODE_UNREGISTERED_TEXT
-                continue
-            cand_names.append(name)
-            cand_idx.append(entry.index)
-        if not cand_names:
-            return FilterDecision(None, failed)
+        index_of = cache.node_index_of
+        cand_idx = array("i", [index_of.get(name, -1) for name in node_names])
+        if cache.handshake_deadlines:
+            expired = {n for n, deadline in cache.handshake_deadlines.items() if deadline <= now}
+            if expired:
+                for c, name in enumerate(node_names):
+                    if name in expired:
+                        cand_idx[c] = -1  # its device plugin stopped answering: as upstream, gone
 
-        mask = self._device_mask(annotations, cand_names, request)
-        n = len(cand_names)
+        mask = self._device_mask(annotations, node_names, cand_idx, request)
+        quota_mem, quota_cores = cache.quota.headroom(namespace)
+        n = len(node_names)
         nr = R.N_DEVICE_REASONS
         out_status = array("i", bytes(4 * n))
         out_reasons = array("i", bytes(4 * n * nr))
@@ -89,23 +101,27 @@ class Filterer:
             cache.total_mem, cache.total_cores, cache.count, cache.numa, cache.health, cache.vendor,
             cache.used_mem, cache.used_cores, cache.used,
             cache.node_offset, cache.node_len, cand_idx, request.rows, mask,
-            policies.node, policies.gpu, int(policies.numa_bind), *policies.weights,
+            policies.node, policies.gpu, int(policies.numa_bind), int(policies.mutex), *policies.weights,
+            quota_mem, quota_cores,
             out_status, out_reasons, out_total, out_score, out_row, out_dev, out_mem, out_cores)
 
-        scores = {}
-        for c, name in enumerate(cand_names):
-            status = out_status[c]
+        failed: dict[str, str] = {}
+        for c, status in enumerate(out_status):
             if status == R.NODE_FIT:
-                scores[name] = out_score[c]
+                continue
+            name = node_names[c]
+            if status == R.NODE_UNREGISTERED:
+                failed[name] = R.NODE_UNREGISTERED_TEXT
             elif status == R.NODE_INSUFFICIENT_DEVICE:
                 failed[name] = R.NODE_INSUFFICIENT_DEVICE_TEXT
             else:
                 counts = {r: out_reasons[c * nr + r] for r in range(nr) if out_reasons[c * nr + r]}
                 failed[name] = R.gen_reason(counts, out_total[c])
+        scored = (node_names, out_status, out_score)
         if best < 0:
-            return FilterDecision(None, failed, scores=scores)
+            return FilterDecision(None, failed, scored=scored)
 
-        winner = cand_names[best]
+        winner = node_names[best]
         allocation = self._allocation(request, out_row, out_dev, out_mem, out_cores)
         pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
         for key, devices in allocation.items():
@@ -115,10 +131,10 @@ class Filterer:
             entries = []
             for key, devices in allocation.items():
                 entries.extend(collapse(devices, key, request.num_init, False))
-            reservation = PodUsage(uid=uid, namespace=meta.get("namespace", ""), name=meta.get("name", ""),
+            reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
                                    node=winner, entries=entries, reserved=True)
             cache.add_pod_usage(reservation)
-        return FilterDecision(winner, failed, pod_annotations, reservation, allocation, scores)
+        return FilterDecision(winner, failed, pod_annotations, reservation, allocation, scored)
 
     def _allocation(self, request: PodRequest, out_row, out_dev, out_mem, out_cores) -> dict[str, PodDevices]:
         """Per vendor, one device list per container (init first), aligned by container position:
@@ -134,13 +150,19 @@ class Filterer:
                 ContainerDevice(ids[out_dev[i]], key, out_mem[i], out_cores[i]))
         return allocation
 
-    def _device_mask(self, pod_annotations: dict[str, str], cand_names: list[str],
+    def _device_mask(self, pod_annotations: dict[str, str], node_names: list[str], cand_idx: array,
                      request: PodRequest) -> array:
-        """Reason codes for devices this pod may not use; empty (free) when nothing restricts it."""
+        """Reason codes for devices this pod may not use; empty (free) when nothing restricts it.
+
+        Only pods that pick or avoid devices, and nodes that cordon some, pay for this."""
         cache = self.cache
         vendors = [self.vendors[k] for k in request.vendors]
         pod_wide = any(v.device_selector(pod_annotations, {}) is not None for v in vendors)
-        marked = [n for n in cand_names if cache.nodes[n].annotations] if not pod_wide else cand_names
+        if pod_wide:
+            marked = [n for c, n in enumerate(node_names) if cand_idx[c] >= 0]
+        else:
+            annotated = cache.annotated_nodes
+            marked = [n for n in node_names if n in annotated] if annotated else []
         if not marked:
             return array("b")
         mask = array("b", bytes(len(cache.total_mem)))

@@ -17,6 +17,7 @@ being placed (upstream's exact-type comparison makes that term vanish for NVIDIA
 """
 from __future__ import annotations
 
+from hami_py.cache.quota import UNLIMITED
 from hami_py.scheduling import reasons as R
 
 ROW_WIDTH = 7
@@ -24,6 +25,14 @@ ROW_CONTAINER, ROW_IS_INIT, ROW_VENDOR, ROW_NUMS, ROW_MEMREQ, ROW_MEMPCT, ROW_CO
 
 POLICY_BINPACK = 0
 POLICY_SPREAD = 1
+
+# Device orderings (the ``gpu_order`` argument). Single policies are small numbers; a chain of up
+# to three sort keys (``"numa,binpack"``) is CHAIN + k0 + 4*k1 + 16*k2 with keys below, 0 = end.
+ORDER_BINPACK = POLICY_BINPACK
+ORDER_SPREAD = POLICY_SPREAD
+ORDER_MUTEX = 2
+ORDER_CHAIN = 64
+KEY_BINPACK, KEY_SPREAD, KEY_NUMA = 1, 2, 3
 
 MEMPCT_UNSET = 101
 
@@ -50,8 +59,18 @@ def resolve_mem(memreq, mempct, total_mem):
     return 0
 
 
-def _preference_key(score, numa, pos, gpu_policy, numa_bind):
+def _preference_key(score, numa, pos, used, gpu_policy, numa_bind):
     """Sort key: smallest key is tried first (upstream walks its sorted list from the end)."""
+    if gpu_policy >= ORDER_CHAIN:
+        key = []
+        code = gpu_policy - ORDER_CHAIN
+        while code:
+            k = code % 4
+            code //= 4
+            key.append(-score if k == KEY_BINPACK else score if k == KEY_SPREAD else -numa)
+        return (*key, -pos)
+    if gpu_policy == ORDER_MUTEX:
+        return (used, -numa, -pos)
     if numa_bind:
         if gpu_policy == POLICY_BINPACK:
             return (numa, -score, -pos)
@@ -65,10 +84,15 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                  used_mem, used_cores, used,
                  node_offset, node_len, candidates,
                  rows, mask,
-                 node_policy, gpu_policy, numa_bind, w_slot, w_core, w_mem,
+                 node_policy, gpu_policy, numa_bind, mutex, w_slot, w_core, w_mem,
+                 quota_mem, quota_cores,
                  out_status, out_reasons, out_total, out_score,
                  out_row, out_dev, out_mem, out_cores):
     """Fit the pod on every candidate node, score, and choose.
+
+    ``candidates`` holds node indexes; -1 stands for a name the cache does not know (reported as
+    NODE_UNREGISTERED). ``quota_mem``/``quota_cores`` give, per vendor id, what the pod's namespace
+    may still take (UNLIMITED = no quota); ``mutex`` refuses devices that already host a task.
 
     Per candidate position ``c``: ``out_status[c]`` (reasons.NODE_*), ``out_score[c]``, and for a
     device-level failure ``out_reasons[c * N_DEVICE_REASONS + r]`` counts and ``out_total[c]`` (the
@@ -82,6 +106,10 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
     best = -1
     best_score = 0.0
     for c, ni in enumerate(candidates):
+        if ni < 0:
+            out_status[c] = R.NODE_UNREGISTERED
+            out_score[c] = 0.0
+            continue
         off = node_offset[ni]
         n = node_len[ni]
         # Default node score: usage before this pod, over all of the node's devices.
@@ -103,6 +131,12 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
         app_mem = [used_mem[j] for j in range(off, off + n)]
         app_cores = [used_cores[j] for j in range(off, off + n)]
         chosen = []  # (row, slot, mem, cores)
+        # The pod's own usage so far on this node, per device: peak over init containers, sum over
+        # app containers (the quota check charges the pod as the cache will: max of the two).
+        q_init_mem = [0] * n
+        q_init_cores = [0] * n
+        q_app_mem = [0] * n
+        q_app_cores = [0] * n
         status = R.NODE_FIT
         current_container = -1
         for r in range(n_rows):
@@ -127,13 +161,16 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
             if nums > len(cands):
                 status = R.NODE_INSUFFICIENT_DEVICE
                 break
+            is_init = rows[base + ROW_IS_INIT]
+            qm = quota_mem[v]
+            qc = quota_cores[v]
             keyed = []
             for k in cands:
                 j = off + k
                 mem = resolve_mem(memreq, mempct, total_mem[j])
                 sc = device_score(total_mem[j], total_cores[j], count[j], s_used_l[k],
                                   s_mem_l[k], s_cores_l[k], mem, cores, w_slot, w_core, w_mem)
-                keyed.append((_preference_key(sc, numa[j], k, gpu_policy, numa_bind), k))
+                keyed.append((_preference_key(sc, numa[j], k, s_used_l[k], gpu_policy, numa_bind), k))
             keyed.sort()
             counts = [0] * nr
             picked = []
@@ -160,7 +197,16 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                 if count[j] <= s_used_l[k]:
                     counts[R.CARD_TIME_SLICING_EXHAUSTED] += 1
                     continue
+                if mutex and s_used_l[k] > 0:
+                    counts[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                    continue
                 mem = resolve_mem(memreq, mempct, total_mem[j])
+                if qm != UNLIMITED or qc != UNLIMITED:
+                    tm, tc = _pod_total(cands, off, vendor, v, is_init, picked, k, mem, cores,
+                                        q_init_mem, q_init_cores, q_app_mem, q_app_cores)
+                    if (qm != UNLIMITED and tm > qm) or (qc != UNLIMITED and tc > qc):
+                        counts[R.RESOURCE_QUOTA_NOT_FIT] += 1
+                        continue
                 if total_mem[j] - s_mem_l[k] < mem:
                     counts[R.CARD_INSUFFICIENT_MEMORY] += 1
                     continue
@@ -189,6 +235,12 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                 s_used_l[k] += 1
                 s_mem_l[k] += mem
                 s_cores_l[k] += cores
+                if is_init:
+                    q_init_mem[k] = max(q_init_mem[k], mem)
+                    q_init_cores[k] = max(q_init_cores[k], cores)
+                else:
+                    q_app_mem[k] += mem
+                    q_app_cores[k] += cores
                 chosen.append((r, off + k, mem, cores))
         out_status[c] = status
         if status != R.NODE_FIT:
@@ -204,3 +256,26 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                 out_mem[i] = mem
                 out_cores[i] = cores_
     return best
+
+
+def _pod_total(cands, off, vendor, v, is_init, picked, k_extra, mem_extra, cores_extra,
+               q_init_mem, q_init_cores, q_app_mem, q_app_cores):
+    """The pod's charge against vendor ``v``'s quota if it also took ``mem_extra`` on ``k_extra``:
+    per device max(init peak, app sum), summed, with this row's picks counted in."""
+    tm = tc = 0
+    for k in cands:
+        add_m = add_c = 0
+        for pk, pm in picked:
+            if pk == k:
+                add_m += pm
+                add_c += cores_extra
+        if k == k_extra:
+            add_m += mem_extra
+            add_c += cores_extra
+        if is_init:
+            tm += max(max(q_init_mem[k], add_m), q_app_mem[k])
+            tc += max(max(q_init_cores[k], add_c), q_app_cores[k])
+        else:
+            tm += max(q_init_mem[k], q_app_mem[k] + add_m)
+            tc += max(q_init_cores[k], q_app_cores[k] + add_c)
+    return tm, tc

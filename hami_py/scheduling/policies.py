@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hami_py.scheduling.kernel_ref import POLICY_BINPACK, POLICY_SPREAD
+from hami_py.scheduling.kernel_ref import (
+    KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK, POLICY_SPREAD,
+)
 
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
 GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
@@ -26,8 +28,9 @@ class PolicyError(ValueError):
 @dataclass(slots=True, frozen=True)
 class Policies:
     node: int
-    gpu: int
+    gpu: int            # the kernel's device ordering (single policy or a chain of sort keys)
     numa_bind: bool
+    mutex: bool         # "mutex" token: only devices nobody uses yet
     weights: tuple[float, float, float]
     node_name: str
     gpu_name: str
@@ -38,9 +41,35 @@ def node_policy_code(name: str) -> int:
     return POLICY_SPREAD if name == SPREAD else POLICY_BINPACK
 
 
-def gpu_policy_code(name: str) -> int:
-    # Upstream: binpack orders most-used first; every other value (spread, unknown) least-used.
+_CHAIN_KEYS = {"binpack": KEY_BINPACK, "spread": KEY_SPREAD, "numa": KEY_NUMA}
+
+
+def gpu_policy_code(name: str, *, numa_bind: bool = False) -> int:
+    """The device ordering for a GPU policy string, as upstream's comparator reads it.
+
+    A comma list (or plain ``numa``) is a chain of sort keys among binpack, spread and numa, in
+    order, duplicates and other tokens (``mutex``, ``topology-aware``) ignored, ``spread`` when
+    empty, and ``numa`` moved first when the pod asks for NUMA binding. ``mutex`` alone orders
+    idle devices first. ``binpack`` tries the most-used device first; anything else the least-used.
+    """
+    if "," in name or name == "numa":
+        keys: list[int] = []
+        for token in name.split(","):
+            key = _CHAIN_KEYS.get(token.strip())
+            if key is not None and key not in keys:
+                keys.append(key)
+        if not keys:
+            keys = [KEY_SPREAD]
+        if numa_bind and keys[0] != KEY_NUMA:
+            keys = [KEY_NUMA] + [k for k in keys if k != KEY_NUMA]
+        return ORDER_CHAIN + sum(k * 4 ** i for i, k in enumerate(keys[:3]))
+    if name == "mutex":
+        return ORDER_MUTEX
     return POLICY_BINPACK if name == BINPACK else POLICY_SPREAD
+
+
+def policy_tokens(name: str) -> set[str]:
+    return {t.strip() for t in name.split(",")}
 
 
 _TRUE = {"1", "t", "T", "TRUE", "true", "True"}
@@ -87,10 +116,12 @@ def scoring_weights(annotations: dict[str, str]) -> tuple[float, float, float]:
 def pod_policies(annotations: dict[str, str], *, default_node: str, default_gpu: str) -> Policies:
     node_name = annotations.get(NODE_POLICY_ANNOTATION) or default_node
     gpu_name = annotations.get(GPU_POLICY_ANNOTATION) or default_gpu
+    numa_bind = parse_bool(annotations.get(NUMA_BIND_ANNOTATION))
     return Policies(
         node=node_policy_code(node_name),
-        gpu=gpu_policy_code(gpu_name),
-        numa_bind=parse_bool(annotations.get(NUMA_BIND_ANNOTATION)),
+        gpu=gpu_policy_code(gpu_name, numa_bind=numa_bind),
+        numa_bind=numa_bind,
+        mutex="mutex" in policy_tokens(gpu_name),
         weights=scoring_weights(annotations),
         node_name=node_name,
         gpu_name=gpu_name,

@@ -45,7 +45,7 @@ NAMES = {
 NODE_FIT = 0
 NODE_DEVICE_REASONS = 1          # the per-device counts explain it
 NODE_INSUFFICIENT_DEVICE = 2     # fewer candidate devices than the request's count
-NODE_UNREGISTERED = 3            # not in the cache (never reaches the kernel)
+NODE_UNREGISTERED = 3            # not in the cache (candidate index -1)
 
 NODE_INSUFFICIENT_DEVICE_TEXT = "NodeInsufficientDevice"
 NODE_UNREGISTERED_TEXT = "node unregistered"

@@ -88,6 +88,7 @@ class SchedulerService:
         try:
             decision = self.filterer.decide(pod, node_names, request)
         except PolicyError as exc:
+            self._event(pod, "filter_error", str(exc))
             return filter_result(error=str(exc))
         if decision.node is None:
             self._event(pod, "filter_failed", decision)
@@ -100,7 +101,9 @@ class SchedulerService:
         except KubeApiError as exc:
             self.cache.release_pod(meta.get("uid") or "")
             log.warning("pod patch failed, reservation rolled back", pod=_pod_key(pod), error=str(exc))
-            return filter_result(error=f"patch pod {_pod_key(pod)}: {exc}")
+            error = f"patch pod {_pod_key(pod)}: {exc}"
+            self._event(pod, "filter_error", error)
+            return filter_result(error=error)
         rv = (patched.get("metadata") or {}).get("resourceVersion")
         if decision.reservation is not None and rv and rv.isdigit():
             decision.reservation.resource_version = int(rv)
@@ -142,9 +145,11 @@ class SchedulerService:
         except asyncio.TimeoutError:
             return False
 
-    def _event(self, pod: dict, what: str, decision: FilterDecision) -> None:
+    def _event(self, pod: dict, what: str, detail: FilterDecision | str) -> None:
+        """``filter_succeeded`` / ``filter_failed`` carry the decision, ``filter_error`` the error
+        text. The hook only queues (events.EventRecorder), so it never slows the answer."""
         if self.events is not None:
-            self.events(pod, what, decision)
+            self.events(pod, what, detail)
 
     # ------------------------------------------------------------------ bind
     async def bind(self, args: Any) -> dict:

@@ -1,0 +1,129 @@
+"""Namespace ResourceQuotas on device memory and cores, and what the namespace's pods use of them.
+
+Upstream tracks only ``spec.hard`` keys ``limits.<memory or core resource>`` (for NVIDIA
+``limits.nvidia.com/gpumem`` and ``limits.nvidia.com/gpucores``) with exact integer values. Usage is
+the sum of the namespace's pod allocations as the usage cache charges them, updated as the cache
+changes, so a filter reads the headroom in O(1). When several quotas in one namespace limit the
+same resource, the smallest limit applies (Kubernetes enforces every quota; upstream keeps whichever
+it saw last).
+"""
+from __future__ import annotations
+
+from array import array
+from typing import Iterable
+
+from hami_py.devices.base import DeviceVendor
+from hami_py.quantity import parse_exact_int
+
+_LIMITS_PREFIX = "limits."
+UNLIMITED = -(1 << 62)   # "no quota"; any other value, negative too, is the headroom
+
+
+class QuotaBook:
+    def __init__(self, vendors: dict[str, DeviceVendor], vendor_ids: dict[str, int]):
+        self.vendor_ids = vendor_ids
+        # resource name → (vendor key, "mem" | "cores")
+        self.resources: dict[str, tuple[str, str]] = {}
+        self.factors: dict[str, int] = {}
+        for key, vendor in vendors.items():
+            mem_name, core_name, factor = vendor.quota_resources()
+            if mem_name:
+                self.resources[mem_name] = (key, "mem")
+            if core_name:
+                self.resources[core_name] = (key, "cores")
+            self.factors[key] = max(int(factor or 1), 1)
+        self.quotas: dict[tuple[str, str], dict[str, int]] = {}   # (namespace, name) → limits
+        self.limits: dict[str, dict[tuple[str, str], int]] = {}   # namespace → (vendor, kind) → limit
+        self.used: dict[str, dict[tuple[str, str], int]] = {}     # namespace → (vendor, kind) → used
+
+    # ------------------------------------------------------------------ quota objects
+    def upsert(self, quota: dict) -> None:
+        meta = quota.get("metadata") or {}
+        ns, name = meta.get("namespace", ""), meta.get("name", "")
+        hard = (quota.get("spec") or {}).get("hard") or {}
+        limits = {}
+        for key, value in hard.items():
+            if not key.startswith(_LIMITS_PREFIX) or key[len(_LIMITS_PREFIX):] not in self.resources:
+                continue
+            number = parse_exact_int(value)
+            if number is not None:
+                limits[key[len(_LIMITS_PREFIX):]] = number
+        if limits:
+            self.quotas[(ns, name)] = limits
+        else:
+            self.quotas.pop((ns, name), None)
+        self._rebuild_limits(ns)
+
+    def remove(self, quota: dict) -> None:
+        meta = quota.get("metadata") or {}
+        ns = meta.get("namespace", "")
+        if self.quotas.pop((ns, meta.get("name", "")), None) is not None:
+            self._rebuild_limits(ns)
+
+    def replace(self, quotas: Iterable[dict]) -> None:
+        self.quotas.clear()
+        self.limits.clear()
+        for quota in quotas:
+            self.upsert(quota)
+
+    def _rebuild_limits(self, ns: str) -> None:
+        merged: dict[tuple[str, str], int] = {}
+        for (qns, _), limits in self.quotas.items():
+            if qns != ns:
+                continue
+            for resource, limit in limits.items():
+                key = self.resources[resource]
+                merged[key] = min(limit, merged.get(key, limit))
+        if merged:
+            self.limits[ns] = merged
+        else:
+            self.limits.pop(ns, None)
+
+    # ------------------------------------------------------------------ usage
+    def charge(self, namespace: str, entries, sign: int) -> None:
+        used = self.used.setdefault(namespace, {})
+        for e in entries:
+            for kind, amount in (("mem", e.mem), ("cores", e.cores)):
+                key = (e.vendor, kind)
+                used[key] = max(0, used.get(key, 0) + sign * amount)
+
+    # ------------------------------------------------------------------ checks
+    def _effective_limit(self, vendor: str, kind: str, limit: int) -> int:
+        factor = self.factors.get(vendor, 1)
+        return limit * factor if kind == "mem" and factor > 1 else limit
+
+    def headroom(self, namespace: str) -> tuple[array, array]:
+        """Per vendor id, memory and cores the namespace may still take (UNLIMITED if no quota)."""
+        n = len(self.vendor_ids)
+        mem = array("q", [UNLIMITED] * n)
+        cores = array("q", [UNLIMITED] * n)
+        limits = self.limits.get(namespace)
+        if limits:
+            used = self.used.get(namespace, {})
+            for (vendor, kind), limit in limits.items():
+                left = self._effective_limit(vendor, kind, limit) - used.get((vendor, kind), 0)
+                target = mem if kind == "mem" else cores
+                target[self.vendor_ids[vendor]] = left
+        return mem, cores
+
+    def fits(self, namespace: str, vendor: str, mem: int, cores: int) -> bool:
+        """The admission-time check: would this much more stay within the namespace's quotas?"""
+        limits = self.limits.get(namespace)
+        if not limits:
+            return True
+        used = self.used.get(namespace, {})
+        for kind, amount in (("mem", mem), ("cores", cores)):
+            limit = limits.get((vendor, kind))
+            if limit is not None and used.get((vendor, kind), 0) + amount > self._effective_limit(vendor, kind, limit):
+                return False
+        return True
+
+    def snapshot(self) -> list[tuple[str, str, str, int, int]]:
+        """(namespace, resource, vendor, used, limit) rows, for metrics."""
+        rows = []
+        names = {v: k for k, v in self.resources.items()}
+        for ns, limits in self.limits.items():
+            used = self.used.get(ns, {})
+            for key, limit in limits.items():
+                rows.append((ns, names[key], key[0], used.get(key, 0), limit))
+        return rows

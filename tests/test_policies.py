@@ -1,0 +1,87 @@
+"""GPU policies beyond binpack/spread: mutex, numa chains, NUMA binding, scoring weights."""
+from __future__ import annotations
+
+from hami_py.devices.codec import decode_pod_devices
+from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
+from hami_py.scheduling.kernel_ref import KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX
+from hami_py.scheduling.policies import gpu_policy_code
+from tests.conftest import wait_until
+
+
+def _devices_of(api, name):
+    text = api.get("pods", name, namespace="default")["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
+    return [d.uuid for c in decode_pod_devices(text) for d in c]
+
+
+async def _node(api, app, **kw):
+    devices = registration("n1", **kw)
+    api.create("nodes", gpu_node("n1", devices=devices))
+    await wait_until(lambda: "n1" in app.cache.nodes, "node registered")
+    return devices
+
+
+def test_policy_strings_map_to_upstream_orderings():
+    assert gpu_policy_code("mutex") == ORDER_MUTEX
+    assert gpu_policy_code("numa") == ORDER_CHAIN + KEY_NUMA
+    assert gpu_policy_code("binpack,numa") == ORDER_CHAIN + KEY_BINPACK + 4 * KEY_NUMA
+    assert gpu_policy_code("topology-aware,mutex") == ORDER_CHAIN + KEY_SPREAD  # no sort key: spread
+    assert gpu_policy_code("binpack,spread,binpack", numa_bind=True) == \
+        ORDER_CHAIN + KEY_NUMA + 4 * KEY_BINPACK + 16 * KEY_SPREAD
+
+
+async def test_mutex_policy_only_takes_idle_gpus(api, app, extender):
+    await _node(api, app, gpus=2, numa_nodes=1)
+    ann = {"hami.io/gpu-scheduler-policy": "mutex"}
+    for name in ("a", "b"):
+        pod = api.create("pods", gpu_pod(name, gpumem=1000, annotations=ann))
+        assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    assert set(_devices_of(api, "a")) != set(_devices_of(api, "b"))
+    pod = api.create("pods", gpu_pod("c", gpumem=1000, annotations={"hami.io/gpu-scheduler-policy": "binpack,mutex"}))
+    assert (await extender.filter(pod, ["n1"]))["FailedNodes"] == {"n1": "2/2 ExclusiveDeviceAllocateConflict"}
+
+
+async def test_numa_bind_keeps_a_multi_gpu_pod_on_one_numa_node(api, app, extender):
+    devices = await _node(api, app, gpus=4, numa_nodes=2)  # GPUs 0,1 on NUMA 0; 2,3 on NUMA 1
+    busy = api.create("pods", gpu_pod("busy", gpumem=1000, annotations={"nvidia.com/use-gpuuuid": devices[3]["id"]}))
+    assert (await extender.filter(busy, ["n1"]))["NodeNames"] == ["n1"]
+    pod = api.create("pods", gpu_pod("p", gpus=2, gpumem=1000, annotations={"nvidia.com/numa-bind": "true"}))
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    numa_of = {d["id"]: d["numa"] for d in devices}
+    assert len({numa_of[u] for u in _devices_of(api, "p")}) == 1
+    # Three GPUs never fit within one NUMA node of two.
+    big = api.create("pods", gpu_pod("big", gpus=3, gpumem=1000, annotations={"nvidia.com/numa-bind": "true"}))
+    result = await extender.filter(big, ["n1"])
+    assert result["NodeNames"] is None and "NumaNotFit" in result["FailedNodes"]["n1"]
+
+
+async def test_gpu_binpack_shares_the_busiest_gpu_and_spread_avoids_it(api, app, extender):
+    await _node(api, app, gpus=3, numa_nodes=1)
+    first = api.create("pods", gpu_pod("first", gpumem=50000))
+    await extender.filter(first, ["n1"])
+    busy = _devices_of(api, "first")[0]
+    bp = api.create("pods", gpu_pod("bp", gpumem=1000, annotations={"hami.io/gpu-scheduler-policy": "binpack"}))
+    await extender.filter(bp, ["n1"])
+    assert _devices_of(api, "bp") == [busy]
+    sp = api.create("pods", gpu_pod("sp", gpumem=1000, annotations={"hami.io/gpu-scheduler-policy": "spread"}))
+    await extender.filter(sp, ["n1"])
+    assert _devices_of(api, "sp") != [busy]
+
+
+async def test_scoring_weights_change_which_gpu_binpack_prefers(api, app, extender):
+    await _node(api, app, gpus=2, numa_nodes=1)
+    # GPU A: many small tasks (slots busy); GPU B: one big task (memory busy).
+    devs = app.cache.device_usage("n1")
+    a, b = devs[0]["id"], devs[1]["id"]
+    for i in range(3):
+        p = api.create("pods", gpu_pod(f"small{i}", gpumem=100, annotations={"nvidia.com/use-gpuuuid": a}))
+        await extender.filter(p, ["n1"])
+    p = api.create("pods", gpu_pod("large", gpumem=100000, annotations={"nvidia.com/use-gpuuuid": b}))
+    await extender.filter(p, ["n1"])
+    by_slots = api.create("pods", gpu_pod("by-slots", gpumem=100, annotations={
+        "hami.io/gpu-scheduler-policy": "binpack", "hami.io/device-scoring-weights": "slot=1,core=0,memory=0"}))
+    await extender.filter(by_slots, ["n1"])
+    assert _devices_of(api, "by-slots") == [a]
+    by_mem = api.create("pods", gpu_pod("by-mem", gpumem=100, annotations={
+        "hami.io/gpu-scheduler-policy": "binpack", "hami.io/device-scoring-weights": "slot=0,core=0,memory=1"}))
+    await extender.filter(by_mem, ["n1"])
+    assert _devices_of(api, "by-mem") == [b]

@@ -1,0 +1,62 @@
+"""Namespace ResourceQuota on device memory and cores (upstream's ``limits.nvidia.com/gpumem`` and
+``limits.nvidia.com/gpucores``), tracked from the quota watch and from pod usage, enforced at filter."""
+from __future__ import annotations
+
+from hami_py.fakeapi.objects import gpu_node, gpu_pod
+from tests.conftest import wait_until
+
+
+def _quota(name, ns="team", **hard):
+    return {"metadata": {"name": name, "namespace": ns}, "spec": {"hard": hard}}
+
+
+async def _setup(api, app, quota):
+    api.create("nodes", gpu_node("n1", gpus=2))
+    api.create("resourcequotas", quota)
+    await wait_until(lambda: "n1" in app.cache.nodes and app.cache.quota.limits.get("team"), "node and quota")
+
+
+async def test_memory_quota_blocks_the_pod_that_would_exceed_it(api, app, extender):
+    await _setup(api, app, _quota("gpu", **{"limits.nvidia.com/gpumem": "10000"}))
+    a = api.create("pods", gpu_pod("a", namespace="team", gpumem=6000))
+    assert (await extender.filter(a, ["n1"]))["NodeNames"] == ["n1"]
+    b = api.create("pods", gpu_pod("b", namespace="team", gpumem=6000))
+    result = await extender.filter(b, ["n1"])
+    assert result["FailedNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
+    # Another namespace is not limited.
+    c = api.create("pods", gpu_pod("c", namespace="other", gpumem=6000))
+    assert (await extender.filter(c, ["n1"]))["NodeNames"] == ["n1"]
+    # Freeing usage in the namespace makes room again.
+    api.delete("pods", "a", namespace="team")
+    await wait_until(lambda: app.cache.quota.used["team"].get(("NVIDIA", "mem")) == 0, "usage released")
+    assert (await extender.filter(b, ["n1"]))["NodeNames"] == ["n1"]
+
+
+async def test_core_quota_and_quota_updates_apply_at_once(api, app, extender):
+    await _setup(api, app, _quota("gpu", **{"limits.nvidia.com/gpucores": "50"}))
+    p = api.create("pods", gpu_pod("p", namespace="team", gpumem=100, gpucores=60))
+    assert (await extender.filter(p, ["n1"]))["FailedNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
+    api.patch("resourcequotas", "gpu", {"spec": {"hard": {"limits.nvidia.com/gpucores": "100"}}}, namespace="team")
+    await wait_until(lambda: app.cache.quota.limits["team"][("NVIDIA", "cores")] == 100, "quota update")
+    assert (await extender.filter(p, ["n1"]))["NodeNames"] == ["n1"]
+    api.delete("resourcequotas", "gpu", namespace="team")
+    await wait_until(lambda: "team" not in app.cache.quota.limits, "quota deleted")
+
+
+async def test_multi_gpu_pod_counts_every_device_against_the_quota(api, app, extender):
+    await _setup(api, app, _quota("gpu", **{"limits.nvidia.com/gpumem": "7000"}))
+    p = api.create("pods", gpu_pod("p", namespace="team", gpus=2, gpumem=4000))
+    result = await extender.filter(p, ["n1"])
+    # The first device fits (4000), the second would make 8000 > 7000.
+    assert result["FailedNodes"] == {"n1": "1/2 AllocatedCardsInsufficientRequest, 1/2 ResourceQuotaNotFit"}
+
+
+async def test_ignored_quota_keys_and_smallest_of_several_quotas(api, app, extender):
+    await _setup(api, app, _quota("a", **{"limits.nvidia.com/gpumem": "9000", "requests.nvidia.com/gpumem": "1",
+                                          "nvidia.com/gpu": "1", "limits.nvidia.com/gpumem-percentage": "1"}))
+    api.create("resourcequotas", _quota("b", **{"limits.nvidia.com/gpumem": "5000"}))
+    await wait_until(lambda: app.cache.quota.limits["team"][("NVIDIA", "mem")] == 5000, "second quota")
+    p = api.create("pods", gpu_pod("p", namespace="team", gpumem=6000))
+    assert (await extender.filter(p, ["n1"]))["FailedNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
+    q = api.create("pods", gpu_pod("q", namespace="team", gpumem=4000))
+    assert (await extender.filter(q, ["n1"]))["NodeNames"] == ["n1"]
