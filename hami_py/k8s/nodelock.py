@@ -32,15 +32,19 @@ class NodeLockError(Exception):
 
 
 def go_duration(seconds: float) -> str:
-    """Render a duration as Go's time.Duration.String() does for whole seconds (``5m0s``)."""
-    total = int(seconds)
-    h, rem = divmod(total, 3600)
-    m, s = divmod(rem, 60)
+    """Render a duration as Go's time.Duration.String() does (``5m0s``, ``28s``, ``300ms``)."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{round(seconds * 1000, 6):g}ms"
+    whole_minutes, secs = divmod(seconds, 60)
+    h, m = divmod(int(whole_minutes), 60)
+    secs_text = f"{round(secs, 9):g}s"
     if h:
-        return f"{h}h{m}m{s}s"
+        return f"{h}h{m}m{secs_text}"
     if m:
-        return f"{m}m{s}s"
-    return f"{s}s"
+        return f"{m}m{secs_text}"
+    return secs_text
 
 
 def lock_value(namespace: str, name: str, now: datetime | None = None) -> str:

@@ -15,7 +15,7 @@ import structlog
 
 from hami_py.cache.usage import UsageCache
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
-from hami_py.k8s.nodelock import NodeLocker, NodeLockError
+from hami_py.k8s.nodelock import NodeLocker, NodeLockError, go_duration
 
 log = structlog.get_logger(__name__)
 
@@ -103,7 +103,7 @@ class Binder:
                 if not exc.contention or not group or self.lock_retry_timeout_s <= 0:
                     raise
                 if time.monotonic() >= deadline:
-                    raise BindError(f"timed out after {int(self.lock_retry_timeout_s)}s waiting for node "
+                    raise BindError(f"timed out after {go_duration(self.lock_retry_timeout_s)} waiting for node "
                                     f"{req.node} to be unlocked: node lock contention") from None
             await asyncio.sleep(0.1)
 
