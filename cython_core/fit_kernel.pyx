@@ -105,6 +105,7 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                  int node_policy, int gpu_policy, int numa_bind, int mutex,
                  double w_slot, double w_core, double w_mem,
                  const long long[:] quota_mem, const long long[:] quota_cores,
+                 int topology, const int[:] pair_score, const int[:] node_pair_offset,
                  int[:] out_status, int[:] out_reasons, int[:] out_total, double[:] out_score,
                  int[:] out_row, int[:] out_dev, long long[:] out_mem, int[:] out_cores):
     cdef Py_ssize_t n_rows = rows.shape[0] // ROW_WIDTH
@@ -130,6 +131,8 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
     cdef double *score = <double *> malloc(max_len * sizeof(double))
     cdef int *picked = <int *> malloc(max_len * sizeof(int))
     cdef long long *picked_mem = <long long *> malloc(max_len * sizeof(long long))
+    cdef int *combo = <int *> malloc(max_len * sizeof(int))
+    cdef int *best_combo = <int *> malloc(max_len * sizeof(int))
     cdef long long *q_init_mem = <long long *> malloc(max_len * sizeof(long long))
     cdef long long *q_init_cores = <long long *> malloc(max_len * sizeof(long long))
     cdef long long *q_app_mem = <long long *> malloc(max_len * sizeof(long long))
@@ -154,7 +157,8 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
             or ini_mem == NULL or ini_cores == NULL or cand == NULL or score == NULL
             or picked == NULL or picked_mem == NULL or ch_row == NULL or ch_dev == NULL
             or ch_mem == NULL or ch_cores == NULL or q_init_mem == NULL or q_init_cores == NULL
-            or q_app_mem == NULL or q_app_cores == NULL):
+            or q_app_mem == NULL or q_app_cores == NULL or combo == NULL or best_combo == NULL):
+        free(combo); free(best_combo)
         _free_all(app_used, app_mem, app_cores, ini_used, ini_mem, ini_cores, cand, score, picked,
                   picked_mem, ch_row, ch_dev, ch_mem, ch_cores, q_init_mem, q_init_cores, q_app_mem,
                   q_app_cores)
@@ -318,9 +322,15 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     picked[npicked] = <int> k
                     picked_mem[npicked] = mem
                     npicked += 1
-                    need -= 1
-                    if need == 0:
-                        break
+                    if not topology:
+                        need -= 1
+                        if need == 0:
+                            break
+                if topology and npicked >= nums:
+                    if npicked > nums:
+                        npicked = topology_pick(picked, picked_mem, npicked, nums, pair_score,
+                                                node_pair_offset[ni], n, combo, best_combo)
+                    need = 0
                 if need > 0:
                     if npicked > 0:
                         counts[ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += <int> npicked
@@ -365,7 +375,62 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
     _free_all(app_used, app_mem, app_cores, ini_used, ini_mem, ini_cores, cand, score, picked,
               picked_mem, ch_row, ch_dev, ch_mem, ch_cores, q_init_mem, q_init_cores, q_app_mem,
               q_app_cores)
+    free(combo); free(best_combo)
     return best
+
+
+cdef inline int pair(const int[:] pair_score, int poff, Py_ssize_t n, int a, int b) noexcept nogil:
+    if poff < 0:
+        return 0
+    return pair_score[poff + a * n + b]
+
+
+cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, Py_ssize_t npicked, int nums,
+                              const int[:] pair_score, int poff, Py_ssize_t n,
+                              int *combo, int *best_combo) noexcept nogil:
+    """kernel_ref._topology_pick: keep the best-connected ``nums`` of the picked devices, in place."""
+    cdef Py_ssize_t i, j, best_i = 0
+    cdef long long total, best_total = 0
+    cdef bint found = False
+    if nums == 1:
+        for i in range(npicked):
+            total = 0
+            for j in range(npicked):
+                if picked[j] != picked[i]:
+                    total += pair(pair_score, poff, n, picked[i], picked[j])
+            if not found or total < best_total:
+                found = True
+                best_total = total
+                best_i = i
+        picked[0] = picked[best_i]
+        picked_mem[0] = picked_mem[best_i]
+        return 1
+    # Combinations of positions into picked[], in lexicographic order.
+    for i in range(nums):
+        combo[i] = <int> i
+    while True:
+        total = 0
+        for i in range(nums):
+            for j in range(i + 1, nums):
+                total += pair(pair_score, poff, n, picked[combo[i]], picked[combo[j]])
+        if not found or total > best_total:
+            found = True
+            best_total = total
+            for i in range(nums):
+                best_combo[i] = combo[i]
+        i = nums - 1
+        while i >= 0 and combo[i] == npicked - nums + i:
+            i -= 1
+        if i < 0:
+            break
+        combo[i] += 1
+        for j in range(i + 1, nums):
+            combo[j] = combo[j - 1] + 1
+    # best_combo is increasing, so compacting in place never overwrites an unread entry.
+    for i in range(nums):
+        picked[i] = picked[best_combo[i]]
+        picked_mem[i] = picked_mem[best_combo[i]]
+    return nums
 
 
 cdef void _free_all(long long *a1, long long *a2, long long *a3, long long *a4, long long *a5,

@@ -40,6 +40,16 @@ def clusters(draw):
             cols["used_mem"].append(draw(st.integers(0, tm)))
             cols["used_cores"].append(draw(st.integers(0, tc)))
     candidates = draw(st.lists(st.integers(0, n_nodes - 1), min_size=1, max_size=n_nodes, unique=True))
+    # Pair scores (NVLink topology): an n x n block per node, or none (-1).
+    pair_score, node_pair_offset = [], []
+    for n in node_len:
+        if draw(st.booleans()):
+            node_pair_offset.append(len(pair_score))
+            pair_score += draw(st.lists(st.sampled_from([0, 10, 20, 100, 200, 600]), min_size=n * n, max_size=n * n))
+        else:
+            node_pair_offset.append(-1)
+    cols["pair_score"] = pair_score
+    cols["node_pair_offset"] = node_pair_offset
     if draw(st.booleans()):
         candidates.insert(draw(st.integers(0, len(candidates))), -1)  # a name the cache does not know
     return cols, node_offset, node_len, candidates
@@ -59,7 +69,7 @@ def pods(draw):
     return rows
 
 
-def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, quotas):
+def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology=0):
     n_cand = len(candidates)
     total_nums = sum(rows[i * ROW_WIDTH + 3] for i in range(len(rows) // ROW_WIDTH))
     out = {
@@ -79,6 +89,7 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
         array("i", node_offset), array("i", node_len), array("i", candidates),
         array("i", rows), array("b", mask), *policies,
         array("q", quotas[0]), array("q", quotas[1]),
+        topology, array("i", cols.get("pair_score", [])), array("i", cols.get("node_pair_offset", [-1] * len(node_len))),
         out["status"], out["reasons"], out["total"], out["score"],
         out["row"], out["dev"], out["mem"], out["cores"],
     )
@@ -100,18 +111,18 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
                                 ORDER_CHAIN + KEY_BINPACK + 4 * KEY_SPREAD + 16 * KEY_NUMA]),
     numa_bind=st.sampled_from([0, 1]),
     mutex=st.sampled_from([0, 0, 1]),
+    topology=st.sampled_from([0, 0, 1]),
     quotas=st.tuples(st.lists(st.sampled_from([UNLIMITED, UNLIMITED, -1, 0, 5000, 50000, 200000]), min_size=2, max_size=2),
                      st.lists(st.sampled_from([UNLIMITED, UNLIMITED, 0, 50, 150]), min_size=2, max_size=2)),
     weights=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
     mask_seed=st.none() | st.lists(st.sampled_from([0, 0, 0, R.CARD_CORDONED, R.CARD_TYPE_MISMATCH,
                                                      R.CARD_UUID_MISMATCH]), min_size=64, max_size=64),
 )
-def test_cython_kernel_matches_reference(cluster, rows, node_policy, gpu_policy, numa_bind, mutex, quotas,
-                                         weights, mask_seed):
+def test_cython_kernel_matches_reference(cluster, rows, node_policy, gpu_policy, numa_bind, mutex, topology,
+                                         quotas, weights, mask_seed):
     cols, node_offset, node_len, candidates = cluster
     n_dev = len(cols["total_mem"])
     mask = [] if mask_seed is None else mask_seed[:n_dev] + [0] * max(0, n_dev - 64)
     policies = (node_policy, gpu_policy, numa_bind, mutex, float(weights[0]), float(weights[1]), float(weights[2]))
-    expected = _run(kernel_ref.filter_nodes, cols, node_offset, node_len, candidates, rows, mask, policies, quotas)
-    actual = _run(_kernel.filter_nodes, cols, node_offset, node_len, candidates, rows, mask, policies, quotas)
-    assert actual == expected
+    args = (cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology)
+    assert _run(_kernel.filter_nodes, *args) == _run(kernel_ref.filter_nodes, *args)

@@ -85,3 +85,25 @@ async def test_scoring_weights_change_which_gpu_binpack_prefers(api, app, extend
         "hami.io/gpu-scheduler-policy": "binpack", "hami.io/device-scoring-weights": "slot=0,core=0,memory=1"}))
     await extender.filter(by_mem, ["n1"])
     assert _devices_of(api, "by-mem") == [b]
+
+
+async def test_topology_aware_takes_the_best_connected_pair_and_a_loner_for_one(api, app, extender):
+    import orjson
+    devices = registration("n1", gpus=4, numa_nodes=1)
+    ids = [d["id"] for d in devices]
+    # GPUs 1 and 2 share many NVLinks; the rest are plain PCIe.
+    link = {(1, 2): 600, (2, 1): 600}
+    scores = [{"uuid": ids[a], "score": {ids[b]: link.get((a, b), 20) for b in range(4) if b != a}}
+              for a in range(4)]
+    node = gpu_node("n1", devices=devices, annotations={"hami.io/node-nvidia-score": orjson.dumps(scores).decode()})
+    api.create("nodes", node)
+    await wait_until(lambda: "n1" in app.cache.nodes, "node registered")
+    ann = {"hami.io/gpu-scheduler-policy": "topology-aware"}
+    pair = api.create("pods", gpu_pod("pair", gpus=2, gpumem=1000, annotations=ann))
+    assert (await extender.filter(pair, ["n1"]))["NodeNames"] == ["n1"]
+    assert set(_devices_of(api, "pair")) == {ids[1], ids[2]}
+    api.delete("pods", "pair", namespace="default")
+    await wait_until(lambda: not app.cache.pods, "pair released")
+    one = api.create("pods", gpu_pod("one", gpus=1, gpumem=1000, annotations=ann))
+    await extender.filter(one, ["n1"])
+    assert _devices_of(api, "one")[0] in (ids[0], ids[3])  # keeps the NVLink pair free

@@ -156,6 +156,10 @@ class UsageCache:
         # Per-node-index arrays.
         self.node_offset = array("i")
         self.node_len = array("i")
+        # NVLink-style pair scores for topology-aware placement: an n x n block per node
+        # (score of device a towards device b at [offset + a*n + b]), offset -1 when none.
+        self.pair_score = array("i")
+        self.node_pair_offset = array("i")
         self.nodes: dict[str, NodeEntry] = {}
         # name → node index for nodes with devices: one dict lookup per candidate in /filter.
         self.node_index_of: dict[str, int] = {}
@@ -281,6 +285,7 @@ class UsageCache:
             return self._free_node_indexes.pop()
         self.node_offset.append(0)
         self.node_len.append(0)
+        self.node_pair_offset.append(-1)
         return len(self.node_offset) - 1
 
     def _place_devices(self, entry: NodeEntry, devices: list[tuple[int, DeviceInfo]]) -> None:
@@ -306,6 +311,7 @@ class UsageCache:
             entry.uuid_to_slot.setdefault(dev.id, j)
         self.node_offset[entry.index] = entry.offset
         self.node_len[entry.index] = entry.length
+        self._place_pair_scores(entry)
         if entry.length and not entry.plugin_gone:
             self.node_index_of[entry.name] = entry.index
         else:
@@ -313,6 +319,27 @@ class UsageCache:
         self._recount_node(entry)
         if self._dead_slots > 1024 and self._dead_slots > len(self.total_mem) // 2:
             self._compact()
+
+    def _place_pair_scores(self, entry: NodeEntry) -> None:
+        scored = [d.custom.get("pair_scores") for d in entry.devices]
+        if not any(scored):
+            self.node_pair_offset[entry.index] = -1
+            return
+        n = entry.length
+        position = {d.id: k for k, d in enumerate(entry.devices)}
+        block = [0] * (n * n)
+        for a, scores in enumerate(scored):
+            for other, value in (scores or {}).items():
+                b = position.get(other)
+                if b is not None:
+                    block[a * n + b] = int(value)
+        offset = self.node_pair_offset[entry.index]
+        if offset < 0 or offset + n * n > len(self.pair_score):
+            offset = len(self.pair_score)
+            self.pair_score.extend(block)
+        else:
+            self.pair_score[offset:offset + n * n] = array("i", block)
+        self.node_pair_offset[entry.index] = offset
 
     def _arrays_with_fill(self):
         return ((self.total_mem, 0), (self.total_cores, 0), (self.count, 0), (self.numa, 0),

@@ -23,7 +23,7 @@ from hami_py.devices.codec import (
     INT32_MAX, INT64_MAX, decode_json_devices, decode_legacy_devices, decode_pod_devices,
     encode_pod_devices, go_quote, parse_go_bool,
 )
-from hami_py.quantity import parse_exact_int
+from hami_py.quantity import parse_exact_int, parse_quantity_ceil
 from hami_py.scheduling.reasons import CARD_CORDONED, CARD_TYPE_MISMATCH, CARD_UUID_MISMATCH, OK
 
 VENDOR_KEY = "NVIDIA"
@@ -53,6 +53,12 @@ MODE_MPS = "mps"
 
 # Key of DeviceInfo.custom holding {other_uuid: score} from the pair-score annotation.
 PAIR_SCORES_KEY = "pair_scores"
+
+# Container environment the admission webhook sets (read by HAMi-core and the NVIDIA runtime).
+TASK_PRIORITY_ENV = "CUDA_TASK_PRIORITY"
+CORE_POLICY_ENV = "GPU_CORE_UTILIZATION_POLICY"
+VISIBLE_DEVICES_ENV = "NVIDIA_VISIBLE_DEVICES"
+DEFAULT_CORE_POLICY = "default"
 
 # mempct sentinel: no percentage asked for (memory is given in MiB, or the default applies).
 MEMORY_PERCENT_UNSET = 101
@@ -208,14 +214,26 @@ def _quote_value(raw: object) -> str:
     return go_quote(repr(raw))
 
 
+def _append_env(container: dict, name: str, value: str) -> None:
+    """Append, as upstream does: an existing variable of that name is not replaced."""
+    env = container.get("env")
+    if not isinstance(env, list):
+        env = container["env"] = []
+    env.append({"name": name, "value": value})
+
+
 class NvidiaVendor:
     """HAMi's NVIDIA vendor: vGPU sharing of memory (MiB or percent) and cores (percent)."""
 
     vendor_key = VENDOR_KEY
     register_annotation = REGISTER_ANNOTATION
+    score_annotation = PAIR_SCORE_ANNOTATION  # re-decode the inventory when the pair scores change
     handshake_annotation = HANDSHAKE_ANNOTATION
     to_allocate_annotation = TO_ALLOCATE_ANNOTATION
     allocated_annotation = ALLOCATED_ANNOTATION
+    # Upstream's NVIDIA health wrapper: the kubelet's allocatable GPU count falling from above
+    # zero to zero means the device plugin is gone, at once (registration upkeep acts on it).
+    health_follows_allocatable = True
 
     def __init__(self, config: NvidiaConfig):
         self.config = config
@@ -228,6 +246,15 @@ class NvidiaVendor:
         self._max_memory = INT32_MAX // self._memory_factor
 
     # -- resources ------------------------------------------------------------------------------
+
+    @property
+    def count_resource_name(self) -> str:
+        """The resource whose allocatable count tells whether the plugin is alive (``nvidia.com/gpu``)."""
+        return self._count_name
+
+    def quota_resources(self) -> tuple[str, str, int]:
+        """(memory resource, core resource, memory factor) as ResourceQuota ``limits.*`` names them."""
+        return self._memory_name, self._core_name, self._memory_factor
 
     def resource_names(self) -> list[str]:
         """Count, memory, memory-percentage, cores and priority names (unset ones left out)."""
@@ -350,6 +377,97 @@ class NvidiaVendor:
         if cores > INT32_MAX:
             raise self._error(container, self._core_name, raw, f"is out of range (at most {INT32_MAX})")
         return cores  # values above 100 are clamped by the fit, as upstream does
+
+    # -- admission ------------------------------------------------------------------------------
+
+    def mutate_admission(self, container: dict, pod: dict) -> bool:
+        """Upstream's admission defaults for one container, applied in place; True when the
+        container asks for an NVIDIA GPU (after the defaults).
+
+        In upstream's order: refuse a memory percentage outside 0..100 (rounded up); copy the
+        ``priority`` limit into ``CUDA_TASK_PRIORITY``; set ``GPU_CORE_UTILIZATION_POLICY`` on every
+        container when ``gpuCorePolicy`` is not ``default``; add ``defaultGPUNum`` GPUs to a
+        container that limits memory, percentage or cores but not the count; give a container
+        that asks for whole cards (no memory, or 100 %) all the cores, so no other pod shares
+        them; set the configured ``runtimeClassName`` on the pod; and with ``overwriteEnv`` hide
+        every GPU from a container that asks for none (``NVIDIA_VISIBLE_DEVICES=none``).
+
+        Raises RequestError for an out-of-range percentage or a value that is no quantity.
+        """
+        config = self.config
+        name = container.get("name", "")
+        limits, requests = self._resource_lists(container)
+        self._check_memory_percent(name, limits, requests)
+        if config.resource_priority_name and config.resource_priority_name in limits:
+            priority = self._rounded(name, config.resource_priority_name, limits[config.resource_priority_name])
+            _append_env(container, TASK_PRIORITY_ENV, str(priority))
+        if config.gpu_core_policy not in ("", DEFAULT_CORE_POLICY):
+            _append_env(container, CORE_POLICY_ENV, config.gpu_core_policy)
+        has_resource = self._default_gpu_count(container, limits)
+        if self._default_exclusive_cores(name, container, requests):
+            has_resource = True
+        spec = pod.setdefault("spec", {})
+        if has_resource and spec.get("runtimeClassName") is None and config.runtime_class_name:
+            spec["runtimeClassName"] = config.runtime_class_name
+        if not has_resource and config.overwrite_env:
+            _append_env(container, VISIBLE_DEVICES_ENV, "none")
+        return has_resource
+
+    @staticmethod
+    def _resource_lists(container: dict) -> tuple[dict, dict]:
+        resources = container.get("resources") or {}
+        return resources.get("limits") or {}, resources.get("requests") or {}
+
+    def _rounded(self, container: str, resource: str, raw: object) -> int:
+        value = parse_quantity_ceil(raw)
+        if value is None:
+            raise self._error(container, resource, raw, "is not a quantity")
+        return value
+
+    def _check_memory_percent(self, container: str, limits: dict, requests: dict) -> None:
+        raw = self._lookup(limits, requests, self._percent_name)
+        if raw is _MISSING:
+            return
+        percent = self._rounded(container, self._percent_name, raw)
+        if not 0 <= percent <= 100:
+            raise RequestError(f"invalid {self._percent_name} value {percent} in container {container}: "
+                               "must be an integer between 0 and 100")
+
+    def _default_gpu_count(self, container: dict, limits: dict) -> bool:
+        """Whether the count is limited, adding ``defaultGPUNum`` when only memory, percentage
+        or cores are (upstream looks at limits only here)."""
+        if self._count_name and self._count_name in limits:
+            return True
+        sharing = (self._core_name, self._memory_name, self._percent_name)
+        if not any(resource and resource in limits for resource in sharing):
+            return False
+        if self.config.default_gpu_num <= 0 or not self._count_name:
+            return False
+        container["resources"]["limits"][self._count_name] = str(self.config.default_gpu_num)
+        return True
+
+    def _default_exclusive_cores(self, container_name: str, container: dict, requests: dict) -> bool:
+        """Give all cores (``gpucores: 100``) to a container asking for GPUs with neither
+        cores nor a partial share of memory: a whole card should not be time-sliced."""
+        limits, _ = self._resource_lists(container)
+        if not self._count_name or self._lookup(limits, requests, self._count_name) is _MISSING:
+            return False
+        if not self._core_name or self._lookup(limits, requests, self._core_name) is not _MISSING:
+            return False
+        percent = self._lookup(limits, requests, self._percent_name)
+        if percent is not _MISSING:
+            exclusive = self._rounded(container_name, self._percent_name, percent) == 100
+        else:
+            exclusive = not self._memory_name or self._lookup(limits, requests, self._memory_name) is _MISSING
+        if not exclusive:
+            return False
+        resources = container.get("resources")
+        if not isinstance(resources, dict):
+            resources = container["resources"] = {}
+        if not isinstance(resources.get("limits"), dict):
+            resources["limits"] = {}
+        resources["limits"][self._core_name] = "100"
+        return True
 
     # -- selection ------------------------------------------------------------------------------
 

@@ -102,7 +102,7 @@ class Filterer:
             cache.used_mem, cache.used_cores, cache.used,
             cache.node_offset, cache.node_len, cand_idx, request.rows, mask,
             policies.node, policies.gpu, int(policies.numa_bind), int(policies.mutex), *policies.weights,
-            quota_mem, quota_cores,
+            quota_mem, quota_cores, int(policies.topology), cache.pair_score, cache.node_pair_offset,
             out_status, out_reasons, out_total, out_score, out_row, out_dev, out_mem, out_cores)
 
         failed: dict[str, str] = {}

@@ -17,6 +17,8 @@ being placed (upstream's exact-type comparison makes that term vanish for NVIDIA
 """
 from __future__ import annotations
 
+from itertools import combinations
+
 from hami_py.cache.quota import UNLIMITED
 from hami_py.scheduling import reasons as R
 
@@ -85,7 +87,7 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                  node_offset, node_len, candidates,
                  rows, mask,
                  node_policy, gpu_policy, numa_bind, mutex, w_slot, w_core, w_mem,
-                 quota_mem, quota_cores,
+                 quota_mem, quota_cores, topology, pair_score, node_pair_offset,
                  out_status, out_reasons, out_total, out_score,
                  out_row, out_dev, out_mem, out_cores):
     """Fit the pod on every candidate node, score, and choose.
@@ -93,6 +95,9 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
     ``candidates`` holds node indexes; -1 stands for a name the cache does not know (reported as
     NODE_UNREGISTERED). ``quota_mem``/``quota_cores`` give, per vendor id, what the pod's namespace
     may still take (UNLIMITED = no quota); ``mutex`` refuses devices that already host a task.
+    With ``topology`` (the ``topology-aware`` policy) every fitting device is collected and the
+    best-connected set is kept, by the pair scores in ``pair_score`` (an n x n block per node at
+    ``node_pair_offset[node]``, -1 when the node published none).
 
     Per candidate position ``c``: ``out_status[c]`` (reasons.NODE_*), ``out_score[c]``, and for a
     device-level failure ``out_reasons[c * N_DEVICE_REASONS + r]`` counts and ``out_total[c]`` (the
@@ -220,9 +225,14 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                     counts[R.CARD_COMPUTE_UNITS_EXHAUSTED] += 1
                     continue
                 picked.append((k, mem))
-                need -= 1
-                if need == 0:
-                    break
+                if not topology:
+                    need -= 1
+                    if need == 0:
+                        break
+            if topology and len(picked) >= nums:
+                if len(picked) > nums:
+                    picked = _topology_pick(picked, nums, pair_score, node_pair_offset[ni], n)
+                need = 0
             if need > 0:
                 if picked:
                     counts[R.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += len(picked)
@@ -279,3 +289,25 @@ def _pod_total(cands, off, vendor, v, is_init, picked, k_extra, mem_extra, cores
             tm += max(q_init_mem[k], q_app_mem[k] + add_m)
             tc += max(q_init_cores[k], q_app_cores[k] + add_c)
     return tm, tc
+
+
+def _topology_pick(picked, nums, pair_score, poff, n):
+    """Upstream's topology-aware choice among all fitting devices: for one device, the one worst
+    connected to the others (keeping good groups free); for several, the combination (in walk
+    order) with the highest sum of pair scores. Ties go to the first found."""
+    def score(a, b):
+        return pair_score[poff + a * n + b] if poff >= 0 else 0
+
+    if nums == 1:
+        best, best_total = None, 0
+        for k, mem in picked:
+            total = sum(score(k, k2) for k2, _ in picked if k2 != k)
+            if best is None or total < best_total:
+                best, best_total = (k, mem), total
+        return [best]
+    best, best_total = None, 0
+    for combo in combinations(picked, nums):
+        total = sum(score(combo[i][0], combo[j][0]) for i in range(nums) for j in range(i + 1, nums))
+        if best is None or total > best_total:
+            best, best_total = list(combo), total
+    return best

@@ -31,6 +31,7 @@ class Policies:
     gpu: int            # the kernel's device ordering (single policy or a chain of sort keys)
     numa_bind: bool
     mutex: bool         # "mutex" token: only devices nobody uses yet
+    topology: bool      # "topology-aware" token: best-connected set by NVLink pair scores
     weights: tuple[float, float, float]
     node_name: str
     gpu_name: str
@@ -122,6 +123,7 @@ def pod_policies(annotations: dict[str, str], *, default_node: str, default_gpu:
         gpu=gpu_policy_code(gpu_name, numa_bind=numa_bind),
         numa_bind=numa_bind,
         mutex="mutex" in policy_tokens(gpu_name),
+        topology="topology-aware" in policy_tokens(gpu_name),
         weights=scoring_weights(annotations),
         node_name=node_name,
         gpu_name=gpu_name,
