@@ -6,6 +6,12 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: run test bench bench-quick lint setup clean
 
+# Container image and a kind cluster to try it on (need docker and kind; see README "Deploy").
+IMAGE        ?= hami-py:dev
+KIND_CLUSTER ?= hami-py
+export IMAGE KIND_CLUSTER
+.PHONY: image kind-up kind-deploy kind-demo kind-down
+
 setup: $(STAMP)
 
 $(STAMP): requirements.txt requirements-dev.txt setup.py cython_core/fit_kernel.pyx
@@ -15,7 +21,7 @@ $(STAMP): requirements.txt requirements-dev.txt setup.py cython_core/fit_kernel.
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m hami_py demo
+	$(PY) -m hami_py simulate --cluster examples/realistic/cluster.yaml --workload examples/realistic/workload.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q
@@ -28,6 +34,21 @@ bench-quick: $(STAMP)
 
 lint: $(STAMP)
 	$(PY) -m compileall -q hami_py tests
+
+image:
+	docker build -t $(IMAGE) .
+
+kind-up:
+	hack/kind/up.sh
+
+kind-deploy: image
+	hack/kind/deploy.sh
+
+kind-demo:
+	hack/kind/demo.sh
+
+kind-down:
+	kind delete cluster --name $(KIND_CLUSTER)
 
 clean:
 	rm -rf $(VENV) build *.egg-info hami_py/_kernel*.so cython_core/*.c

@@ -1,4 +1,4 @@
-"""``hami-scheduler``: upstream's scheduler flags, plus the ``demo`` and ``version`` commands.
+"""``hami-scheduler``: upstream's scheduler flags, plus the ``simulate`` and ``version`` commands.
 
 A bad flag, a bad value or an unreadable file is reported in one line and exit code 2; nobody
 configuring a scheduler should have to read a traceback to find a typo.
@@ -14,6 +14,8 @@ import sys
 from hami_py import __version__
 from hami_py.app import Options, SchedulerApp, split_host_port
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
+from hami_py.k8s.leader import check_leader_options, leader_identity
+from hami_py.http.tls import TLSConfigError
 from hami_py.logs import configure_logging
 
 EXIT_USAGE = 2
@@ -140,15 +142,20 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "version":
         print(__version__)  # noqa: T201 - the command's output
         return 0
-    if argv and argv[0] == "demo":
-        from hami_py.demo import main as demo_main
-        return demo_main(argv[1:])
+    if argv and argv[0] == "simulate":
+        from hami_py.simulate.cli import main as simulate_main
+        return simulate_main(argv[1:])
     try:
         ns = build_parser().parse_args(argv)
         if ns.node_scheduler_policy not in ("binpack", "spread"):
             raise UsageError(f"--node-scheduler-policy must be binpack or spread, not {ns.node_scheduler_policy!r}")
         if bool(ns.cert_file) != bool(ns.key_file):
             raise UsageError("--cert_file and --key_file must be given together")
+        try:
+            check_leader_options(leader_elect=ns.leader_elect, name=ns.leader_elect_resource_name,
+                                 namespace=ns.leader_elect_resource_namespace, identity=leader_identity())
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         for path in (ns.cert_file, ns.key_file):
             if path:
                 open(path, "rb").close()
@@ -173,6 +180,9 @@ async def serve(options: Options, device_config: DeviceConfig) -> int:
     app = SchedulerApp(options, device_config=device_config, configuration=configuration)
     try:
         await app.start()
+    except TLSConfigError as exc:
+        await app.stop()
+        return _fail(str(exc))
     except OSError as exc:
         await app.stop()
         return _fail(f"cannot listen: {exc}")

@@ -1,0 +1,71 @@
+"""``POST /webhook``: the mutating admission webhook's HTTP side.
+
+The kube-apiserver posts an AdmissionReview and expects one back with HTTP 200; whatever goes
+wrong (a body that is too large, not JSON, the wrong content type) is answered the same way,
+as an AdmissionReview whose status carries the code and the reason, as controller-runtime
+(which upstream uses) answers. Only the rules' outcome is decided in
+:mod:`hami_py.scheduling.admission`; this module reads, times and writes.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Mapping
+
+import orjson
+import structlog
+from aiohttp import web
+
+from hami_py.devices.base import DeviceVendor
+from hami_py.http.server import DEFAULT_BODY_LIMIT, BodyTooLarge, read_body
+from hami_py.metrics import Metrics
+from hami_py.scheduling.admission import (
+    ADMISSION_V1, AdmissionSettings, FitQuota, Verdict, review, review_response,
+)
+
+log = structlog.get_logger(__name__)
+
+WEBHOOK_PATH = "/webhook"
+_JSON = "application/json"
+
+
+def webhook_route(*, settings: AdmissionSettings, vendors: Mapping[str, DeviceVendor],
+                  fit_quota: FitQuota, metrics: Metrics | None = None,
+                  body_limit: int = DEFAULT_BODY_LIMIT) -> tuple[str, str, Callable]:
+    """``(method, path, handler)`` for ``build_app(extra_routes=...)``.
+
+    ``fit_quota`` is called for every admitted device pod; pass a function that looks the
+    current quota cache up rather than a snapshot of it.
+    """
+
+    async def handler(request: web.Request) -> web.Response:
+        started = time.perf_counter()
+        body, problem = await _read_review(request, body_limit)
+        if problem is not None:
+            log.warning("malformed admission review", error=problem, remote=request.remote)
+            answer = review_response(version=ADMISSION_V1, uid="", verdict=Verdict.error(400, problem))
+        else:
+            answer = review(body, settings=settings, vendors=vendors, fit_quota=fit_quota)
+        if metrics is not None:
+            if answer["response"]["status"]["code"] >= 400 and answer["response"]["status"]["code"] != 403:
+                metrics.request_errors.labels("webhook").inc()  # errors only: a denial is an answer
+            metrics.request_seconds.labels("webhook").observe(time.perf_counter() - started)
+        return web.Response(body=orjson.dumps(answer), content_type=_JSON)
+
+    return ("POST", WEBHOOK_PATH, handler)
+
+
+async def _read_review(request: web.Request, limit: int) -> tuple[object, str | None]:
+    """(decoded body, None) or (None, what is wrong with it)."""
+    if request.content_type != _JSON:
+        shown = request.headers.get("Content-Type", "")
+        return None, f"contentType={shown}, expected {_JSON}"
+    try:
+        raw = await read_body(request, limit)
+    except BodyTooLarge:
+        return None, f"request body exceeds the limit of {limit} bytes"
+    if not raw.strip():
+        return None, "request body is empty"
+    try:
+        return orjson.loads(raw), None
+    except orjson.JSONDecodeError as exc:
+        return None, f"invalid JSON in AdmissionReview: {exc}"
