@@ -32,8 +32,25 @@ DEF RESOURCE_QUOTA_NOT_FIT = 8
 DEF CARD_INSUFFICIENT_MEMORY = 9
 DEF CARD_INSUFFICIENT_CORE = 10
 DEF CARD_COMPUTE_UNITS_EXHAUSTED = 11
+DEF CARD_MIG_TOPOLOGY_INFEASIBLE = 12
 DEF ALLOCATED_CARDS_INSUFFICIENT_REQUEST = 13
 
+# Per-device scratch columns (long long), each max_len long.
+DEF L_APP_USED = 0
+DEF L_APP_MEM = 1
+DEF L_APP_CORES = 2
+DEF L_APP_MIG = 3
+DEF L_INI_USED = 4
+DEF L_INI_MEM = 5
+DEF L_INI_CORES = 6
+DEF L_INI_MIG = 7
+DEF L_Q_INIT_MEM = 8
+DEF L_Q_INIT_CORES = 9
+DEF L_Q_APP_MEM = 10
+DEF L_Q_APP_CORES = 11
+DEF L_PICK_OCC = 12
+DEF L_PICKED_MEM = 13
+DEF L_COLS = 14
 
 # "No quota" (hami_py.cache.quota.UNLIMITED); any other value, negative too, is the headroom.
 cdef long long UNLIMITED = -(1LL << 62)
@@ -97,6 +114,79 @@ cdef inline bint prefer(double sa, int na, int pa, long long ua, double sb, int 
     return pa > pb
 
 
+cdef inline int pair(const int[:] pair_score, int poff, Py_ssize_t n, int a, int b) noexcept nogil:
+    if poff < 0:
+        return 0
+    return pair_score[poff + a * n + b]
+
+
+cdef inline void mig_select(Py_ssize_t j, long long occupied, long long mem,
+                            const int[:] mig_prof_off, const int[:] mig_prof_len, const int[:] prof_mem,
+                            const int[:] prof_place_off, const int[:] prof_place_len,
+                            const long long[:] place_mask, int *out_p, int *out_q) noexcept nogil:
+    """kernel_ref._mig_select."""
+    cdef int p, q
+    out_p[0] = -1
+    out_q[0] = -1
+    for p in range(mig_prof_off[j], mig_prof_off[j] + mig_prof_len[j]):
+        if prof_mem[p] < mem:
+            continue
+        for q in range(prof_place_off[p], prof_place_off[p] + prof_place_len[p]):
+            if not (place_mask[q] & occupied):
+                out_p[0] = p
+                out_q[0] = q
+                return
+
+
+cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, int *picked_prof, int *picked_place,
+                              Py_ssize_t npicked, int nums, const int[:] pair_score, int poff,
+                              Py_ssize_t n, int *combo, int *best_combo) noexcept nogil:
+    """kernel_ref._topology_pick: keep the best-connected ``nums`` of the picked devices, in place."""
+    cdef Py_ssize_t i, j, best_i = 0
+    cdef long long total, best_total = 0
+    cdef bint found = False
+    if nums == 1:
+        for i in range(npicked):
+            total = 0
+            for j in range(npicked):
+                if picked[j] != picked[i]:
+                    total += pair(pair_score, poff, n, picked[i], picked[j])
+            if not found or total < best_total:
+                found = True
+                best_total = total
+                best_i = i
+        best_combo[0] = <int> best_i
+    else:
+        # Combinations of positions into picked[], in lexicographic order.
+        for i in range(nums):
+            combo[i] = <int> i
+        while True:
+            total = 0
+            for i in range(nums):
+                for j in range(i + 1, nums):
+                    total += pair(pair_score, poff, n, picked[combo[i]], picked[combo[j]])
+            if not found or total > best_total:
+                found = True
+                best_total = total
+                for i in range(nums):
+                    best_combo[i] = combo[i]
+            i = nums - 1
+            while i >= 0 and combo[i] == npicked - nums + i:
+                i -= 1
+            if i < 0:
+                break
+            combo[i] += 1
+            for j in range(i + 1, nums):
+                combo[j] = combo[j - 1] + 1
+    # best_combo is increasing, so compacting in place never overwrites an unread entry.
+    for i in range(nums):
+        picked[i] = picked[best_combo[i]]
+        picked_mem[i] = picked_mem[best_combo[i]]
+        picked_prof[i] = picked_prof[best_combo[i]]
+        picked_place[i] = picked_place[best_combo[i]]
+    return nums
+
+
 def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] count,
                  const int[:] numa, const signed char[:] health, const int[:] vendor,
                  const long long[:] used_mem, const long long[:] used_cores, const long long[:] used,
@@ -106,13 +196,18 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                  double w_slot, double w_core, double w_mem,
                  const long long[:] quota_mem, const long long[:] quota_cores,
                  int topology, const int[:] pair_score, const int[:] node_pair_offset,
+                 int mig_ok, const signed char[:] dev_mig, const long long[:] mig_used,
+                 const int[:] mig_prof_off, const int[:] mig_prof_len, const int[:] prof_mem,
+                 const int[:] prof_core, const int[:] prof_place_off, const int[:] prof_place_len,
+                 const long long[:] place_mask,
                  int[:] out_status, int[:] out_reasons, int[:] out_total, double[:] out_score,
-                 int[:] out_row, int[:] out_dev, long long[:] out_mem, int[:] out_cores):
+                 int[:] out_row, int[:] out_dev, long long[:] out_mem, int[:] out_cores,
+                 int[:] out_prof, int[:] out_place):
     cdef Py_ssize_t n_rows = rows.shape[0] // ROW_WIDTH
     cdef Py_ssize_t n_cand = candidates.shape[0]
     cdef bint has_mask = mask.shape[0] > 0
     cdef Py_ssize_t max_len = 0, total_nums = 0
-    cdef Py_ssize_t c, j, k, r, i, n, off, ni, base, ncands, npicked, nchosen
+    cdef Py_ssize_t c, j, k, r, i, n, off, ni, base, ncands, npicked, nchosen, a, b, kk
     for c in range(n_cand):
         if candidates[c] >= 0 and node_len[candidates[c]] > max_len:
             max_len = node_len[candidates[c]]
@@ -120,49 +215,54 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
         total_nums += rows[r * ROW_WIDTH + 3]
     if max_len == 0:
         max_len = 1
-    # Scratch buffers, sized by the largest candidate node; freed on every exit path below.
-    cdef long long *app_used = <long long *> malloc(max_len * sizeof(long long))
-    cdef long long *app_mem = <long long *> malloc(max_len * sizeof(long long))
-    cdef long long *app_cores = <long long *> malloc(max_len * sizeof(long long))
-    cdef long long *ini_used = <long long *> malloc(max_len * sizeof(long long))
-    cdef long long *ini_mem = <long long *> malloc(max_len * sizeof(long long))
-    cdef long long *ini_cores = <long long *> malloc(max_len * sizeof(long long))
-    cdef int *cand = <int *> malloc(max_len * sizeof(int))
-    cdef double *score = <double *> malloc(max_len * sizeof(double))
-    cdef int *picked = <int *> malloc(max_len * sizeof(int))
-    cdef long long *picked_mem = <long long *> malloc(max_len * sizeof(long long))
-    cdef int *combo = <int *> malloc(max_len * sizeof(int))
-    cdef int *best_combo = <int *> malloc(max_len * sizeof(int))
-    cdef long long *q_init_mem = <long long *> malloc(max_len * sizeof(long long))
-    cdef long long *q_init_cores = <long long *> malloc(max_len * sizeof(long long))
-    cdef long long *q_app_mem = <long long *> malloc(max_len * sizeof(long long))
-    cdef long long *q_app_cores = <long long *> malloc(max_len * sizeof(long long))
+    # A MIG GPU can give one container several instances (at most one per slice, and a mask has
+    # 64), so a row may pick more entries than the node has devices: size the pick buffers for it.
+    cdef Py_ssize_t pick_cap = max_len * 65 + total_nums + 1
     cdef Py_ssize_t chosen_cap = total_nums if total_nums > 0 else 1
-    cdef int *ch_row = <int *> malloc(chosen_cap * sizeof(int))
-    cdef int *ch_dev = <int *> malloc(chosen_cap * sizeof(int))
+    # One block per element type; freed once at the end (and on the allocation-failure path).
+    cdef long long *lscratch = <long long *> malloc((max_len * L_COLS + pick_cap) * sizeof(long long))
+    cdef int *iscratch = <int *> malloc((max_len + 5 * pick_cap) * sizeof(int))
+    cdef double *score = <double *> malloc(max_len * sizeof(double))
+    cdef int *ch_row = <int *> malloc(chosen_cap * 5 * sizeof(int))
     cdef long long *ch_mem = <long long *> malloc(chosen_cap * sizeof(long long))
-    cdef int *ch_cores = <int *> malloc(chosen_cap * sizeof(int))
+    if lscratch == NULL or iscratch == NULL or score == NULL or ch_row == NULL or ch_mem == NULL:
+        free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
+        raise MemoryError()
+    cdef long long *app_used = lscratch + L_APP_USED * max_len
+    cdef long long *app_mem = lscratch + L_APP_MEM * max_len
+    cdef long long *app_cores = lscratch + L_APP_CORES * max_len
+    cdef long long *app_mig = lscratch + L_APP_MIG * max_len
+    cdef long long *ini_used = lscratch + L_INI_USED * max_len
+    cdef long long *ini_mem = lscratch + L_INI_MEM * max_len
+    cdef long long *ini_cores = lscratch + L_INI_CORES * max_len
+    cdef long long *ini_mig = lscratch + L_INI_MIG * max_len
+    cdef long long *q_init_mem = lscratch + L_Q_INIT_MEM * max_len
+    cdef long long *q_init_cores = lscratch + L_Q_INIT_CORES * max_len
+    cdef long long *q_app_mem = lscratch + L_Q_APP_MEM * max_len
+    cdef long long *q_app_cores = lscratch + L_Q_APP_CORES * max_len
+    cdef long long *pick_occ = lscratch + L_PICK_OCC * max_len
+    cdef long long *picked_mem = lscratch + L_PICKED_MEM * max_len   # pick_cap long (the tail)
+    cdef int *cand = iscratch                                         # max_len
+    cdef int *picked = iscratch + max_len                             # pick_cap each from here
+    cdef int *picked_prof = picked + pick_cap
+    cdef int *picked_place = picked_prof + pick_cap
+    cdef int *combo = picked_place + pick_cap
+    cdef int *best_combo = combo + pick_cap
+    cdef int *ch_dev = ch_row + chosen_cap
+    cdef int *ch_cores = ch_dev + chosen_cap
+    cdef int *ch_prof = ch_cores + chosen_cap
+    cdef int *ch_place = ch_prof + chosen_cap
     cdef int counts[N_REASONS]
     cdef long long *s_used
     cdef long long *s_mem
     cdef long long *s_cores
-    cdef long long s_u, s_c, s_uc, s_tc, s_um, s_tm, mem
+    cdef long long *s_mig
+    cdef long long s_u, s_c, s_uc, s_tc, s_um, s_tm, mem, use_mem, use_cores
     cdef double node_score, best_score = 0.0, sc, tmp_s
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
-    cdef int need, prev_numa, m, tmp_k, is_init
+    cdef int need, prev_numa, m, tmp_k, is_init, prof, place
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
-    cdef Py_ssize_t a, b, kk
-    cdef bint better
-    if (app_used == NULL or app_mem == NULL or app_cores == NULL or ini_used == NULL
-            or ini_mem == NULL or ini_cores == NULL or cand == NULL or score == NULL
-            or picked == NULL or picked_mem == NULL or ch_row == NULL or ch_dev == NULL
-            or ch_mem == NULL or ch_cores == NULL or q_init_mem == NULL or q_init_cores == NULL
-            or q_app_mem == NULL or q_app_cores == NULL or combo == NULL or best_combo == NULL):
-        free(combo); free(best_combo)
-        _free_all(app_used, app_mem, app_cores, ini_used, ini_mem, ini_cores, cand, score, picked,
-                  picked_mem, ch_row, ch_dev, ch_mem, ch_cores, q_init_mem, q_init_cores, q_app_mem,
-                  q_app_cores)
-        raise MemoryError()
+    cdef bint better, any_mig, revisit
     with nogil:
         for c in range(n_cand):
             ni = candidates[c]
@@ -189,6 +289,7 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                 app_used[k] = used[off + k]
                 app_mem[k] = used_mem[off + k]
                 app_cores[k] = used_cores[off + k]
+                app_mig[k] = mig_used[off + k]
                 q_init_mem[k] = 0
                 q_init_cores[k] = 0
                 q_app_mem[k] = 0
@@ -196,7 +297,7 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
             nchosen = 0
             status = NODE_FIT
             current_container = -1
-            s_used = app_used; s_mem = app_mem; s_cores = app_cores
+            s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
             for r in range(n_rows):
                 base = r * ROW_WIDTH
                 container = rows[base]
@@ -206,9 +307,10 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                             ini_used[k] = used[off + k]
                             ini_mem[k] = used_mem[off + k]
                             ini_cores[k] = used_cores[off + k]
-                    s_used = ini_used; s_mem = ini_mem; s_cores = ini_cores
+                            ini_mig[k] = mig_used[off + k]
+                    s_used = ini_used; s_mem = ini_mem; s_cores = ini_cores; s_mig = ini_mig
                 else:
-                    s_used = app_used; s_mem = app_mem; s_cores = app_cores
+                    s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
                 current_container = container
                 is_init = rows[base + 1]
                 v = rows[base + 2]
@@ -221,11 +323,14 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                 if cores > 100:
                     cores = 100
                 ncands = 0
+                any_mig = False
                 for k in range(n):
                     if vendor[off + k] == v:
                         cand[ncands] = <int> k
                         ncands += 1
-                if nums > ncands:
+                        if dev_mig[off + k]:
+                            any_mig = True
+                if nums > ncands and not (mig_ok and any_mig):
                     status = NODE_INSUFFICIENT_DEVICE
                     break
                 for i in range(ncands):
@@ -242,8 +347,8 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                 for i in range(1, ncands):
                     tmp_k = cand[i]
                     tmp_s = score[i]
-                    k = i - 1
                     tmp_u = s_used[tmp_k]
+                    k = i - 1
                     while k >= 0 and prefer(tmp_s, numa[off + tmp_k], tmp_k, tmp_u,
                                             score[k], numa[off + cand[k]], cand[k], s_used[cand[k]],
                                             gpu_policy, numa_bind):
@@ -253,10 +358,19 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     cand[k + 1] = tmp_k
                     score[k + 1] = tmp_s
                 memset(counts, 0, sizeof(counts))
+                for k in range(n):
+                    pick_occ[k] = 0
                 npicked = 0
                 need = nums
                 prev_numa = -1
-                for i in range(ncands):
+                i = -1
+                revisit = False
+                while True:
+                    if not revisit:
+                        i += 1
+                    revisit = False
+                    if i >= ncands:
+                        break
                     k = cand[i]
                     j = off + k
                     if not health[j]:
@@ -267,9 +381,11 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                         counts[m] += 1
                         continue
                     if numa_bind and numa[j] != prev_numa:
-                        if npicked > 0:
+                        if npicked > 0 and not topology:
                             counts[NUMA_NOT_FIT] += <int> npicked
                         npicked = 0
+                        for kk in range(n):
+                            pick_occ[kk] = 0
                         need = nums
                         prev_numa = numa[j]
                     if m != 0:
@@ -319,8 +435,20 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     if total_cores[j] != 0 and s_cores[k] == total_cores[j] and cores == 0:
                         counts[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
                         continue
+                    prof = -1
+                    place = -1
+                    if dev_mig[j]:
+                        mig_select(j, s_mig[k] | pick_occ[k], mem, mig_prof_off, mig_prof_len, prof_mem,
+                                   prof_place_off, prof_place_len, place_mask, &prof, &place)
+                        if prof < 0:
+                            counts[CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
+                            continue
+                        pick_occ[k] |= place_mask[place]
+                        revisit = True
                     picked[npicked] = <int> k
                     picked_mem[npicked] = mem
+                    picked_prof[npicked] = prof
+                    picked_place[npicked] = place
                     npicked += 1
                     if not topology:
                         need -= 1
@@ -328,8 +456,9 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                             break
                 if topology and npicked >= nums:
                     if npicked > nums:
-                        npicked = topology_pick(picked, picked_mem, npicked, nums, pair_score,
-                                                node_pair_offset[ni], n, combo, best_combo)
+                        npicked = topology_pick(picked, picked_mem, picked_prof, picked_place, npicked,
+                                                nums, pair_score, node_pair_offset[ni], n, combo,
+                                                best_combo)
                     need = 0
                 if need > 0:
                     if npicked > 0:
@@ -341,19 +470,27 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     break
                 for i in range(npicked):
                     k = picked[i]
+                    use_mem = picked_mem[i]
+                    use_cores = cores
+                    if picked_prof[i] >= 0:  # a MIG instance is charged as its profile
+                        use_mem = prof_mem[picked_prof[i]]
+                        use_cores = prof_core[picked_prof[i]]
+                        s_mig[k] |= place_mask[picked_place[i]]
                     s_used[k] += 1
-                    s_mem[k] += picked_mem[i]
-                    s_cores[k] += cores
+                    s_mem[k] += use_mem
+                    s_cores[k] += use_cores
                     if is_init:
-                        q_init_mem[k] = max(q_init_mem[k], picked_mem[i])
-                        q_init_cores[k] = max(q_init_cores[k], <long long> cores)
+                        q_init_mem[k] = max(q_init_mem[k], use_mem)
+                        q_init_cores[k] = max(q_init_cores[k], use_cores)
                     else:
-                        q_app_mem[k] += picked_mem[i]
-                        q_app_cores[k] += cores
+                        q_app_mem[k] += use_mem
+                        q_app_cores[k] += use_cores
                     ch_row[nchosen] = <int> r
                     ch_dev[nchosen] = <int> (off + k)
-                    ch_mem[nchosen] = picked_mem[i]
-                    ch_cores[nchosen] = cores
+                    ch_mem[nchosen] = use_mem
+                    ch_cores[nchosen] = <int> use_cores
+                    ch_prof[nchosen] = picked_prof[i]
+                    ch_place[nchosen] = picked_place[i]
                     nchosen += 1
             out_status[c] = status
             if status != NODE_FIT:
@@ -372,70 +509,7 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     out_dev[i] = ch_dev[i]
                     out_mem[i] = ch_mem[i]
                     out_cores[i] = ch_cores[i]
-    _free_all(app_used, app_mem, app_cores, ini_used, ini_mem, ini_cores, cand, score, picked,
-              picked_mem, ch_row, ch_dev, ch_mem, ch_cores, q_init_mem, q_init_cores, q_app_mem,
-              q_app_cores)
-    free(combo); free(best_combo)
+                    out_prof[i] = ch_prof[i]
+                    out_place[i] = ch_place[i]
+    free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
     return best
-
-
-cdef inline int pair(const int[:] pair_score, int poff, Py_ssize_t n, int a, int b) noexcept nogil:
-    if poff < 0:
-        return 0
-    return pair_score[poff + a * n + b]
-
-
-cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, Py_ssize_t npicked, int nums,
-                              const int[:] pair_score, int poff, Py_ssize_t n,
-                              int *combo, int *best_combo) noexcept nogil:
-    """kernel_ref._topology_pick: keep the best-connected ``nums`` of the picked devices, in place."""
-    cdef Py_ssize_t i, j, best_i = 0
-    cdef long long total, best_total = 0
-    cdef bint found = False
-    if nums == 1:
-        for i in range(npicked):
-            total = 0
-            for j in range(npicked):
-                if picked[j] != picked[i]:
-                    total += pair(pair_score, poff, n, picked[i], picked[j])
-            if not found or total < best_total:
-                found = True
-                best_total = total
-                best_i = i
-        picked[0] = picked[best_i]
-        picked_mem[0] = picked_mem[best_i]
-        return 1
-    # Combinations of positions into picked[], in lexicographic order.
-    for i in range(nums):
-        combo[i] = <int> i
-    while True:
-        total = 0
-        for i in range(nums):
-            for j in range(i + 1, nums):
-                total += pair(pair_score, poff, n, picked[combo[i]], picked[combo[j]])
-        if not found or total > best_total:
-            found = True
-            best_total = total
-            for i in range(nums):
-                best_combo[i] = combo[i]
-        i = nums - 1
-        while i >= 0 and combo[i] == npicked - nums + i:
-            i -= 1
-        if i < 0:
-            break
-        combo[i] += 1
-        for j in range(i + 1, nums):
-            combo[j] = combo[j - 1] + 1
-    # best_combo is increasing, so compacting in place never overwrites an unread entry.
-    for i in range(nums):
-        picked[i] = picked[best_combo[i]]
-        picked_mem[i] = picked_mem[best_combo[i]]
-    return nums
-
-
-cdef void _free_all(long long *a1, long long *a2, long long *a3, long long *a4, long long *a5,
-                    long long *a6, int *i1, double *d1, int *i2, long long *a7, int *i3, int *i4,
-                    long long *a8, int *i5, long long *a9, long long *a10, long long *a11,
-                    long long *a12) noexcept nogil:
-    free(a1); free(a2); free(a3); free(a4); free(a5); free(a6); free(i1); free(d1); free(i2)
-    free(a7); free(i3); free(i4); free(a8); free(i5); free(a9); free(a10); free(a11); free(a12)

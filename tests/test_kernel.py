@@ -16,6 +16,15 @@ from hami_py.scheduling.kernel_ref import (
 )
 
 
+# name: (memory MiB, cores, slices, placement starts in try order, size)
+MIG_CATALOG = {
+    "1g.5gb": (4864, 14, 1, [6, 5, 4, 3, 2, 1, 0], 1),
+    "2g.10gb": (9856, 28, 2, [0, 2, 4], 2),
+    "3g.20gb": (19968, 42, 4, [4, 0], 4),
+    "7g.40gb": (40192, 100, 8, [0], 8),
+}
+
+
 @st.composite
 def clusters(draw):
     n_nodes = draw(st.integers(1, 6))
@@ -50,6 +59,25 @@ def clusters(draw):
             node_pair_offset.append(-1)
     cols["pair_score"] = pair_score
     cols["node_pair_offset"] = node_pair_offset
+    # MIG: some devices hand out instances of an A100-like profile table.
+    mig = {k: [] for k in ("dev_mig", "mig_used", "mig_prof_off", "mig_prof_len", "prof_mem", "prof_core",
+                           "prof_place_off", "prof_place_len", "place_mask")}
+    for _ in range(len(cols["total_mem"])):
+        is_mig = draw(st.sampled_from([0, 0, 1]))
+        mig["dev_mig"].append(is_mig)
+        mig["mig_used"].append(draw(st.sampled_from([0, 0, 0b1, 0b11110000, 0b1111, 0xFF])) if is_mig else 0)
+        mig["mig_prof_off"].append(len(mig["prof_mem"]))
+        profiles = draw(st.lists(st.sampled_from(list(MIG_CATALOG)), unique=True, max_size=4)) if is_mig else []
+        profiles.sort(key=lambda name: (MIG_CATALOG[name][0], MIG_CATALOG[name][2]))
+        mig["mig_prof_len"].append(len(profiles))
+        for name in profiles:
+            mem, core, _, starts, size = MIG_CATALOG[name]
+            mig["prof_mem"].append(mem)
+            mig["prof_core"].append(core)
+            mig["prof_place_off"].append(len(mig["place_mask"]))
+            mig["prof_place_len"].append(len(starts))
+            mig["place_mask"] += [((1 << size) - 1) << st_ for st_ in starts]
+    cols.update(mig)
     if draw(st.booleans()):
         candidates.insert(draw(st.integers(0, len(candidates))), -1)  # a name the cache does not know
     return cols, node_offset, node_len, candidates
@@ -69,7 +97,7 @@ def pods(draw):
     return rows
 
 
-def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology=0):
+def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology=0, mig_ok=1):
     n_cand = len(candidates)
     total_nums = sum(rows[i * ROW_WIDTH + 3] for i in range(len(rows) // ROW_WIDTH))
     out = {
@@ -81,6 +109,8 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
         "dev": array("i", [0] * max(total_nums, 1)),
         "mem": array("q", [0] * max(total_nums, 1)),
         "cores": array("i", [0] * max(total_nums, 1)),
+        "prof": array("i", [0] * max(total_nums, 1)),
+        "place": array("i", [0] * max(total_nums, 1)),
     }
     best = impl(
         array("i", cols["total_mem"]), array("i", cols["total_cores"]), array("i", cols["count"]),
@@ -90,12 +120,15 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
         array("i", rows), array("b", mask), *policies,
         array("q", quotas[0]), array("q", quotas[1]),
         topology, array("i", cols.get("pair_score", [])), array("i", cols.get("node_pair_offset", [-1] * len(node_len))),
+        mig_ok, array("b", cols["dev_mig"]), array("q", cols["mig_used"]), array("i", cols["mig_prof_off"]),
+        array("i", cols["mig_prof_len"]), array("i", cols["prof_mem"]), array("i", cols["prof_core"]),
+        array("i", cols["prof_place_off"]), array("i", cols["prof_place_len"]), array("q", cols["place_mask"]),
         out["status"], out["reasons"], out["total"], out["score"],
-        out["row"], out["dev"], out["mem"], out["cores"],
+        out["row"], out["dev"], out["mem"], out["cores"], out["prof"], out["place"],
     )
     result = {k: list(v) for k, v in out.items()}
     if best < 0:  # the allocation buffers are only meaningful for a winner
-        for k in ("row", "dev", "mem", "cores"):
+        for k in ("row", "dev", "mem", "cores", "prof", "place"):
             result.pop(k)
     return best, result
 
@@ -112,6 +145,7 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
     numa_bind=st.sampled_from([0, 1]),
     mutex=st.sampled_from([0, 0, 1]),
     topology=st.sampled_from([0, 0, 1]),
+    mig_ok=st.sampled_from([1, 1, 0]),
     quotas=st.tuples(st.lists(st.sampled_from([UNLIMITED, UNLIMITED, -1, 0, 5000, 50000, 200000]), min_size=2, max_size=2),
                      st.lists(st.sampled_from([UNLIMITED, UNLIMITED, 0, 50, 150]), min_size=2, max_size=2)),
     weights=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
@@ -119,10 +153,53 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
                                                      R.CARD_UUID_MISMATCH]), min_size=64, max_size=64),
 )
 def test_cython_kernel_matches_reference(cluster, rows, node_policy, gpu_policy, numa_bind, mutex, topology,
-                                         quotas, weights, mask_seed):
+                                         mig_ok, quotas, weights, mask_seed):
     cols, node_offset, node_len, candidates = cluster
     n_dev = len(cols["total_mem"])
     mask = [] if mask_seed is None else mask_seed[:n_dev] + [0] * max(0, n_dev - 64)
     policies = (node_policy, gpu_policy, numa_bind, mutex, float(weights[0]), float(weights[1]), float(weights[2]))
-    args = (cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology)
+    args = (cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology, mig_ok)
     assert _run(_kernel.filter_nodes, *args) == _run(kernel_ref.filter_nodes, *args)
+
+
+def _one_mig_gpu(mig_used=0):
+    starts = MIG_CATALOG["1g.5gb"][3]
+    return {"total_mem": [40960], "total_cores": [100], "count": [10], "numa": [0], "health": [1], "vendor": [0],
+            "used_mem": [0], "used_cores": [0], "used": [0], "dev_mig": [1], "mig_used": [mig_used],
+            "mig_prof_off": [0], "mig_prof_len": [2], "prof_mem": [4864, 9856], "prof_core": [14, 28],
+            "prof_place_off": [0, 7], "prof_place_len": [7, 3],
+            "place_mask": [1 << s for s in starts] + [0b11 << s for s in (0, 2, 4)]}
+
+
+def test_one_container_gets_several_instances_of_one_mig_gpu():
+    """Inventory: mig-multi-instance. Upstream offers a MIG GPU again after each instance."""
+    cols = _one_mig_gpu()
+    unlimited = ([UNLIMITED] * 2, [UNLIMITED] * 2)
+    args = (cols, [0], [1], [0], [0, 0, 0, 3, 0, 101, 0], [], (0, 1, 0, 0, 1.0, 1.0, 1.0), unlimited, 0, 1)
+    best, out = _run(_kernel.filter_nodes, *args)
+    assert (best, out) == _run(kernel_ref.filter_nodes, *args)
+    assert out["dev"] == [0, 0, 0] and out["prof"] == [0, 0, 0]
+    assert out["place"] == [0, 1, 2]            # 1g placements tried from the top slice down
+    assert out["mem"] == [4864] * 3 and out["cores"] == [14] * 3   # charged as the profile
+
+
+def test_mig_request_without_a_free_placement_is_infeasible():
+    cols = _one_mig_gpu(mig_used=0b1111111)      # the seven 1g slices are taken
+    unlimited = ([UNLIMITED] * 2, [UNLIMITED] * 2)
+    args = (cols, [0], [1], [0], [0, 0, 0, 1, 4000, 101, 0], [], (0, 1, 0, 0, 1.0, 1.0, 1.0), unlimited, 0, 1)
+    best, out = _run(_kernel.filter_nodes, *args)
+    assert (best, out) == _run(kernel_ref.filter_nodes, *args)
+    assert best == -1 and out["reasons"][R.CARD_MIG_TOPOLOGY_INFEASIBLE] == 1
+
+
+def test_more_instances_than_gpus_only_for_mig_requests():
+    cols = _one_mig_gpu()
+    unlimited = ([UNLIMITED] * 2, [UNLIMITED] * 2)
+    rows = [0, 0, 0, 2, 0, 101, 0]
+    for mig_ok, fits in ((1, True), (0, False)):
+        args = (cols, [0], [1], [0], rows, [], (0, 1, 0, 0, 1.0, 1.0, 1.0), unlimited, 0, mig_ok)
+        best, out = _run(_kernel.filter_nodes, *args)
+        assert (best, out) == _run(kernel_ref.filter_nodes, *args)
+        assert (best == 0) == fits
+        if not fits:
+            assert out["status"] == [R.NODE_INSUFFICIENT_DEVICE]

@@ -50,6 +50,7 @@ class PodUsage:
     node: str
     entries: list[UsageEntry]
     resolved: list[int] = field(default_factory=list)   # device slot per entry, -1 if unknown
+    mig: list[tuple[str, int]] = field(default_factory=list)  # MIG instances: (GPU UUID, slice mask)
     resource_version: int | None = None                  # events older than this are stale
     reserved: bool = False                               # made by our own /filter
 
@@ -160,6 +161,20 @@ class UsageCache:
         # (score of device a towards device b at [offset + a*n + b]), offset -1 when none.
         self.pair_score = array("i")
         self.node_pair_offset = array("i")
+        # MIG: per device a flag, the slices taken (bit mask) and its slice of the profile table;
+        # profiles sorted by (memory, slices), each with its placements as masks in try order.
+        self.dev_mig = array("b")
+        self.mig_used = array("q")
+        self.mig_prof_off = array("i")
+        self.mig_prof_len = array("i")
+        self.prof_mem = array("i")
+        self.prof_core = array("i")
+        self.prof_place_off = array("i")
+        self.prof_place_len = array("i")
+        self.place_mask = array("q")
+        self.prof_names: list[str] = []
+        self.place_spans: list[tuple[int, int]] = []
+        self._profile_tables: dict[tuple, tuple[int, int]] = {}
         self.nodes: dict[str, NodeEntry] = {}
         # name → node index for nodes with devices: one dict lookup per candidate in /filter.
         self.node_index_of: dict[str, int] = {}
@@ -308,6 +323,9 @@ class UsageCache:
             self.health[j] = 1 if dev.health else 0
             self.vendor[j] = vid
             self.device_ids[j] = dev.id
+            is_mig = dev.mode == "mig"
+            self.dev_mig[j] = 1 if is_mig else 0
+            self.mig_prof_off[j], self.mig_prof_len[j] = self._profile_table(dev) if is_mig else (0, 0)
             entry.uuid_to_slot.setdefault(dev.id, j)
         self.node_offset[entry.index] = entry.offset
         self.node_len[entry.index] = entry.length
@@ -344,7 +362,35 @@ class UsageCache:
     def _arrays_with_fill(self):
         return ((self.total_mem, 0), (self.total_cores, 0), (self.count, 0), (self.numa, 0),
                 (self.health, 0), (self.vendor, -1), (self.used_mem, 0), (self.used_cores, 0),
-                (self.used, 0))
+                (self.used, 0), (self.dev_mig, 0), (self.mig_used, 0), (self.mig_prof_off, 0),
+                (self.mig_prof_len, 0))
+
+    def _profile_table(self, dev: DeviceInfo) -> tuple[int, int]:
+        """Where a MIG GPU's profiles sit in the profile table (shared by identical GPUs)."""
+        key = tuple((p.name, p.memory_mb, p.core, p.slice_count, tuple((q.start, q.size) for q in p.placements))
+                    for p in dev.mig_profiles)
+        known = self._profile_tables.get(key)
+        if known is not None:
+            return known
+        first_by_name: dict[str, list] = {}
+        for p in dev.mig_profiles:
+            first_by_name.setdefault(p.name, p.placements)
+        offset = len(self.prof_mem)
+        for p in sorted(dev.mig_profiles, key=lambda p: (p.memory_mb, p.slice_count)):
+            high_first = p.name.startswith(("1g.", "3g."))
+            places = sorted(first_by_name[p.name], key=lambda q: q.start, reverse=high_first)
+            places = [q for q in places if 0 <= q.start and 0 < q.size and q.start + q.size <= 62]
+            self.prof_mem.append(p.memory_mb)
+            self.prof_core.append(p.core)
+            self.prof_names.append(p.name)
+            self.prof_place_off.append(len(self.place_mask))
+            self.prof_place_len.append(len(places))
+            for q in places:
+                self.place_mask.append(((1 << q.size) - 1) << q.start)
+                self.place_spans.append((q.start, q.size))
+        table = (offset, len(dev.mig_profiles))
+        self._profile_tables[key] = table
+        return table
 
     def _kill_slice(self, entry: NodeEntry) -> None:
         for j in range(entry.offset, entry.offset + entry.length):
@@ -362,6 +408,7 @@ class UsageCache:
             self.used[j] = 0
             self.used_mem[j] = 0
             self.used_cores[j] = 0
+            self.mig_used[j] = 0
         for uid in self.node_pods.get(entry.name, ()):
             pod = self.pods[uid]
             pod.resolved = self._resolve(pod)
@@ -384,7 +431,8 @@ class UsageCache:
             e.uuid_to_slot = {uuid: pos + (slot - old) for uuid, slot in e.uuid_to_slot.items()}
             pos += e.length
         (self.total_mem, self.total_cores, self.count, self.numa, self.health, self.vendor,
-         self.used_mem, self.used_cores, self.used) = new_cols
+         self.used_mem, self.used_cores, self.used, self.dev_mig, self.mig_used, self.mig_prof_off,
+         self.mig_prof_len) = new_cols
         self.device_ids = new_ids
         self._dead_slots = 0
         for pod in self.pods.values():
@@ -427,6 +475,30 @@ class UsageCache:
             self.used[j] += sign * e.slots
             self.used_mem[j] += sign * e.mem
             self.used_cores[j] += sign * e.cores
+        if pod.mig:
+            entry = self.nodes.get(pod.node)
+            if entry is None:
+                return
+            if sign > 0:
+                for uuid, mask in pod.mig:
+                    j = entry.uuid_to_slot.get(uuid, -1)
+                    if j >= 0:
+                        self.mig_used[j] |= mask
+            else:
+                self._refresh_mig(entry, pod.uid)
+
+    def _refresh_mig(self, entry: NodeEntry, leaving: str) -> None:
+        """Slices are a union, not a sum: recompute them from the node's other pods."""
+        slots = {j for j in range(entry.offset, entry.offset + entry.length) if self.dev_mig[j]}
+        for j in slots:
+            self.mig_used[j] = 0
+        for uid in self.node_pods.get(entry.name, ()):
+            if uid == leaving:
+                continue
+            for uuid, mask in self.pods[uid].mig:
+                j = entry.uuid_to_slot.get(uuid, -1)
+                if j in slots:
+                    self.mig_used[j] |= mask
 
     def add_pod_usage(self, pod: PodUsage) -> None:
         """Charge a pod's usage; a pod already charged is replaced (add is idempotent per UID)."""
@@ -434,7 +506,7 @@ class UsageCache:
             self.released.pop(pod.uid, None)
         old = self.pods.get(pod.uid)
         if old is not None:
-            if old.node == pod.node and old.entries == pod.entries:
+            if old.node == pod.node and old.entries == pod.entries and old.mig == pod.mig:
                 old.resource_version = pod.resource_version or old.resource_version
                 old.reserved = pod.reserved
                 return
@@ -479,13 +551,18 @@ class UsageCache:
         num_init = len(spec.get("initContainers") or [])
         init_done = num_init > 0 and init_containers_done(pod)
         entries: list[UsageEntry] = []
+        mig: list[tuple[str, int]] = []
         for key, vendor in self.vendors.items():
             devices = vendor.decode_allocation(annotations)
             if devices:
                 entries.extend(collapse(devices, key, num_init, init_done))
+            decode_mig = getattr(vendor, "decode_mig_allocations", None)
+            if decode_mig is not None:
+                mig.extend((uuid, ((1 << size) - 1) << start) for uuid, start, size in decode_mig(annotations)
+                           if start + size <= 62)
         return PodUsage(uid=meta.get("uid", ""), namespace=meta.get("namespace", ""),
                         name=meta.get("name", ""), node=node, entries=entries,
-                        resource_version=_rv(pod))
+                        resource_version=_rv(pod), mig=mig)
 
     def on_pod_event(self, event_type: str, pod: dict) -> None:
         meta = pod.get("metadata") or {}
@@ -515,6 +592,11 @@ class UsageCache:
             # confirmed yet stays; one the API server has seen and that is now gone is released.
             if current is not None and current.resource_version is not None and rv is not None:
                 self.remove_pod(uid)
+            return
+        if current is not None and current.reserved and current.resource_version is None \
+                and (usage.node, usage.entries) != (current.node, current.entries):
+            # Our patch of this pod is still in flight, so any other decision the object shows
+            # predates it (a relist or a late event): keep the newer reservation charged.
             return
         if self.released.get(uid) == (usage.node, usage.entries) and not (pod.get("spec") or {}).get("nodeName"):
             # The annotations still show a decision we rolled back. A pod that is bound all the

@@ -49,6 +49,7 @@ NUMA_BIND_ANNOTATION = "nvidia.com/numa-bind"
 # Device modes a plugin registers
 MODE_HAMI_CORE = "hami-core"
 MODE_MIG = "mig"
+MIG_ALLOCATIONS_ANNOTATION = "hami.io/vgpu-mig-allocations"
 MODE_MPS = "mps"
 
 # Key of DeviceInfo.custom holding {other_uuid: score} from the pair-score annotation.
@@ -507,6 +508,43 @@ class NvidiaVendor:
             return {}
         text = encode_pod_devices(pod_devices)
         return {TO_ALLOCATE_ANNOTATION: text, ALLOCATED_ANNOTATION: text}
+
+    def encode_mig_allocations(self, instances: list[dict]) -> dict[str, str]:
+        """``hami.io/vgpu-mig-allocations``: the MIG instances this decision reserved, as upstream
+        writes them (containerIndex, deviceIndex, gpuUUID, profile, placement{start,size})."""
+        if not instances:
+            return {}
+        return {MIG_ALLOCATIONS_ANNOTATION: orjson.dumps(instances).decode()}
+
+    def decode_mig_allocations(self, annotations: dict[str, str]) -> list[tuple[str, int, int]]:
+        """(gpuUUID, placement start, size) per instance; [] when absent or invalid, as upstream
+        treats an annotation it cannot trust."""
+        text = annotations.get(MIG_ALLOCATIONS_ANNOTATION)
+        if not text:
+            return []
+        try:
+            items = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return []
+        if not isinstance(items, list):
+            return []
+        out, seen = [], set()
+        for item in items:
+            if not isinstance(item, dict):
+                return []
+            place = item.get("placement")
+            ci, di, uuid, profile = (item.get("containerIndex"), item.get("deviceIndex"),
+                                     item.get("gpuUUID"), item.get("profile"))
+            runtime = [item.get(k) is not None for k in ("migUUID", "gpuInstanceID", "computeInstanceID")]
+            if (not isinstance(ci, int) or not isinstance(di, int) or ci < 0 or di < 0
+                    or not isinstance(uuid, str) or not uuid or not isinstance(profile, str) or not profile
+                    or not isinstance(place, dict) or not isinstance(place.get("start"), int)
+                    or not isinstance(place.get("size"), int) or place["start"] < 0 or place["size"] <= 0
+                    or (any(runtime) and not all(runtime)) or (ci, di) in seen):
+                return []
+            seen.add((ci, di))
+            out.append((uuid, place["start"], place["size"]))
+        return out
 
     def decode_allocation(self, annotations: dict[str, str]) -> PodDevices | None:
         """The allocation recorded in ``hami.io/vgpu-devices-allocated``, or None if absent."""

@@ -13,6 +13,7 @@ from array import array
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
 from hami_py.devices.base import ContainerDevice, DeviceVendor, PodDevices
+from hami_py.devices.nvidia import VGPU_MODE_ANNOTATION
 from hami_py.scheduling import reasons as R
 from hami_py.scheduling.policies import Policies, pod_policies
 from hami_py.scheduling.requests import PodRequest
@@ -97,13 +98,20 @@ class Filterer:
         out_dev = array("i", bytes(4 * k))
         out_mem = array("q", bytes(8 * k))
         out_cores = array("i", bytes(4 * k))
+        out_prof = array("i", bytes(4 * k))
+        out_place = array("i", bytes(4 * k))
+        mode = annotations.get(VGPU_MODE_ANNOTATION)
+        mig_ok = mode is None or "mig" in mode
         best = self.kernel(
             cache.total_mem, cache.total_cores, cache.count, cache.numa, cache.health, cache.vendor,
             cache.used_mem, cache.used_cores, cache.used,
             cache.node_offset, cache.node_len, cand_idx, request.rows, mask,
             policies.node, policies.gpu, int(policies.numa_bind), int(policies.mutex), *policies.weights,
             quota_mem, quota_cores, int(policies.topology), cache.pair_score, cache.node_pair_offset,
-            out_status, out_reasons, out_total, out_score, out_row, out_dev, out_mem, out_cores)
+            int(mig_ok), cache.dev_mig, cache.mig_used, cache.mig_prof_off, cache.mig_prof_len,
+            cache.prof_mem, cache.prof_core, cache.prof_place_off, cache.prof_place_len, cache.place_mask,
+            out_status, out_reasons, out_total, out_score, out_row, out_dev, out_mem, out_cores,
+            out_prof, out_place)
 
         failed: dict[str, str] = {}
         for c, status in enumerate(out_status):
@@ -122,33 +130,48 @@ class Filterer:
             return FilterDecision(None, failed, scored=scored)
 
         winner = node_names[best]
-        allocation = self._allocation(request, out_row, out_dev, out_mem, out_cores)
+        allocation, mig = self._allocation(request, out_row, out_dev, out_mem, out_cores, out_prof, out_place)
         pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
         for key, devices in allocation.items():
-            pod_annotations.update(self.vendors[key].encode_allocation(devices))
+            vendor = self.vendors[key]
+            pod_annotations.update(vendor.encode_allocation(devices))
+            if mig.get(key):
+                pod_annotations.update(vendor.encode_mig_allocations(mig[key]))
         reservation = None
         if reserve:
             entries = []
             for key, devices in allocation.items():
                 entries.extend(collapse(devices, key, request.num_init, False))
+            masks = [(i["gpuUUID"], ((1 << i["placement"]["size"]) - 1) << i["placement"]["start"])
+                     for instances in mig.values() for i in instances]
             reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
-                                   node=winner, entries=entries, reserved=True)
+                                   node=winner, entries=entries, reserved=True, mig=masks)
             cache.add_pod_usage(reservation)
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, scored)
 
-    def _allocation(self, request: PodRequest, out_row, out_dev, out_mem, out_cores) -> dict[str, PodDevices]:
+    def _allocation(self, request: PodRequest, out_row, out_dev, out_mem, out_cores, out_prof,
+                    out_place) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:
         """Per vendor, one device list per container (init first), aligned by container position:
-        a container that asks nothing of a vendor keeps an empty slot in that vendor's list."""
+        a container that asks nothing of a vendor keeps an empty slot in that vendor's list.
+        Also the MIG instances, per vendor, as upstream's ``hami.io/vgpu-mig-allocations`` lists them."""
         n_containers = len(request.containers)
         allocation: dict[str, PodDevices] = {
             key: [[] for _ in range(n_containers)] for key in dict.fromkeys(request.row_vendor)}
-        ids = self.cache.device_ids
+        mig: dict[str, list[dict]] = {}
+        cache = self.cache
+        ids = cache.device_ids
         for i in range(request.total_nums):
             r = out_row[i]
             key = request.row_vendor[r]
-            allocation[key][request.row_container[r]].append(
-                ContainerDevice(ids[out_dev[i]], key, out_mem[i], out_cores[i]))
-        return allocation
+            container = request.row_container[r]
+            devices = allocation[key][container]
+            if out_prof[i] >= 0:
+                start, size = cache.place_spans[out_place[i]]
+                mig.setdefault(key, []).append({
+                    "containerIndex": container, "deviceIndex": len(devices), "gpuUUID": ids[out_dev[i]],
+                    "profile": cache.prof_names[out_prof[i]], "placement": {"start": start, "size": size}})
+            devices.append(ContainerDevice(ids[out_dev[i]], key, out_mem[i], out_cores[i]))
+        return allocation, mig
 
     def _device_mask(self, pod_annotations: dict[str, str], node_names: list[str], cand_idx: array,
                      request: PodRequest) -> array:

@@ -88,8 +88,10 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                  rows, mask,
                  node_policy, gpu_policy, numa_bind, mutex, w_slot, w_core, w_mem,
                  quota_mem, quota_cores, topology, pair_score, node_pair_offset,
+                 mig_ok, dev_mig, mig_used, mig_prof_off, mig_prof_len, prof_mem, prof_core,
+                 prof_place_off, prof_place_len, place_mask,
                  out_status, out_reasons, out_total, out_score,
-                 out_row, out_dev, out_mem, out_cores):
+                 out_row, out_dev, out_mem, out_cores, out_prof, out_place):
     """Fit the pod on every candidate node, score, and choose.
 
     ``candidates`` holds node indexes; -1 stands for a name the cache does not know (reported as
@@ -99,11 +101,20 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
     best-connected set is kept, by the pair scores in ``pair_score`` (an n x n block per node at
     ``node_pair_offset[node]``, -1 when the node published none).
 
+    MIG: a device with ``dev_mig`` set hands out MIG instances. Its profiles are
+    ``[mig_prof_off[j], +mig_prof_len[j])`` in the profile table (sorted by memory, then slices), each
+    with its placements in the order they are tried, as bit masks of the GPU's slices; ``mig_used``
+    holds the slices taken. A request fits when some profile with enough memory has a free placement;
+    the instance then counts the profile's memory and cores, and the same GPU is offered again so one
+    container may get several instances of it. ``mig_ok`` is false when the pod's
+    ``nvidia.com/vgpu-mode`` rules MIG out (then the device-count precheck is not relaxed).
+
     Per candidate position ``c``: ``out_status[c]`` (reasons.NODE_*), ``out_score[c]``, and for a
     device-level failure ``out_reasons[c * N_DEVICE_REASONS + r]`` counts and ``out_total[c]`` (the
     number of candidate devices of the failing request). Returns the winning candidate position,
     or -1; the winner's devices are written to ``out_row/out_dev/out_mem/out_cores`` (one entry per
-    device given, in request order) and their number is ``sum(nums)``.
+    device given, in request order) and their number is ``sum(nums)``; ``out_prof``/``out_place``
+    name the MIG profile and placement of each (-1 for a shared, non-MIG device).
     """
     n_rows = len(rows) // ROW_WIDTH
     has_mask = len(mask) > 0
@@ -135,7 +146,8 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
         app_used = [used[j] for j in range(off, off + n)]
         app_mem = [used_mem[j] for j in range(off, off + n)]
         app_cores = [used_cores[j] for j in range(off, off + n)]
-        chosen = []  # (row, slot, mem, cores)
+        app_mig = [mig_used[j] for j in range(off, off + n)]
+        chosen = []  # (row, slot, mem, cores, profile, placement)
         # The pod's own usage so far on this node, per device: peak over init containers, sum over
         # app containers (the quota check charges the pod as the cache will: max of the two).
         q_init_mem = [0] * n
@@ -154,8 +166,9 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                     s_used_l = [used[j] for j in range(off, off + n)]
                     s_mem_l = [used_mem[j] for j in range(off, off + n)]
                     s_cores_l = [used_cores[j] for j in range(off, off + n)]
+                    s_mig_l = [mig_used[j] for j in range(off, off + n)]
             else:
-                s_used_l, s_mem_l, s_cores_l = app_used, app_mem, app_cores
+                s_used_l, s_mem_l, s_cores_l, s_mig_l = app_used, app_mem, app_cores, app_mig
             current_container = container
             v = rows[base + ROW_VENDOR]
             nums = rows[base + ROW_NUMS]
@@ -163,7 +176,7 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
             mempct = rows[base + ROW_MEMPCT]
             cores = min(rows[base + ROW_CORESREQ], 100)
             cands = [k for k in range(n) if vendor[off + k] == v]
-            if nums > len(cands):
+            if nums > len(cands) and not (mig_ok and any(dev_mig[off + k] for k in cands)):
                 status = R.NODE_INSUFFICIENT_DEVICE
                 break
             is_init = rows[base + ROW_IS_INIT]
@@ -178,10 +191,20 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                 keyed.append((_preference_key(sc, numa[j], k, s_used_l[k], gpu_policy, numa_bind), k))
             keyed.sort()
             counts = [0] * nr
-            picked = []
+            picked = []   # (k, mem, profile, placement)
+            pick_occ = [0] * n   # MIG slices taken by this row's own picks, per device
             need = nums
             prev_numa = -1
-            for _, k in keyed:
+            walk = [k for _, k in keyed]
+            i = -1
+            revisit = False
+            while True:
+                if not revisit:
+                    i += 1
+                revisit = False
+                if i >= len(walk):
+                    break
+                k = walk[i]
                 j = off + k
                 if not health[j]:
                     counts[R.CARD_NOT_HEALTH] += 1
@@ -191,9 +214,10 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                     counts[m] += 1
                     continue
                 if numa_bind and numa[j] != prev_numa:
-                    if picked:
+                    if picked and not topology:
                         counts[R.NUMA_NOT_FIT] += len(picked)
                     picked = []
+                    pick_occ = [0] * n
                     need = nums
                     prev_numa = numa[j]
                 if m != 0:
@@ -224,7 +248,16 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                 if total_cores[j] != 0 and s_cores_l[k] == total_cores[j] and cores == 0:
                     counts[R.CARD_COMPUTE_UNITS_EXHAUSTED] += 1
                     continue
-                picked.append((k, mem))
+                prof = place = -1
+                if dev_mig[j]:
+                    prof, place = _mig_select(j, s_mig_l[k] | pick_occ[k], mem, mig_prof_off, mig_prof_len,
+                                              prof_mem, prof_place_off, prof_place_len, place_mask)
+                    if prof < 0:
+                        counts[R.CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
+                        continue
+                    pick_occ[k] |= place_mask[place]
+                    revisit = True  # a MIG GPU may give this container another instance
+                picked.append((k, mem, prof, place))
                 if not topology:
                     need -= 1
                     if need == 0:
@@ -241,17 +274,21 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                     out_reasons[c * nr + i] = counts[i]
                 out_total[c] = len(cands)
                 break
-            for k, mem in picked:
+            for k, mem, prof, place in picked:
+                use_mem, use_cores = mem, cores
+                if prof >= 0:  # a MIG instance is charged as its profile
+                    use_mem, use_cores = prof_mem[prof], prof_core[prof]
+                    s_mig_l[k] |= place_mask[place]
                 s_used_l[k] += 1
-                s_mem_l[k] += mem
-                s_cores_l[k] += cores
+                s_mem_l[k] += use_mem
+                s_cores_l[k] += use_cores
                 if is_init:
-                    q_init_mem[k] = max(q_init_mem[k], mem)
-                    q_init_cores[k] = max(q_init_cores[k], cores)
+                    q_init_mem[k] = max(q_init_mem[k], use_mem)
+                    q_init_cores[k] = max(q_init_cores[k], use_cores)
                 else:
-                    q_app_mem[k] += mem
-                    q_app_cores[k] += cores
-                chosen.append((r, off + k, mem, cores))
+                    q_app_mem[k] += use_mem
+                    q_app_cores[k] += use_cores
+                chosen.append((r, off + k, use_mem, use_cores, prof, place))
         out_status[c] = status
         if status != R.NODE_FIT:
             continue
@@ -260,11 +297,13 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
         if better:
             best = c
             best_score = node_score
-            for i, (r, slot, mem, cores_) in enumerate(chosen):
+            for i, (r, slot, mem, cores_, prof, place) in enumerate(chosen):
                 out_row[i] = r
                 out_dev[i] = slot
                 out_mem[i] = mem
                 out_cores[i] = cores_
+                out_prof[i] = prof
+                out_place[i] = place
     return best
 
 
@@ -275,7 +314,7 @@ def _pod_total(cands, off, vendor, v, is_init, picked, k_extra, mem_extra, cores
     tm = tc = 0
     for k in cands:
         add_m = add_c = 0
-        for pk, pm in picked:
+        for pk, pm, _, _ in picked:
             if pk == k:
                 add_m += pm
                 add_c += cores_extra
@@ -300,10 +339,10 @@ def _topology_pick(picked, nums, pair_score, poff, n):
 
     if nums == 1:
         best, best_total = None, 0
-        for k, mem in picked:
-            total = sum(score(k, k2) for k2, _ in picked if k2 != k)
+        for entry in picked:
+            total = sum(score(entry[0], other[0]) for other in picked if other[0] != entry[0])
             if best is None or total < best_total:
-                best, best_total = (k, mem), total
+                best, best_total = entry, total
         return [best]
     best, best_total = None, 0
     for combo in combinations(picked, nums):
@@ -311,3 +350,16 @@ def _topology_pick(picked, nums, pair_score, poff, n):
         if best is None or total > best_total:
             best, best_total = list(combo), total
     return best
+
+
+def _mig_select(j, occupied, mem, mig_prof_off, mig_prof_len, prof_mem, prof_place_off, prof_place_len,
+                place_mask):
+    """Upstream's MIG choice: the smallest profile with enough memory that has a placement free of
+    ``occupied`` (placements in their try order). (profile, placement) indexes, or (-1, -1)."""
+    for p in range(mig_prof_off[j], mig_prof_off[j] + mig_prof_len[j]):
+        if prof_mem[p] < mem:
+            continue
+        for q in range(prof_place_off[p], prof_place_off[p] + prof_place_len[p]):
+            if not place_mask[q] & occupied:
+                return p, q
+    return -1, -1

@@ -1,0 +1,68 @@
+"""MIG: GPUs in MIG mode hand out instances of their profiles at free placements, recorded in
+``hami.io/vgpu-mig-allocations`` and rebuilt from it after a restart."""
+from __future__ import annotations
+
+import orjson
+
+from hami_py.embedded import running_scheduler
+from hami_py.fakeapi.objects import H200, gpu_node, gpu_pod, registration
+from tests.conftest import assert_books_balance, wait_until
+
+# An H200's GPU-instance profiles (see the shared nvidia-h200 fixture), memory in MiB.
+H200_MIG_PROFILES = [
+    {"name": "1g.18gb", "memoryMB": 16384, "core": 14, "sliceCount": 1,
+     "placements": [{"start": s, "size": 1} for s in range(7)]},
+    {"name": "3g.71gb", "memoryMB": 69632, "core": 42, "sliceCount": 3,
+     "placements": [{"start": 0, "size": 4}, {"start": 4, "size": 4}]},
+    {"name": "7g.141gb", "memoryMB": 143360, "core": 100, "sliceCount": 7, "placements": [{"start": 0, "size": 8}]},
+]
+
+
+def _mig_node(name="n1"):
+    devices = registration(name, gpus=1, model=H200, mode="mig")
+    devices[0]["migProfiles"] = H200_MIG_PROFILES
+    return gpu_node(name, devices=devices)
+
+
+def _mig_allocations(api, pod):
+    text = api.get("pods", pod, namespace="default")["metadata"]["annotations"].get("hami.io/vgpu-mig-allocations")
+    return orjson.loads(text) if text else []
+
+
+async def test_mig_instances_are_placed_recorded_and_rebuilt(api, app, extender):
+    api.create("nodes", _mig_node())
+    await wait_until(lambda: "n1" in app.cache.nodes, "MIG node registered")
+    small = api.create("pods", gpu_pod("small", gpumem=10000))
+    assert (await extender.filter(small, ["n1"]))["NodeNames"] == ["n1"]
+    [inst] = _mig_allocations(api, "small")
+    assert inst["profile"] == "1g.18gb" and inst["placement"] == {"start": 6, "size": 1}
+    assert (inst["containerIndex"], inst["deviceIndex"]) == (0, 0)
+    ann = api.get("pods", "small", namespace="default")["metadata"]["annotations"]
+    assert ann["hami.io/vgpu-devices-allocated"].split(",")[2] == "16384"  # charged as the profile
+    big = api.create("pods", gpu_pod("big", gpumem=60000))
+    assert (await extender.filter(big, ["n1"]))["NodeNames"] == ["n1"]
+    [inst] = _mig_allocations(api, "big")
+    assert inst["profile"] == "3g.71gb" and inst["placement"] == {"start": 0, "size": 4}
+    whole = api.create("pods", gpu_pod("whole", gpumem=40000))
+    assert (await extender.filter(whole, ["n1"]))["FailedNodes"] == {"n1": "1/1 CardMigTopologyInfeasible"}
+    assert_books_balance(app)
+    # A fresh scheduler rebuilds the taken slices from the annotations.
+    async with running_scheduler(api, device_plugin=False) as second:
+        await wait_until(lambda: "n1" in second.cache.nodes and len(second.cache.pods) == 2, "rebuilt")
+        j = second.cache.nodes["n1"].offset
+        assert second.cache.mig_used[j] == app.cache.mig_used[j] == (1 << 6) | 0b1111
+    api.delete("pods", "big", namespace="default")
+    await wait_until(lambda: app.cache.mig_used[app.cache.nodes["n1"].offset] == 1 << 6, "slices freed")
+
+
+async def test_several_instances_for_one_container_and_vgpu_mode_gate(api, app, extender):
+    api.create("nodes", _mig_node())
+    await wait_until(lambda: "n1" in app.cache.nodes, "MIG node registered")
+    pod = api.create("pods", gpu_pod("two", gpus=2, gpumem=10000))
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    insts = _mig_allocations(api, "two")
+    assert [i["deviceIndex"] for i in insts] == [0, 1]
+    assert [i["placement"]["start"] for i in insts] == [6, 5]
+    # A pod that insists on hami-core sharing cannot use a MIG GPU.
+    core = api.create("pods", gpu_pod("core", gpumem=1000, annotations={"nvidia.com/vgpu-mode": "hami-core"}))
+    assert (await extender.filter(core, ["n1"]))["FailedNodes"] == {"n1": "1/1 CardTypeMismatch"}
