@@ -7,20 +7,27 @@ update, so no lock is needed around the books.
 from __future__ import annotations
 
 import asyncio
-import ssl
+import os
 from dataclasses import dataclass, field
 
 import structlog
 from aiohttp import web
 
+from hami_py.allocation_metrics import AllocationMetrics, quota_samples
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
 from hami_py.http.server import DEFAULT_BODY_LIMIT, build_app, build_metrics_app
+from hami_py.http.tls import DEFAULT_CHECK_INTERVAL_S, ReloadingTLS
+from hami_py.http.webhook import webhook_route
 from hami_py.k8s.client import KubeClient
+from hami_py.k8s.events import DEFAULT_QUEUE_SIZE, EventRecorder
 from hami_py.k8s.informer import Informer
+from hami_py.k8s.leader import build_leadership, check_leader_options, leader_identity
 from hami_py.k8s.nodelock import NodeLocker
+from hami_py.k8s.registration import RegistrationKeeper
 from hami_py.metrics import Metrics
+from hami_py.scheduling.admission import AdmissionSettings
 from hami_py.scheduling.bind import Binder
 from hami_py.scheduling.filter import Filterer
 from hami_py.scheduling.service import SchedulerService
@@ -56,6 +63,16 @@ class Options:
     verbosity: int = 0
     body_limit: int = DEFAULT_BODY_LIMIT
     sync_timeout_s: float = 30.0
+    # Registration upkeep and leadership (hami_py/k8s/registration.py, leader.py). Not flags
+    # upstream: the timeout and interval are its hard-coded values, the names come from the
+    # machine ($POD_NAME/$POD_NAMESPACE, hostname); tests set them.
+    handshake_timeout_s: float = 60.0
+    registration_interval_s: float = 15.0
+    hostname: str = ""          # identity looked for in the Lease; empty = socket.gethostname()
+    pod_name: str = ""          # empty = $POD_NAME (scheduler-role label)
+    pod_namespace: str = ""     # empty = $POD_NAMESPACE
+    event_queue_size: int = DEFAULT_QUEUE_SIZE  # Kubernetes Events waiting to be written; more are dropped
+    cert_check_interval_s: float = DEFAULT_CHECK_INTERVAL_S  # how often a handshake re-checks the cert files
 
 
 def split_host_port(address: str, *, default_host: str) -> tuple[str, int]:
@@ -78,7 +95,17 @@ class SchedulerApp:
         self.configuration = configuration
         self.vendors = build_vendors(device_config)
         self.metrics = Metrics()
-        self.cache = UsageCache(self.vendors, node_selector=options.node_label_selector)
+        self.cache = UsageCache(self.vendors, node_selector=options.node_label_selector,
+                                handshake_timeout_s=options.handshake_timeout_s)
+        self.identity = leader_identity(options.hostname)
+        check_leader_options(leader_elect=options.leader_elect, name=options.leader_elect_resource_name,
+                             namespace=options.leader_elect_resource_namespace, identity=self.identity)
+        self.leadership = None     # StaticLeadership or LeaseLeadership, built in start()
+        self.keeper: RegistrationKeeper | None = None
+        self._caches_synced = False
+        self.allocation_metrics = AllocationMetrics(self.cache, legacy=options.legacy_metrics,
+                                                    quotas=lambda: quota_samples(self.cache.quota))
+        self.events: EventRecorder | None = None
         self.client: KubeClient | None = None
         self.service: SchedulerService | None = None
         self.informers: list[Informer] = []
@@ -87,6 +114,10 @@ class SchedulerApp:
         self.metrics_url = ""
         self._sync_task: asyncio.Task | None = None
         self.device_plugin = None  # set by the embedded harness when it simulates one
+        # Admission quota pre-check: fit_quota(namespace, vendor_key, memory_mib, cores) -> bool,
+        # answered by the ResourceQuota book the quota watch keeps.
+        self.fit_quota = self.cache.quota.fits
+        self.tls: ReloadingTLS | None = None
 
     @property
     def ready(self) -> bool:
@@ -96,36 +127,85 @@ class SchedulerApp:
         o = self.options
         self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout)
         locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s)
-        binder = Binder(client=self.client, cache=self.cache, locker=locker,
-                        lock_retry_timeout_s=o.node_lock_retry_timeout_s)
         filterer = Filterer(self.cache, self.vendors, default_node_policy=o.node_scheduler_policy,
                             default_gpu_policy=o.gpu_scheduler_policy)
+        # Events get their own --kube-qps/--kube-burst budget so they never delay a patch or Binding.
+        self.events = EventRecorder(self.client, component=o.scheduler_name, metrics=self.metrics,
+                                    queue_size=o.event_queue_size, qps=o.kube_qps, burst=o.kube_burst,
+                                    node_policy=lambda pod: filterer.policies(pod).node_name)
+        self.events.start()
+        binder = Binder(client=self.client, cache=self.cache, locker=locker,
+                        lock_retry_timeout_s=o.node_lock_retry_timeout_s, on_result=self.events.on_bind)
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
-                                        binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s)
+                                        binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
+                                        events=self.events.on_filter)
+        self.leadership = build_leadership(
+            leader_elect=o.leader_elect, client=self.client, namespace=o.leader_elect_resource_namespace,
+            name=o.leader_elect_resource_name, identity=self.identity, on_change=self._on_leadership)
+        self.keeper = RegistrationKeeper(
+            client=self.client, cache=self.cache, vendors=self.vendors, leadership=self.leadership,
+            handshake_timeout_s=o.handshake_timeout_s, interval_s=o.registration_interval_s,
+            pod_name=o.pod_name or os.environ.get("POD_NAME", ""),
+            pod_namespace=o.pod_namespace or os.environ.get("POD_NAMESPACE", ""))
         selector = ",".join(f"{k}={v}" for k, v in o.node_label_selector.items()) or None
         self.informers = [
             Informer(client=self.client, path="/api/v1/nodes", label_selector=selector,
-                     on_event=self._on_node_event, on_relist=lambda items, rv: self.cache.replace_nodes(items)),
+                     on_event=self._on_node_event, on_relist=self._on_node_relist),
             Informer(client=self.client, path="/api/v1/pods", on_event=self._on_pod_event,
-                     on_relist=self.cache.replace_pods),
+                     on_relist=self._on_pod_relist),
+            Informer(client=self.client, path="/api/v1/resourcequotas", on_event=self._on_quota_event,
+                     on_relist=lambda items, rv: self.cache.quota.replace(items)),
         ]
         for informer in self.informers:
             informer.start()
+        self.leadership.start()
         self._sync_task = asyncio.create_task(self._mark_synced())
 
+        webhook = webhook_route(
+            settings=AdmissionSettings(scheduler_name=o.scheduler_name,
+                                       force_overwrite_default_scheduler=o.force_overwrite_default_scheduler),
+            vendors=self.vendors, fit_quota=lambda *request: self.fit_quota(*request),
+            metrics=self.metrics, body_limit=o.body_limit)
         app = build_app(service=self.service, metrics=self.metrics, ready=lambda: self.ready,
-                        body_limit=o.body_limit)
+                        body_limit=o.body_limit, extra_routes=[webhook])
         host, port = split_host_port(o.http_bind, default_host="0.0.0.0")
-        self.url = await self._serve(app, host, port, self._tls_context())
+        if o.cert_file and o.key_file:
+            self.tls = ReloadingTLS(cert_file=o.cert_file, key_file=o.key_file,
+                                    check_interval_s=o.cert_check_interval_s)
+        self.url = await self._serve(app, host, port, self.tls.context if self.tls else None)
         if o.metrics_bind_address:
             mhost, mport = split_host_port(o.metrics_bind_address, default_host="0.0.0.0")
-            self.metrics_url = await self._serve(build_metrics_app(self.metrics), mhost, mport, None)
+            metrics_app = build_metrics_app(self.metrics, extra=self.allocation_metrics.chunks)
+            self.metrics_url = await self._serve(metrics_app, mhost, mport, None)
         log.info("hami-scheduler serving", url=self.url, metrics=self.metrics_url)
 
     async def _mark_synced(self) -> None:
-        await asyncio.gather(*(i.synced.wait() for i in self.informers))
-        self.service.synced.set()
-        log.info("usage cache synced", nodes=len(self.cache.nodes), pods=len(self.cache.pods))
+        await asyncio.gather(*(i.synced.wait() for i in self.informers), self.leadership.synced.wait())
+        self._caches_synced = True
+        self.keeper.start()
+        self._update_serving()
+        log.info("usage cache synced", nodes=len(self.cache.nodes), pods=len(self.cache.pods),
+                 leader=self.leadership.is_leader)
+
+    def _update_serving(self) -> None:
+        """/filter answers only while the caches are in and this replica leads (upstream's
+        ``synced``); a follower's requests wait, and are served if it becomes leader in time."""
+        if self._caches_synced and self.leadership.is_leader:
+            self.service.synced.set()
+        else:
+            self.service.synced.clear()
+
+    def _on_leadership(self, leading: bool) -> None:
+        self.keeper.leadership_changed(leading)
+        self._update_serving()
+
+    def _on_node_relist(self, nodes: list[dict], _rv: int | None) -> None:
+        self.cache.replace_nodes(nodes)
+        self.keeper.replace_nodes(nodes)
+
+    def _on_pod_relist(self, pods: list[dict], rv: int | None) -> None:
+        self.cache.replace_pods(pods, rv)
+        self.keeper.replace_pods(pods)
 
     def _on_node_event(self, kind: str, node: dict) -> None:
         self.metrics.watch_events.labels("nodes").inc()
@@ -133,18 +213,19 @@ class SchedulerApp:
             self.cache.remove_node((node.get("metadata") or {}).get("name", ""))
         else:
             self.cache.upsert_node(node)
+        self.keeper.observe_node(kind, node)
+
+    def _on_quota_event(self, kind: str, quota: dict) -> None:
+        self.metrics.watch_events.labels("resourcequotas").inc()
+        if kind == "DELETED":
+            self.cache.quota.remove(quota)
+        else:
+            self.cache.quota.upsert(quota)
 
     def _on_pod_event(self, kind: str, pod: dict) -> None:
         self.metrics.watch_events.labels("pods").inc()
         self.cache.on_pod_event(kind, pod)
-
-    def _tls_context(self) -> ssl.SSLContext | None:
-        o = self.options
-        if not (o.cert_file and o.key_file):
-            return None
-        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ctx.load_cert_chain(o.cert_file, o.key_file)
-        return ctx
+        self.keeper.observe_pod(kind, pod)
 
     async def _serve(self, app: web.Application, host: str, port: int, ssl_context) -> str:
         runner = web.AppRunner(app, access_log=None)
@@ -163,8 +244,14 @@ class SchedulerApp:
             self._sync_task.cancel()
         for informer in self.informers:
             await informer.stop()
+        if self.keeper is not None:
+            await self.keeper.stop()
+        if self.leadership is not None:
+            await self.leadership.stop()
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        if self.events is not None:
+            await self.events.stop()   # after the servers: no new events; before the client closes
         if self.client is not None:
             await self.client.close()
