@@ -22,7 +22,7 @@ from hami_py.http.tls import DEFAULT_CHECK_INTERVAL_S, ReloadingTLS
 from hami_py.http.webhook import webhook_route
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.events import DEFAULT_QUEUE_SIZE, EventRecorder
-from hami_py.k8s.informer import Informer
+from hami_py.k8s.informer import Informer, PagedRelist
 from hami_py.k8s.leader import build_leadership, check_leader_options, leader_identity
 from hami_py.k8s.nodelock import NodeLocker
 from hami_py.k8s.registration import RegistrationKeeper
@@ -150,9 +150,9 @@ class SchedulerApp:
         selector = ",".join(f"{k}={v}" for k, v in o.node_label_selector.items()) or None
         self.informers = [
             Informer(client=self.client, path="/api/v1/nodes", label_selector=selector,
-                     on_event=self._on_node_event, on_relist=self._on_node_relist),
+                     on_event=self._on_node_event, on_relist=self._node_relist()),
             Informer(client=self.client, path="/api/v1/pods", on_event=self._on_pod_event,
-                     on_relist=self._on_pod_relist),
+                     on_relist=self._pod_relist(), page_size=1000),
             Informer(client=self.client, path="/api/v1/resourcequotas", on_event=self._on_quota_event,
                      on_relist=lambda items, rv: self.cache.quota.replace(items)),
         ]
@@ -199,13 +199,29 @@ class SchedulerApp:
         self.keeper.leadership_changed(leading)
         self._update_serving()
 
-    def _on_node_relist(self, nodes: list[dict], _rv: int | None) -> None:
-        self.cache.replace_nodes(nodes)
-        self.keeper.replace_nodes(nodes)
+    def _node_relist(self) -> PagedRelist:
+        def page(nodes: list[dict]) -> None:
+            self.cache.relist_nodes_page(nodes)
+            for node in nodes:
+                self.keeper.observe_node("ADDED", node)
 
-    def _on_pod_relist(self, pods: list[dict], rv: int | None) -> None:
-        self.cache.replace_pods(pods, rv)
-        self.keeper.replace_pods(pods)
+        def finish(rv: int | None) -> None:
+            self.cache.finish_node_relist(rv)
+            self.keeper.replace_nodes([])  # drop what the cache no longer has
+
+        return PagedRelist(begin=self.cache.begin_node_relist, page=page, finish=finish)
+
+    def _pod_relist(self) -> PagedRelist:
+        def begin() -> None:
+            self.cache.begin_pod_relist()
+            self.keeper.replace_pods([])
+
+        def page(pods: list[dict]) -> None:
+            self.cache.relist_pods_page(pods)
+            for pod in pods:
+                self.keeper.observe_pod("ADDED", pod)
+
+        return PagedRelist(begin=begin, page=page, finish=self.cache.finish_pod_relist)
 
     def _on_node_event(self, kind: str, node: dict) -> None:
         self.metrics.watch_events.labels("nodes").inc()

@@ -1,9 +1,28 @@
-"""Prometheus metrics of the scheduler itself (device allocation metrics join them later)."""
+"""Prometheus metrics of the scheduler itself: request latency, errors, watch and event counts.
+
+The per-device and per-pod allocation gauges are rendered from the usage cache at scrape time by
+``hami_py.allocation_metrics`` and appended to this registry's output on /metrics.
+"""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+import platform
+import sys
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from hami_py import __version__
 
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+
+
+_ARCH = {"x86_64": "amd64", "aarch64": "arm64"}
+# upstream's label names (dashboards select on them); go_version carries the Python runtime here
+BUILD_INFO = {
+    "version": __version__, "revision": "unknown", "build_date": "unknown",
+    "go_version": f"python{platform.python_version()}",
+    "compiler": platform.python_implementation().lower(),
+    "platform": f"{sys.platform}/{_ARCH.get(platform.machine(), platform.machine())}",
+}
 
 
 class Metrics:
@@ -20,3 +39,14 @@ class Metrics:
         self.watch_events = Counter(
             "hami_watch_events_total", "Watch events applied to the usage cache, by resource.",
             ["resource"], registry=self.registry)
+        self.events_written = Counter(
+            "hami_events_written_total", "Kubernetes Events written to the API server.",
+            registry=self.registry)
+        self.events_dropped = Counter(
+            "hami_events_dropped_total",
+            "Kubernetes Events not written, by cause (queue_full, api_error, internal_error).",
+            ["cause"], registry=self.registry)
+        self.build_info = Gauge(
+            "hami_build_info", "Build of this scheduler, as labels; the value is always 1.",
+            list(BUILD_INFO), registry=self.registry)
+        self.build_info.labels(**BUILD_INFO).set(1)

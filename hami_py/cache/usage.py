@@ -193,6 +193,8 @@ class UsageCache:
         self.quota = QuotaBook(vendors, self.vendor_ids)
         self.nodes_synced = False
         self.pods_synced = False
+        self._relist_nodes_seen: set[str] = set()
+        self._relist_pods_seen: set[str] = set()
 
     # ------------------------------------------------------------------ queries
     @property
@@ -453,12 +455,23 @@ class UsageCache:
 
     def replace_nodes(self, nodes: Iterable[dict]) -> None:
         """A fresh list: upsert everything in it, drop every node that is no longer there."""
-        seen = set()
+        self.begin_node_relist()
+        self.relist_nodes_page(nodes)
+        self.finish_node_relist()
+
+    # A relist arrives page by page: apply each page, remember what was seen, diff at the end.
+    def begin_node_relist(self) -> None:
+        self._relist_nodes_seen: set[str] = set()
+
+    def relist_nodes_page(self, nodes: Iterable[dict]) -> None:
         for node in nodes:
             self.upsert_node(node)
-            seen.add((node.get("metadata") or {}).get("name"))
-        for name in [n for n in self.nodes if n not in seen]:
+            self._relist_nodes_seen.add((node.get("metadata") or {}).get("name"))
+
+    def finish_node_relist(self, _list_rv: int | None = None) -> None:
+        for name in [n for n in self.nodes if n not in self._relist_nodes_seen]:
             self.remove_node(name)
+        self._relist_nodes_seen = set()
         self.nodes_synced = True
 
     # ------------------------------------------------------------------ pods
@@ -605,15 +618,25 @@ class UsageCache:
         self.add_pod_usage(usage)
 
     def replace_pods(self, pods: Iterable[dict], list_rv: int | None) -> None:
-        """A fresh list: apply everything in it; pods missing from it were deleted meanwhile.
+        """A fresh list: apply everything in it; pods missing from it were deleted meanwhile."""
+        self.begin_pod_relist()
+        self.relist_pods_page(pods)
+        self.finish_pod_relist(list_rv)
 
-        A reservation whose pod patch is still in flight (no resourceVersion yet) or that is newer
-        than the list is kept: the list simply predates it."""
-        seen = set()
+    def begin_pod_relist(self) -> None:
+        self._relist_pods_seen: set[str] = set()
+
+    def relist_pods_page(self, pods: Iterable[dict]) -> None:
+        seen = self._relist_pods_seen
         for pod in pods:
-            uid = (pod.get("metadata") or {}).get("uid")
-            seen.add(uid)
+            seen.add((pod.get("metadata") or {}).get("uid"))
             self.on_pod_event("ADDED", pod)
+
+    def finish_pod_relist(self, list_rv: int | None) -> None:
+        """Pods the list no longer has were deleted meanwhile. A reservation whose pod patch is
+        still in flight (no resourceVersion yet) or that is newer than the list is kept: the list
+        simply predates it."""
+        seen = self._relist_pods_seen
         for uid in [u for u in self.pods if u not in seen]:
             p = self.pods[uid]
             if p.resource_version is None and p.reserved:
@@ -621,6 +644,7 @@ class UsageCache:
             if list_rv is not None and p.resource_version is not None and p.resource_version > list_rv:
                 continue
             self.remove_pod(uid)
+        self._relist_pods_seen = set()
         self.pods_synced = True
 
     # ------------------------------------------------------------------ checks

@@ -14,6 +14,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from hami_py.http.args import binding_args_error, extender_args_error, nesting_error
 from hami_py.metrics import Metrics
 from hami_py.scheduling.service import SchedulerService, filter_result
 
@@ -50,9 +51,11 @@ async def _decode(request: web.Request, limit: int):
     if not body.strip():
         return None, "empty request body: EOF"
     try:
-        return orjson.loads(body), None
+        args = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         return None, f"invalid JSON request body: {exc}"
+    error = nesting_error(args)
+    return (None, error) if error else (args, None)
 
 
 def _respond(result: dict, what: str) -> web.Response:
@@ -63,6 +66,16 @@ def _respond(result: dict, what: str) -> web.Response:
         return web.Response(status=500, body=body, content_type=_JSON)
 
 
+async def _answer(call, verb: str) -> dict:
+    """The service's result; a bug of ours still gets an answer, never a dropped request."""
+    try:
+        return await call
+    except Exception as exc:  # noqa: BLE001 - logged with its traceback, answered with its message
+        log.exception("extender request failed unexpectedly", verb=verb)
+        message = f"internal error in the extender {verb}: {type(exc).__name__}: {exc}"
+        return filter_result(error=message) if verb == "filter" else {"Error": message}
+
+
 def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit: int = DEFAULT_BODY_LIMIT,
               extra_routes=None) -> web.Application:
     """``ready`` is a zero-argument callable: True once the initial lists are in."""
@@ -70,7 +83,8 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
     async def filter_handler(request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         args, error = await _decode(request, body_limit)
-        result = filter_result(error=error) if error else await service.filter(args)
+        error = error or extender_args_error(args)
+        result = filter_result(error=error) if error else await _answer(service.filter(args), "filter")
         if result.get("Error"):
             metrics.request_errors.labels("filter").inc()
         response = _respond(result, "extender filter")
@@ -80,7 +94,8 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
     async def bind_handler(request: web.Request) -> web.Response:
         t0 = time.perf_counter()
         args, error = await _decode(request, body_limit)
-        result = {"Error": error} if error else await service.bind(args)
+        error = error or binding_args_error(args)
+        result = {"Error": error} if error else await _answer(service.bind(args), "bind")
         if result.get("Error"):
             metrics.request_errors.labels("bind").inc()
         response = _respond(result, "binding")
@@ -105,10 +120,20 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
     return app
 
 
-def build_metrics_app(metrics: Metrics) -> web.Application:
-    async def handler(_: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(metrics.registry),
-                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+def build_metrics_app(metrics: Metrics, *, extra=None) -> web.Application:
+    """``extra``: a callable returning an async iterator of more exposition text (the allocation
+    gauges, tens of MB in a large cluster: streamed a metric family at a time, never joined)."""
+    async def handler(request: web.Request) -> web.StreamResponse:
+        own = generate_latest(metrics.registry)
+        if extra is None:
+            return web.Response(body=own, headers={"Content-Type": CONTENT_TYPE_LATEST})
+        response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
+        await response.prepare(request)
+        await response.write(own)
+        async for chunk in extra():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
 
     app = web.Application()
     app.router.add_get("/metrics", handler)

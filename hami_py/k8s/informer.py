@@ -32,6 +32,18 @@ EventHandler = Callable[[str, dict], None]
 RelistHandler = Callable[[list[dict], int | None], None]
 
 
+@dataclass
+class PagedRelist:
+    """Receive a relist page by page instead of as one list.
+
+    Holding every object of a 40 000-pod list at once costs hundreds of MiB of dicts; a consumer
+    that applies each page and remembers only what it saw (to turn the missing into deletes in
+    ``finish``) needs one page of memory."""
+    begin: Callable[[], None]
+    page: Callable[[list[dict]], None]
+    finish: Callable[[int | None], None]
+
+
 class Gone(Exception):
     """The resourceVersion we asked for has been compacted away: relist."""
 
@@ -49,7 +61,7 @@ class Informer:
     """Keeps one resource mirrored into callbacks until ``stop()``."""
 
     def __init__(self, *, client: KubeClient, path: str, on_event: EventHandler,
-                 on_relist: RelistHandler, label_selector: str | None = None,
+                 on_relist: RelistHandler | PagedRelist, label_selector: str | None = None,
                  page_size: int = 500, watch_timeout: tuple[int, int] = (240, 360),
                  backoff: tuple[float, float] = (0.2, 10.0)):
         self.client = client
@@ -111,9 +123,15 @@ class Informer:
         return q
 
     async def _list(self) -> None:
-        items: list[dict] = []
+        sink = self.on_relist
+        if not isinstance(sink, PagedRelist):
+            collected: list[dict] = []
+            whole = sink
+            sink = PagedRelist(begin=collected.clear, page=collected.extend,
+                               finish=lambda rv: whole(collected, rv))
         cont = None
         list_rv = None
+        sink.begin()
         while True:
             q = self._query(limit=str(self.page_size))
             if cont:
@@ -122,20 +140,24 @@ class Informer:
                 page = await self.client.get(self.path, query=q)
             except KubeApiError as exc:
                 if exc.status == 410:
-                    # The continue token expired mid-list: start the list over.
-                    items, cont, list_rv = [], None, None
+                    # The continue token expired mid-list: start the list over. What the pages
+                    # so far applied is no older than the cache had; finish() never ran, so
+                    # nothing was deleted on their account.
+                    cont, list_rv = None, None
+                    sink.begin()
                     continue
                 raise
-            items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             if list_rv is None:
                 list_rv = meta.get("resourceVersion")
+            sink.page(page.get("items") or [])
+            del page
             cont = meta.get("continue")
             if not cont:
                 break
         self.stats.lists += 1
         self.resource_version = list_rv
-        self.on_relist(items, _int_or_none(list_rv))
+        sink.finish(_int_or_none(list_rv))
         self.synced.set()
 
     async def _watch(self) -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from hami_py.cache.usage import UsageCache
+from hami_py.cache.usage import VGPU_NODE_ANNOTATION, UsageCache
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.k8s.nodelock import NodeLocker, NodeLockError, go_duration
 
@@ -25,6 +25,11 @@ BIND_TIME_ANNOTATION = "hami.io/bind-time"
 
 class BindError(Exception):
     pass
+
+
+class BindOutcomeUnknown(BindError):
+    """The Binding may have landed and the pod could not be read back: its reservation stays
+    until the pod's own events tell (a bound pod that went uncharged could be oversubscribed)."""
 
 
 @dataclass(slots=True)
@@ -56,6 +61,23 @@ class Binder:
         if req.uid and (pod.get("metadata") or {}).get("uid") not in (None, req.uid):
             self.cache.release_pod(req.uid)
             raise BindError(f"pod {req.namespace}/{req.name} has uid {pod['metadata']['uid']}, not {req.uid}")
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to == req.node:
+            # A repeated bind (kube-scheduler lost our answer and asked again): it happened, and
+            # undoing anything now would un-charge a pod that runs on its devices.
+            log.info("pod already bound to this node", pod=f"{req.namespace}/{req.name}", node=req.node)
+            return
+        if bound_to:
+            message = f'pod {req.namespace}/{req.name} is already assigned to node "{bound_to}"'
+            self._report(pod, req, message)
+            raise BindError(message)
+        assigned = ((pod.get("metadata") or {}).get("annotations") or {}).get(VGPU_NODE_ANNOTATION)
+        if assigned and assigned != req.node:
+            # A later write (a late or repeated filter patch) gave the pod devices elsewhere:
+            # binding it here would start it where it holds none. kube-scheduler filters again.
+            message = f"pod {req.namespace}/{req.name} holds devices on node {assigned}, not {req.node}"
+            self._report(pod, req, message)
+            raise BindError(message)
         locked = locking = False
         try:
             if self._needs_lock(pod):
@@ -68,7 +90,8 @@ class Binder:
         except (KubeApiError, NodeLockError, BindError) as exc:
             if locked:
                 await self.locker.release(req.node, req.namespace, req.name)
-            self.cache.release_pod(req.uid)
+            if not isinstance(exc, BindOutcomeUnknown):
+                self.cache.release_pod(req.uid)
             # Reading the node is the lock's first step: a 404 there is upstream's missing node.
             node_missing = locking and isinstance(exc, KubeApiError) and exc.not_found
             self._report(pod, req, f"failed to get node {req.node}" if node_missing else str(exc))
@@ -122,7 +145,7 @@ class Binder:
             try:
                 pod = await self.client.get(pod_path(req.namespace, req.name))
             except KubeApiError:
-                raise exc from None
+                raise BindOutcomeUnknown(str(exc)) from None
             if (pod.get("spec") or {}).get("nodeName") == req.node:
                 log.info("binding confirmed after an uncertain error", pod=f"{req.namespace}/{req.name}",
                          node=req.node, error=str(exc))

@@ -1,0 +1,276 @@
+"""Kubernetes Events on the pod for every filter and bind outcome, written off the request path.
+
+``kubectl describe pod`` is where users look first when a GPU pod stays Pending, and upstream
+HAMi records ``FilteringSucceed`` / ``FilteringFailed`` / ``BindingSucceed`` / ``BindingFailed``
+there with messages people and tools grep for, so reasons, types and message text are
+upstream's, letter for letter (``hami-protocol.md`` §8).
+
+An event is a write to the API server, and /filter must not wait for one. ``record`` only puts a
+small job on a bounded queue (never awaiting; when the queue is full the job is dropped and
+counted, as client-go's broadcaster drops when its channel is full). Even the message is built
+later, by the background workers, because a failure message walks every candidate node's reason.
+The workers draw on their own token bucket, so events never use up the ``--kube-qps`` budget
+that pod patches, node locks and Bindings need.
+
+Deliberate difference from a literal reading of the core/v1 schema: ``eventTime`` is left unset,
+as client-go's legacy recorder leaves it. A core/v1 Event *with* ``eventTime`` is validated as a
+"new" event (``action`` and ``reportingInstance`` required, message capped at 1 KiB), and a
+failure message that lists hundreds of nodes would be rejected.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Callable
+
+import structlog
+
+from hami_py.k8s.client import KubeApiError, KubeClient, TokenBucket, error_from_response
+
+log = structlog.get_logger(__name__)
+
+FILTERING_FAILED = "FilteringFailed"
+FILTERING_SUCCEED = "FilteringSucceed"
+BINDING_FAILED = "BindingFailed"
+BINDING_SUCCEED = "BindingSucceed"
+NORMAL = "Normal"
+WARNING = "Warning"
+DEFAULT_COMPONENT = "hami-scheduler"
+DEFAULT_QUEUE_SIZE = 1000      # client-go's broadcaster queue length
+RETRY_ATTEMPTS = 3
+SPREAD = "spread"
+
+# Upstream re-parses each node's reason text with Sscanf("%d/%d %s"): only "<int>/<int> <Word>"
+# tokens count, so fixed texts such as "node unregistered" produce no per-reason event.
+_REASON_TOKEN = re.compile(r"\s*[+-]?\d+/[+-]?\d+\s*(\S+)")
+
+EventSpec = tuple[str, str, str]          # (type, reason, message)
+
+
+# ---------------------------------------------------------------------------------- messages
+def reason_types(reason: str) -> set[str]:
+    """The reason words in one node's failure text, e.g. ``1/4 CardInsufficientMemory``."""
+    found = set()
+    for token in reason.split(", "):
+        match = _REASON_TOKEN.match(token)
+        if match:
+            found.add(match.group(1))
+    return found
+
+
+def filtering_failed_messages(*, failed: dict[str, str], total_nodes: int) -> list[str]:
+    """One message per reason type (nodes sorted), then the summary, as upstream records them."""
+    nodes_by_reason: dict[str, list[str]] = {}
+    for node, reason in failed.items():
+        for kind in reason_types(reason):
+            nodes_by_reason.setdefault(kind, []).append(node)
+    messages = [f"{len(nodes)} nodes {kind}({','.join(sorted(nodes))})"
+                for kind, nodes in sorted(nodes_by_reason.items())]
+    messages.append(f"no available node, {total_nodes} nodes do not meet")
+    return messages
+
+
+def filtering_succeeded_message(*, node: str, scores: dict[str, float], total_nodes: int,
+                                spread: bool) -> str:
+    """``find fit node(n), <k> nodes not fit, <m> nodes fit(n1:s1,...)`` in the node policy's
+    order (binpack: ascending score, spread: descending), so the winner comes last."""
+    if spread:
+        ordered = sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+    else:
+        ordered = sorted(scores.items(), key=lambda item: (item[1], item[0]))
+    listed = ",".join(f"{name}:{score:.2f}" for name, score in ordered)
+    return f"find fit node({node}), {total_nodes - len(scores)} nodes not fit, {len(scores)} nodes fit({listed})"
+
+
+def binding_succeeded_message(*, node: str, namespace: str, name: str) -> str:
+    return f"Successfully binding node [{node}] to {namespace}/{name}"
+
+
+# ---------------------------------------------------------------------------------- recorder
+@dataclass(slots=True, frozen=True)
+class PodRef:
+    namespace: str
+    name: str
+    uid: str
+    resource_version: str
+
+    @classmethod
+    def of(cls, pod: dict) -> PodRef:
+        meta = pod.get("metadata") or {}
+        return cls(namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
+                   uid=meta.get("uid") or "", resource_version=meta.get("resourceVersion") or "")
+
+
+@dataclass(slots=True)
+class _Job:
+    pod: PodRef
+    at: datetime
+    build: Callable[[], list[EventSpec]]
+
+
+def rfc3339(at: datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class EventRecorder:
+    """Queue events now, write them in the background; never block, never raise to the caller."""
+
+    def __init__(self, client: KubeClient, *, component: str = "", metrics=None,
+                 queue_size: int = DEFAULT_QUEUE_SIZE, workers: int = 2, qps: float = 5.0,
+                 burst: int = 10, node_policy: Callable[[dict], str] | None = None,
+                 drain_timeout_s: float = 2.0, retry_backoff_s: float = 0.5):
+        if queue_size < 1:
+            raise ValueError(f"event queue size must be at least 1, got {queue_size}")
+        self.client = client
+        self.component = component or DEFAULT_COMPONENT
+        self.instance = socket.gethostname()
+        self.metrics = metrics
+        self.queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_size)
+        self.bucket = TokenBucket(qps, burst)
+        # The pod's effective node policy (annotation, else --node-scheduler-policy): it orders
+        # the scores in the success message. Called by the writers, never on the request path.
+        self.node_policy = node_policy or (lambda pod: "binpack")
+        self.drain_timeout_s = drain_timeout_s
+        self.retry_backoff_s = retry_backoff_s
+        self._n_workers = max(1, workers)
+        self._workers: list[asyncio.Task] = []
+        self._closing = False
+        self._last_stamp = 0
+
+    # -- producers (synchronous, called on the request path) -----------------------------------
+    def record(self, pod: dict, build: Callable[[], list[EventSpec]]) -> bool:
+        """Queue the events ``build()`` will describe; False (and counted) if the queue is full."""
+        if self._closing:
+            return False
+        job = _Job(PodRef.of(pod), datetime.now(timezone.utc), build)
+        try:
+            self.queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self._count_dropped("queue_full")
+            return False
+        return True
+
+    def on_filter(self, pod: dict, what: str, detail) -> None:
+        """SchedulerService's hook: ``filter_succeeded`` / ``filter_failed`` with the
+        FilterDecision, or ``filter_error`` with the error text."""
+        # The decision is read by the writer, not here: its scores are computed on first access.
+        if what == "filter_succeeded":
+            self.record(pod, lambda: [(NORMAL, FILTERING_SUCCEED, filtering_succeeded_message(
+                node=detail.node, scores=detail.scores, total_nodes=len(detail.failed) + len(detail.scores),
+                spread=self.node_policy(pod) == SPREAD))])
+        elif what == "filter_failed":
+            self.record(pod, lambda: [(WARNING, FILTERING_FAILED, m) for m in filtering_failed_messages(
+                failed=detail.failed, total_nodes=len(detail.failed) + len(detail.scores))])
+        elif what == "filter_error":
+            message = str(detail)
+            self.record(pod, lambda: [(WARNING, FILTERING_FAILED, message)])
+        else:
+            log.warning("unknown filter event kind ignored", kind=what)
+
+    def on_bind(self, pod: dict, node: str, error: str | None) -> None:
+        """Binder's hook: ``error`` None for a bind that happened, else the event text."""
+        if error is None:
+            ref = PodRef.of(pod)
+            message = binding_succeeded_message(node=node, namespace=ref.namespace, name=ref.name)
+            self.record(pod, lambda: [(NORMAL, BINDING_SUCCEED, message)])
+        else:
+            self.record(pod, lambda: [(WARNING, BINDING_FAILED, error)])
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._closing = False
+        self._workers = [asyncio.create_task(self._work(), name=f"event-writer-{i}")
+                         for i in range(self._n_workers)]
+
+    async def stop(self) -> None:
+        """Stop taking events, give the queue a short while to drain, then stop the writers."""
+        self._closing = True
+        if self._workers:   # join() also waits for jobs a writer has taken but not finished
+            try:
+                await asyncio.wait_for(self.queue.join(), self.drain_timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("events not written before shutdown", pending=self.queue.qsize())
+        for task in self._workers:
+            task.cancel()
+        await asyncio.gather(*self._workers, return_exceptions=True)
+        self._workers = []
+
+    # -- writers -------------------------------------------------------------------------------
+    async def _work(self) -> None:
+        while True:
+            job = await self.queue.get()
+            try:
+                for type_, reason, message in job.build():
+                    await self._write(self._event_body(job, type_, reason, message))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one event must not stop the writer
+                log.exception("event writer failed", pod=f"{job.pod.namespace}/{job.pod.name}")
+                self._count_dropped("internal_error")
+            finally:
+                self.queue.task_done()
+
+    def _event_name(self, pod_name: str) -> str:
+        # client-go names events "<object>.<hex nanoseconds>"; the counter keeps names unique
+        # when two events of one pod fall in the same clock tick.
+        stamp = max(time.time_ns(), self._last_stamp + 1)
+        self._last_stamp = stamp
+        return f"{pod_name}.{stamp:x}"
+
+    def _event_body(self, job: _Job, type_: str, reason: str, message: str) -> dict:
+        pod = job.pod
+        at = rfc3339(job.at)
+        involved = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid,
+                    "apiVersion": "v1"}
+        if pod.resource_version:
+            involved["resourceVersion"] = pod.resource_version
+        return {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": self._event_name(pod.name), "namespace": pod.namespace},
+            "involvedObject": involved,
+            "reason": reason, "message": message, "type": type_,
+            "source": {"component": self.component},
+            "firstTimestamp": at, "lastTimestamp": at, "count": 1,
+            "reportingComponent": self.component, "reportingInstance": self.instance,
+        }
+
+    async def _write(self, body: dict) -> None:
+        path = f"/api/v1/namespaces/{body['metadata']['namespace']}/events"
+        for attempt in range(RETRY_ATTEMPTS):
+            await self.bucket.acquire()
+            try:
+                await self._post(path, body)
+                self._count_written()
+                return
+            except KubeApiError as exc:
+                if exc.conflict:   # an earlier attempt landed after all
+                    self._count_written()
+                    return
+                retryable = exc.uncertain or exc.status == 429
+                if not retryable or attempt == RETRY_ATTEMPTS - 1:
+                    log.warning("event not written", reason=body["reason"], error=str(exc),
+                                pod=f"{body['involvedObject']['namespace']}/{body['involvedObject']['name']}")
+                    self._count_dropped("api_error")
+                    return
+                await asyncio.sleep(exc.retry_after or self.retry_backoff_s * (2 ** attempt))
+
+    async def _post(self, path: str, body: dict) -> None:
+        # Not KubeClient.post: that would draw on the shared --kube-qps bucket.
+        response = await self.client.open("POST", path, body=body, limited=False)
+        async with response:
+            data = await response.read()
+        if not 200 <= response.status < 300:
+            raise error_from_response(response.status, data, response.headers.get("Retry-After"),
+                                      what=f"POST {path}")
+
+    def _count_written(self) -> None:
+        if self.metrics is not None:
+            self.metrics.events_written.inc()
+
+    def _count_dropped(self, cause: str) -> None:
+        if self.metrics is not None:
+            self.metrics.events_dropped.labels(cause).inc()

@@ -1,0 +1,201 @@
+"""Kubernetes Events on the pod: what ``kubectl describe pod`` shows after /filter and /bind.
+
+Reasons, types and message text are upstream HAMi's, letter for letter, because users and tools
+grep for them. The events are written in the background: a full event queue or a hung API
+server never holds up /filter.
+"""
+from __future__ import annotations
+
+import asyncio
+
+from hami_py.embedded import embedded_options, running_scheduler
+from hami_py.fakeapi.kubescheduler import ExtenderClient
+from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
+from hami_py.k8s.events import filtering_failed_messages, filtering_succeeded_message, reason_types
+from tests.conftest import wait_until
+
+T4 = {"type": "NVIDIA T4", "devmem": 10000, "devcore": 100}   # round numbers for readable scores
+
+
+def _events(api, pod_name, namespace="default"):
+    return [e for e in api.list("events", namespace=namespace)
+            if e["involvedObject"]["name"] == pod_name]
+
+
+def _seen(api, pod_name):
+    return [(e["type"], e["reason"], e["message"]) for e in _events(api, pod_name)]
+
+
+async def _wait_events(api, pod_name, expected):
+    await wait_until(lambda: set(expected) <= set(_seen(api, pod_name)),
+                     f"events {expected} on {pod_name}; have {_seen(api, pod_name)}")
+
+
+async def _nodes(api, app, *nodes):
+    for node in nodes:
+        api.create("nodes", node)
+    names = [n["metadata"]["name"] for n in nodes]
+    await wait_until(lambda: all(n in app.cache.nodes for n in names), "nodes registered")
+    return names
+
+
+async def _busy_and_idle(api, app, extender):
+    """Two one-GPU nodes; "busy" holds a pod with half of the memory and cores (score 11.00)."""
+    names = await _nodes(api, app, gpu_node("busy", devices=registration("busy", gpus=1, model=T4)),
+                         gpu_node("idle", devices=registration("idle", gpus=1, model=T4)))
+    seed = api.create("pods", gpu_pod("seed", gpumem=5000, gpucores=50))
+    assert (await extender.filter(seed, ["busy"]))["NodeNames"] == ["busy"]
+    return names
+
+
+async def test_filter_success_lists_every_fitting_node_with_its_score_and_binds(api, app, extender):
+    names = await _busy_and_idle(api, app, extender)
+    pod = api.create("pods", gpu_pod("p", gpumem=1000, gpucores=10))
+    result = await extender.filter(pod, names + ["ghost"])
+    assert result["NodeNames"] == ["busy"]
+    assert (await extender.bind(pod, "busy"))["Error"] == ""
+    await _wait_events(api, "p", [
+        ("Normal", "FilteringSucceed", "find fit node(busy), 1 nodes not fit, 2 nodes fit(idle:0.00,busy:11.00)"),
+        ("Normal", "BindingSucceed", "Successfully binding node [busy] to default/p"),
+    ])
+    event = next(e for e in _events(api, "p") if e["reason"] == "BindingSucceed")
+    assert event["involvedObject"] == {"kind": "Pod", "namespace": "default", "name": "p",
+                                       "uid": pod["metadata"]["uid"], "apiVersion": "v1",
+                                       "resourceVersion": event["involvedObject"]["resourceVersion"]}
+    assert event["source"] == {"component": "hami-scheduler"}
+    assert event["reportingComponent"] == "hami-scheduler"
+    assert event["count"] == 1
+    assert event["firstTimestamp"] == event["lastTimestamp"]
+    assert event["firstTimestamp"].endswith("Z") and "T" in event["firstTimestamp"]
+    assert event["metadata"]["name"].startswith("p.")
+
+
+async def test_spread_policy_lists_scores_descending_with_the_winner_last(api, app, extender):
+    names = await _busy_and_idle(api, app, extender)
+    pod = api.create("pods", gpu_pod("s", gpumem=1000, gpucores=10,
+                                     annotations={"hami.io/node-scheduler-policy": "spread"}))
+    assert (await extender.filter(pod, names))["NodeNames"] == ["idle"]
+    await _wait_events(api, "s", [
+        ("Normal", "FilteringSucceed", "find fit node(idle), 0 nodes not fit, 2 nodes fit(busy:11.00,idle:0.00)")])
+
+
+async def test_no_fit_records_one_event_per_reason_then_the_summary(api, app, extender):
+    sick = registration("sick", gpus=2, model=T4)
+    sick[1]["health"] = False
+    names = await _nodes(api, app, gpu_node("small1", devices=registration("small1", gpus=1, model=T4)),
+                         gpu_node("small2", devices=registration("small2", gpus=1, model=T4)),
+                         gpu_node("sick", devices=sick))
+    pod = api.create("pods", gpu_pod("big", gpumem=20000))
+    result = await extender.filter(pod, names + ["ghost"])
+    assert result["FailedNodes"]["sick"] == "1/2 CardInsufficientMemory, 1/2 CardNotHealth"
+    await _wait_events(api, "big", [
+        ("Warning", "FilteringFailed", "3 nodes CardInsufficientMemory(sick,small1,small2)"),
+        ("Warning", "FilteringFailed", "1 nodes CardNotHealth(sick)"),
+        ("Warning", "FilteringFailed", "no available node, 4 nodes do not meet"),
+    ])
+    # "node unregistered" is not a "<n>/<m> <Reason>" token: no per-reason event for ghost.
+    assert len(_events(api, "big")) == 3
+
+
+async def test_internal_filter_errors_are_filtering_failed_events(api, app, extender):
+    names = await _nodes(api, app, gpu_node("n1", gpus=1))
+    bad = api.create("pods", gpu_pod("weights", gpumem=1000,
+                                     annotations={"hami.io/device-scoring-weights": "slot=1"}))
+    error = (await extender.filter(bad, names))["Error"]
+    assert "hami.io/device-scoring-weights" in error
+    api.faults.add(method="PATCH", path=r"/pods/unpatched$", status=500)
+    pod = api.create("pods", gpu_pod("unpatched", gpumem=1000))
+    patch_error = (await extender.filter(pod, names))["Error"]
+    assert patch_error.startswith("patch pod default/unpatched")
+    await _wait_events(api, "weights", [("Warning", "FilteringFailed", error)])
+    await _wait_events(api, "unpatched", [("Warning", "FilteringFailed", patch_error)])
+
+
+async def test_bind_failures_are_binding_failed_events(api, app, extender):
+    names = await _nodes(api, app, gpu_node("n1", gpus=2), gpu_node("vanished", gpus=1))
+    lost = api.create("pods", gpu_pod("lost", gpumem=1000))
+    assert (await extender.filter(lost, ["vanished"]))["NodeNames"] == ["vanished"]
+    api.delete("nodes", "vanished")                 # the node goes away between filter and bind
+    await wait_until(lambda: "vanished" not in app.cache.nodes, "node deletion seen")
+    assert (await extender.bind(lost, "vanished"))["Error"]
+    names.remove("vanished")
+    refused = api.create("pods", gpu_pod("refused", gpumem=1000))
+    assert (await extender.filter(refused, names))["NodeNames"] == ["n1"]
+    api.faults.add(method="POST", path=r"/pods/refused/binding$", status=403)
+    error = (await extender.bind(refused, "n1"))["Error"]
+    assert error
+    await _wait_events(api, "lost", [("Warning", "BindingFailed", "failed to get node vanished")])
+    await _wait_events(api, "refused", [("Warning", "BindingFailed", error)])
+
+
+async def test_scheduler_name_is_the_event_source(api):
+    async with running_scheduler(api, options=embedded_options(scheduler_name="gpu-sched")) as app:
+        names = await _nodes(api, app, gpu_node("n1", gpus=1))
+        client = ExtenderClient(app.url)
+        try:
+            pod = api.create("pods", gpu_pod("named", gpumem=1000))
+            assert (await client.filter(pod, names))["NodeNames"] == ["n1"]
+        finally:
+            await client.close()
+        await wait_until(lambda: _events(api, "named"), "event written")
+        event = _events(api, "named")[0]
+        assert event["source"] == {"component": "gpu-sched"}
+        assert event["reportingComponent"] == "gpu-sched"
+
+
+async def test_pods_without_device_requests_get_no_events(api, app, extender):
+    names = await _nodes(api, app, gpu_node("n1", gpus=1))
+    cpu = api.create("pods", {"metadata": {"name": "cpu", "namespace": "default"},
+                              "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    assert (await extender.filter(cpu, names))["NodeNames"] == names
+    marker = api.create("pods", gpu_pod("marker", gpumem=1000))
+    await extender.filter(marker, names)
+    await wait_until(lambda: _events(api, "marker"), "a later event written")
+    assert _events(api, "cpu") == []
+
+
+def _sample(app, name, **labels):
+    return app.metrics.registry.get_sample_value(name, labels) or 0
+
+
+async def test_a_full_event_queue_never_blocks_filter(api):
+    async with running_scheduler(api, options=embedded_options(event_queue_size=2)) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            await _full_queue_scenario(api, app, extender)
+        finally:
+            await extender.close()
+
+
+async def _full_queue_scenario(api, app, extender):
+    names = await _nodes(api, app, gpu_node("n1", gpus=1))
+    api.faults.add(method="POST", path=r"/events$", hang=True, times=None)   # the event sink hangs
+    pods = [api.create("pods", gpu_pod(f"q{i}", gpumem=200000)) for i in range(12)]
+    results = await asyncio.wait_for(asyncio.gather(*(extender.filter(p, names) for p in pods)), 30)
+    assert all(r["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"} for r in results)
+    # A queue of 2, plus at most one job held by each of the two (stuck) writers: the rest dropped.
+    dropped = _sample(app, "hami_events_dropped_total", cause="queue_full")
+    assert 12 - 2 - 2 <= dropped <= 12 - 2
+    api.faults.clear()                            # the sink recovers: what was queued is written
+    await wait_until(lambda: _sample(app, "hami_events_written_total") >= 2 * 2, "queued events written")
+    ok = api.create("pods", gpu_pod("after", gpumem=1000))
+    assert (await extender.filter(ok, names))["NodeNames"] == ["n1"]
+    await _wait_events(api, "after", [
+        ("Normal", "FilteringSucceed", "find fit node(n1), 0 nodes not fit, 1 nodes fit(n1:0.00)")])
+
+
+# -- message formatting, exactly as upstream's ------------------------------------------------
+def test_reason_types_only_count_fraction_tokens():
+    assert reason_types("1/4 CardInsufficientMemory, 3/4 CardTypeMismatch") == {
+        "CardInsufficientMemory", "CardTypeMismatch"}
+    assert reason_types("NodeInsufficientDevice") == set()
+    assert reason_types("node unregistered") == set()
+    assert reason_types('Device with UUID "x" not found on node n after Fit') == set()
+
+
+def test_failure_and_success_messages():
+    failed = {"b": "1/1 CardNotHealth", "a": "2/2 CardNotHealth", "c": "node unregistered"}
+    assert filtering_failed_messages(failed=failed, total_nodes=3) == [
+        "2 nodes CardNotHealth(a,b)", "no available node, 3 nodes do not meet"]
+    assert filtering_succeeded_message(node="y", scores={"x": 1.005, "y": 2.5}, total_nodes=5, spread=False) == \
+        "find fit node(y), 3 nodes not fit, 2 nodes fit(x:1.00,y:2.50)"
