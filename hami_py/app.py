@@ -7,6 +7,7 @@ update, so no lock is needed around the books.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from dataclasses import dataclass, field
 
@@ -63,6 +64,7 @@ class Options:
     verbosity: int = 0
     body_limit: int = DEFAULT_BODY_LIMIT
     sync_timeout_s: float = 30.0
+    gc_freeze: bool = True   # after the initial sync (off where many instances share a process)
     # Registration upkeep and leadership (hami_py/k8s/registration.py, leader.py). Not flags
     # upstream: the timeout and interval are its hard-coded values, the names come from the
     # machine ($POD_NAME/$POD_NAMESPACE, hostname); tests set them.
@@ -95,6 +97,8 @@ class SchedulerApp:
         self.configuration = configuration
         self.vendors = build_vendors(device_config)
         self.metrics = Metrics()
+        self._pod_events_counter = self.metrics.watch_events.labels("pods")
+        self._node_events_counter = self.metrics.watch_events.labels("nodes")
         self.cache = UsageCache(self.vendors, node_selector=options.node_label_selector,
                                 handshake_timeout_s=options.handshake_timeout_s)
         self.identity = leader_identity(options.hostname)
@@ -182,6 +186,11 @@ class SchedulerApp:
     async def _mark_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers), self.leadership.synced.wait())
         self._caches_synced = True
+        # The initial lists built most of the objects this process will ever hold; moving them out
+        # of the cyclic collector's sight keeps its full passes from stalling the event loop.
+        if self.options.gc_freeze:
+            gc.collect()
+            gc.freeze()
         self.keeper.start()
         self._update_serving()
         log.info("usage cache synced", nodes=len(self.cache.nodes), pods=len(self.cache.pods),
@@ -224,7 +233,7 @@ class SchedulerApp:
         return PagedRelist(begin=begin, page=page, finish=self.cache.finish_pod_relist)
 
     def _on_node_event(self, kind: str, node: dict) -> None:
-        self.metrics.watch_events.labels("nodes").inc()
+        self._node_events_counter.inc()
         if kind == "DELETED":
             self.cache.remove_node((node.get("metadata") or {}).get("name", ""))
         else:
@@ -239,7 +248,7 @@ class SchedulerApp:
             self.cache.quota.upsert(quota)
 
     def _on_pod_event(self, kind: str, pod: dict) -> None:
-        self.metrics.watch_events.labels("pods").inc()
+        self._pod_events_counter.inc()
         self.cache.on_pod_event(kind, pod)
         self.keeper.observe_pod(kind, pod)
 

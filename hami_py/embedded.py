@@ -31,7 +31,8 @@ async def wait_for(predicate, *, timeout: float = 10.0, interval: float = 0.005,
 
 def embedded_options(**overrides) -> Options:
     """Loopback, ephemeral ports, and an API budget that never throttles a local run."""
-    base = Options(http_bind="127.0.0.1:0", metrics_bind_address="127.0.0.1:0", kube_qps=0, kube_burst=1000)
+    base = Options(http_bind="127.0.0.1:0", metrics_bind_address="127.0.0.1:0", kube_qps=0, kube_burst=1000,
+                   gc_freeze=False)
     return replace(base, **overrides)
 
 

@@ -51,6 +51,7 @@ class PodUsage:
     entries: list[UsageEntry]
     resolved: list[int] = field(default_factory=list)   # device slot per entry, -1 if unknown
     mig: list[tuple[str, int]] = field(default_factory=list)  # MIG instances: (GPU UUID, slice mask)
+    fingerprint: tuple | None = None   # the annotations it was decoded from (skip re-decoding)
     resource_version: int | None = None                  # events older than this are stale
     reserved: bool = False                               # made by our own /filter
 
@@ -191,6 +192,9 @@ class UsageCache:
         # carry: events repeating exactly that decision must not charge it again.
         self.released: dict[str, tuple[str, list[UsageEntry]]] = {}
         self.quota = QuotaBook(vendors, self.vendor_ids)
+        # Every annotation a pod's charge is decoded from.
+        self._allocation_keys = [VGPU_NODE_ANNOTATION, "hami.io/vgpu-mig-allocations",
+                                 *(v.allocated_annotation for v in vendors.values())]
         self.nodes_synced = False
         self.pods_synced = False
         self._relist_nodes_seen: set[str] = set()
@@ -288,8 +292,13 @@ class UsageCache:
         errors = []
         for key, vendor in self.vendors.items():
             try:
-                for dev in vendor.parse_node_devices(annotations):
-                    devices.append((self.vendor_ids[key], dev))
+                found = vendor.parse_node_devices(annotations)
+                for dev in found:
+                    # Upstream's numa is a Go int; our column is int32 (a larger one would raise
+                    # in the watch handler and stall every later node event).
+                    if not -(1 << 31) <= dev.numa < 1 << 31:
+                        raise DeviceDecodeError(f"device {dev.id}: numa {dev.numa} is out of range")
+                devices.extend((self.vendor_ids[key], dev) for dev in found)
             except DeviceDecodeError as exc:
                 errors.append(f"{vendor.register_annotation}: {exc}")
         entry.decode_error = "; ".join(errors) or None
@@ -594,6 +603,13 @@ class UsageCache:
         if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
             self.remove_pod(uid)
             return
+        fingerprint = self._fingerprint(pod, meta)
+        if current is not None and fingerprint is not None and current.fingerprint == fingerprint:
+            # Most pod events (status, labels, the bind-phase patch) leave the allocation alone.
+            if rv is not None:
+                current.resource_version = rv
+            current.reserved = False
+            return
         try:
             usage = self.pod_usage_from_object(pod)
         except AllocationDecodeError as exc:
@@ -616,6 +632,16 @@ class UsageCache:
             # same (a Binding that landed after we gave up on it) is always charged.
             return
         self.add_pod_usage(usage)
+        self.pods[uid].fingerprint = fingerprint
+
+    def _fingerprint(self, pod: dict, meta: dict) -> tuple | None:
+        annotations = meta.get("annotations") or {}
+        if VGPU_NODE_ANNOTATION not in annotations:
+            return None
+        spec = pod.get("spec") or {}
+        num_init = len(spec.get("initContainers") or [])
+        return (tuple(annotations.get(k) for k in self._allocation_keys), num_init,
+                num_init > 0 and init_containers_done(pod), bool(spec.get("nodeName")))
 
     def replace_pods(self, pods: Iterable[dict], list_rv: int | None) -> None:
         """A fresh list: apply everything in it; pods missing from it were deleted meanwhile."""
