@@ -130,7 +130,7 @@ class SchedulerApp:
     async def start(self) -> None:
         o = self.options
         self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout)
-        locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s)
+        locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint)
         filterer = Filterer(self.cache, self.vendors, default_node_policy=o.node_scheduler_policy,
                             default_gpu_policy=o.gpu_scheduler_policy)
         # Events get their own --kube-qps/--kube-burst budget so they never delay a patch or Binding.

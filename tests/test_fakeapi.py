@@ -368,34 +368,38 @@ async def test_watch_through_kubernetes_client(server, core):
     assert seen == [("ADDED", "a"), ("MODIFIED", "a")]
 
 
-async def test_bookmarks_on_demand_and_on_interval(http):
+async def test_bookmarks_on_an_interval(http):
     fake = FakeApiServer(bookmark_interval=0.05)
     await fake.start()
     try:
         fake.create("nodes", make_node("n1"))
-        params = {"watch": "true", "resourceVersion": str(fake.resource_version),
-                  "allowWatchBookmarks": "true"}
+        params = {"watch": "true", "resourceVersion": "1", "allowWatchBookmarks": "true"}
         async with http.get(f"{fake.url}/api/v1/nodes", params=params) as resp:
-            [bookmark] = await read_events(resp, 1)       # from the interval timer
+            [bookmark] = await read_events(resp, 1)
             assert bookmark == {"type": "BOOKMARK", "object": {
                 "kind": "Node", "apiVersion": "v1", "metadata": {"resourceVersion": "1"}}}
-        async with http.get(f"{fake.url}/api/v1/nodes", params=params) as resp:
-            await wait_until(lambda: any(fake._store.watchers["nodes"]))
-            fake.create("nodes", make_node("n2"))
-            fake.send_bookmarks()
-            added, bookmark = await read_events(resp, 2)
-            assert added["type"] == "ADDED"
-            assert bookmark["type"] == "BOOKMARK"
-            assert bookmark["object"]["metadata"]["resourceVersion"] == "2"
     finally:
         await fake.stop()
+
+
+async def test_bookmarks_on_demand_follow_the_events_before_them(server, http):
+    server.create("nodes", make_node("n1"))
+    params = {"watch": "true", "resourceVersion": "1", "allowWatchBookmarks": "true"}
+    async with http.get(f"{server.url}/api/v1/nodes", params=params) as resp:
+        await wait_until(lambda: server.open_watches == 1)
+        server.create("nodes", make_node("n2"))
+        server.send_bookmarks()
+        added, bookmark = await read_events(resp, 2)
+        assert added["type"] == "ADDED"
+        assert bookmark["type"] == "BOOKMARK"
+        assert bookmark["object"]["metadata"]["resourceVersion"] == "2"
 
 
 async def test_watch_without_bookmarks_ends_after_timeout(server, http):
     server.send_bookmarks()
     params = {"watch": "true", "resourceVersion": "0", "timeoutSeconds": "1"}
     async with http.get(watch_url(server), params=params) as resp:
-        await wait_until(lambda: any(server._store.watchers["pods"]))
+        await wait_until(lambda: server.open_watches == 1)
         server.send_bookmarks()             # not requested: must not be sent
         assert await read_to_end(resp) == []
 
@@ -439,11 +443,11 @@ async def test_bounded_history_expires_old_versions(http):
 
 async def test_drop_watches_cuts_open_streams(server, http):
     async with http.get(watch_url(server), params={"watch": "true"}) as resp:
-        await wait_until(lambda: any(server._store.watchers["pods"]))
+        await wait_until(lambda: server.open_watches == 1)
         server.drop_watches()
         with pytest.raises(aiohttp.ClientPayloadError):
             await read_to_end(resp)
-    assert not any(server._store.watchers["pods"])
+    assert server.open_watches == 0
 
 
 async def test_large_object_is_one_watch_line(server, http):
@@ -486,6 +490,11 @@ async def test_error_faults(server, core, http):
     slow = server.faults.add(path="/nodes", delay=0.01)
     assert (await core.list_node()).items == [] and slow.hits == 1
 
+    server.faults.add(method="POST", path="/nodes$", status=504, after_apply=True)
+    with pytest.raises(ApiException) as exc:     # the write lands, the client sees a timeout
+        await core.create_node(make_node("n1"))
+    assert exc.value.status == 504 and server.get("nodes", "n1") is not None
+
 
 async def test_hang_fault_until_cleared_or_client_gives_up(server, http):
     server.faults.add(path="/api/v1/nodes", hang=True, times=None)
@@ -505,7 +514,7 @@ async def test_restart_on_the_same_port_keeps_state(server, core, http):
     server.create("pods", make_pod("a"))
     port, since = server.port, server.resource_version
     async with http.get(watch_url(server), params={"watch": "true", "resourceVersion": str(since)}) as resp:
-        await wait_until(lambda: any(server._store.watchers["pods"]))
+        await wait_until(lambda: server.open_watches == 1)
         server.faults.add(path="/nodes", hang=True)
         hung = asyncio.create_task(http.get(f"{server.url}/api/v1/nodes"))
         await wait_until(lambda: any(r[1] == "/api/v1/nodes" for r in server.requests))

@@ -71,6 +71,8 @@ class NodeEntry:
     allocatable_positive: bool = False  # the kubelet still advertises devices
     plugin_gone: bool = False           # registration upkeep judged its device plugin gone
     decode_error: str | None = None
+    lock_value: str | None = None       # hami.io/mutex.lock as last seen (a hint for the bind)
+    resource_version: str = ""
 
 
 def collapse(pod_devices: PodDevices, vendor: str, num_init: int, init_done: bool) -> list[UsageEntry]:
@@ -223,6 +225,13 @@ class UsageCache:
         else:
             self.node_index_of[name] = entry.index
 
+    def lock_hint(self, node: str) -> tuple[str | None, str] | None:
+        """(lock annotation, resourceVersion) of the node as the watch last showed it."""
+        e = self.nodes.get(node)
+        if e is None or not e.resource_version:
+            return None
+        return e.lock_value, e.resource_version
+
     def device_usage(self, node: str) -> list[dict]:
         """A readable snapshot of one node's devices (for tests, the demo and metrics)."""
         e = self.nodes.get(node)
@@ -255,6 +264,8 @@ class UsageCache:
             entry = NodeEntry(name=name, index=self._new_node_index())
             self.nodes[name] = entry
         entry.labels = labels
+        entry.lock_value = annotations.get("hami.io/mutex.lock")
+        entry.resource_version = meta.get("resourceVersion") or ""
         handshake_deadline = None
         allocatable_positive = False
         allocatable = (node.get("status") or {}).get("allocatable") or {}

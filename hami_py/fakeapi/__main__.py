@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import signal
 
 import structlog
 
@@ -29,10 +30,14 @@ async def _serve(*, port: int, kubeconfig: str | None, bookmark_interval: float 
     if kubeconfig:
         write_kubeconfig(kubeconfig, url)
     log.info("fakeapi.listening", url=url, kubeconfig=kubeconfig)
+    stopped = asyncio.Event()
+    # SIGTERM (how a demo script or CI stops us) shuts down as cleanly as Ctrl-C does.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stopped.set)
     try:
-        await asyncio.Event().wait()     # until Ctrl-C cancels us
+        await stopped.wait()             # or until Ctrl-C cancels us
     finally:
         await server.stop()
+        log.info("fakeapi.stopped")
 
 
 def main() -> None:
@@ -41,7 +46,7 @@ def main() -> None:
         asyncio.run(_serve(port=args.port, kubeconfig=args.kubeconfig,
                            bookmark_interval=args.bookmark_interval))
     except KeyboardInterrupt:
-        log.info("fakeapi.stopped")
+        pass
 
 
 if __name__ == "__main__":

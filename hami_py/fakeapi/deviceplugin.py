@@ -52,12 +52,19 @@ class SimulatedDevicePlugin:
         try:
             await self.client.patch(pod_path(namespace, name),
                                     {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}})
-            current = await self.client.get(node_path(node))
-            meta = current.get("metadata") or {}
-            lock = (meta.get("annotations") or {}).get(LOCK_ANNOTATION, "")
-            if lock.endswith(f",{namespace},{name}"):
-                await self.client.patch(node_path(node), {"metadata": {
-                    "annotations": {LOCK_ANNOTATION: None}, "resourceVersion": meta.get("resourceVersion")}})
+            for _ in range(10):  # the node may change under us (a handshake stamp): read again
+                current = await self.client.get(node_path(node))
+                meta = current.get("metadata") or {}
+                lock = (meta.get("annotations") or {}).get(LOCK_ANNOTATION, "")
+                if not lock.endswith(f",{namespace},{name}"):
+                    break
+                try:
+                    await self.client.patch(node_path(node), {"metadata": {
+                        "annotations": {LOCK_ANNOTATION: None}, "resourceVersion": meta.get("resourceVersion")}})
+                    break
+                except KubeApiError as exc:
+                    if not exc.conflict:
+                        raise
             self.allocated += 1
         except KubeApiError as exc:
             log.warning("simulated device plugin could not finish allocation", pod=f"{namespace}/{name}",

@@ -12,7 +12,15 @@ import orjson
 
 H200 = {"type": "NVIDIA H200", "devmem": 143771, "devcore": 100}
 A100_40 = {"type": "NVIDIA A100-SXM4-40GB", "devmem": 40960, "devcore": 100}
-GPU_MODELS = {"H200": H200, "A100-40GB": A100_40}
+# More models as HAMi's NVIDIA device plugin registers them: the NVML product name, prefixed
+# with "NVIDIA-" only when it does not already start with "NVIDIA"; memory as NVML reports it.
+A100_80 = {"type": "NVIDIA A100-SXM4-80GB", "devmem": 81920, "devcore": 100}
+H100_80 = {"type": "NVIDIA H100 80GB HBM3", "devmem": 81559, "devcore": 100}
+L40S = {"type": "NVIDIA L40S", "devmem": 46068, "devcore": 100}
+T4 = {"type": "NVIDIA-Tesla T4", "devmem": 15360, "devcore": 100}
+V100_32 = {"type": "NVIDIA-Tesla V100-SXM2-32GB", "devmem": 32768, "devcore": 100}
+GPU_MODELS = {"H200": H200, "A100-40GB": A100_40, "A100-80GB": A100_80, "H100-80GB": H100_80,
+              "L40S": L40S, "T4": T4, "V100-32GB": V100_32}
 
 
 def gpu_uuid(node: str, index: int) -> str:

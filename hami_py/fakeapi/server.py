@@ -628,11 +628,19 @@ class Fault:
     hang: bool = False
     times: int | None = 1
     delay: float | None = None
+    after_apply: bool = False
     hits: int = 0
 
     def matches(self, method: str, path: str) -> bool:
         return ((self.method is None or self.method == method)
                 and (self.path is None or self.path.search(path) is not None))
+
+    def error(self) -> ApiError:
+        message = ("Too many requests, please try again later." if self.status == 429
+                   else f"Internal error occurred: injected fault ({self.status})")
+        details = None if self.retry_after is None else {
+            "retryAfterSeconds": math.ceil(self.retry_after)}
+        return ApiError(self.status, message, retry_after=self.retry_after, details=details)
 
 
 class FaultSet:
@@ -644,9 +652,14 @@ class FaultSet:
 
     def add(self, *, method: str | None = None, path: str | None = None, status: int = 500,
             retry_after: float | None = None, hang: bool = False, times: int | None = 1,
-            delay: float | None = None) -> Fault:
+            delay: float | None = None, after_apply: bool = False) -> Fault:
+        """Fail (``status``), stall (``hang``) or slow down (``delay``) matching requests.
+
+        ``after_apply`` serves the request first and then answers with the error anyway: the
+        write landed but the client saw a failure (a timeout after commit). Not for watches.
+        """
         fault = Fault(method.upper() if method else None, re.compile(path) if path else None,
-                      status, retry_after, hang, times, delay)
+                      status, retry_after, hang, times, delay, after_apply)
         self._faults.append(fault)
         return fault
 
@@ -750,7 +763,12 @@ async def _write_lines(response: web.StreamResponse, lines: list[bytes]) -> None
 
 
 class FakeApiServer:
-    """A kube-apiserver stand-in on 127.0.0.1; see the module docstring for what it models."""
+    """A kube-apiserver stand-in on 127.0.0.1; see the module docstring for what it models.
+
+    ``history_limit`` bounds the watch history of each resource type (older resourceVersions get
+    410 Expired); ``bookmark_interval`` (seconds) sends BOOKMARKs periodically to watches that
+    allow them. State lives in this object, so it survives stop() and start() again.
+    """
 
     def __init__(self, *, history_limit: int = 10000, bookmark_interval: float | None = None) -> None:
         self._store = _Store(history_limit=history_limit)
@@ -847,6 +865,11 @@ class FakeApiServer:
     def resource_version(self) -> int:
         return self._store.rv
 
+    @property
+    def open_watches(self) -> int:
+        """Watch streams currently open, so tests can wait for a client to be watching."""
+        return sum(len(w) for w in self._store.watchers.values())
+
     def compact(self) -> None:
         """Drop all watch history (and continue tokens), like an etcd compaction."""
         self._store.compact()
@@ -864,9 +887,12 @@ class FakeApiServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         self.requests.append((request.method, request.path, request.query_string))
         try:
-            if (fault := self.faults.take(request.method, request.path)) is not None:
-                await self._apply_fault(request, fault)
-            return await self._route(request)
+            fault = self.faults.take(request.method, request.path)
+            if fault is None or await self._stall(request, fault):
+                return await self._route(request)
+            if fault.after_apply:
+                await self._route(request)
+            raise fault.error()
         except ApiError as err:
             return _error_response(err)
         except ConnectionError:
@@ -875,23 +901,19 @@ class FakeApiServer:
             log.exception("fakeapi.request_failed", method=request.method, path=request.path)
             return _error_response(ApiError(500, f"Internal error occurred: {err!r}"))
 
-    async def _apply_fault(self, request: web.Request, fault: Fault) -> None:
-        """Delay, hang or fail a request; returning means: serve it normally."""
+    async def _stall(self, request: web.Request, fault: Fault) -> bool:
+        """Apply a delay or hang fault; True when the request should then be served normally."""
         if fault.delay is not None:
             await asyncio.sleep(fault.delay)
-            return
-        if fault.hang:
-            await self.faults.wait_released()
-            if self._runner is None:   # stopped while the request hung: cut it like a kill
-                if request.transport is not None:
-                    request.transport.abort()
-                raise ApiError(503, "the server is shutting down")
-            return
-        message = ("Too many requests, please try again later." if fault.status == 429
-                   else f"Internal error occurred: injected fault ({fault.status})")
-        raise ApiError(fault.status, message, retry_after=fault.retry_after,
-                       details={"retryAfterSeconds": math.ceil(fault.retry_after)}
-                       if fault.retry_after is not None else None)
+            return True
+        if not fault.hang:
+            return False
+        await self.faults.wait_released()
+        if self._runner is None:   # stopped while the request hung: cut it like a kill
+            if request.transport is not None:
+                request.transport.abort()
+            raise ApiError(503, "the server is shutting down")
+        return True
 
     async def _route(self, request: web.Request) -> web.StreamResponse:
         path, method = request.path, request.method

@@ -15,7 +15,8 @@ import asyncio
 import os
 import time
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlsplit
+from urllib.request import getproxies, proxy_bypass
 
 import aiohttp
 import orjson
@@ -100,8 +101,16 @@ class KubeClient:
         self.api = k8s_client.ApiClient(configuration)
         self.bucket = TokenBucket(qps, burst)
         self.timeout = timeout if timeout > 0 else None
+        rest = self.api.rest_client
+        # Our own session on the ApiClient's connector (its TLS context and pool). Theirs trusts
+        # the environment, which makes aiohttp look up .netrc and proxies in a worker thread on
+        # every request: two thread hops per API call. The proxy is resolved here, once.
+        self.proxy = getattr(rest, "proxy", None) or _env_proxy(configuration.host)
+        self.session = aiohttp.ClientSession(connector=rest.pool_manager.connector, connector_owner=False,
+                                             trust_env=False, read_bufsize=2 ** 21)
 
     async def close(self) -> None:
+        await self.session.close()
         await self.api.close()
 
     async def open(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
@@ -129,14 +138,14 @@ class KubeClient:
         kwargs: dict[str, Any] = {"headers": headers, "timeout": _timeout(timeout if timeout is not None else self.timeout)}
         if body is not None:
             kwargs["data"] = body if isinstance(body, bytes) else orjson.dumps(body)
-        if getattr(rest, "proxy", None):
-            kwargs["proxy"] = rest.proxy
+        if self.proxy:
+            kwargs["proxy"] = self.proxy
             if getattr(rest, "proxy_headers", None):
                 kwargs["proxy_headers"] = rest.proxy_headers
         if getattr(rest, "server_hostname", None):
             kwargs["server_hostname"] = rest.server_hostname
         try:
-            return await rest.pool_manager.request(method, url, **kwargs)
+            return await self.session.request(method, url, **kwargs)
         except asyncio.TimeoutError as exc:
             raise KubeApiError(0, "Timeout", f"{method} {path}: timed out") from exc
         except aiohttp.ClientError as exc:
@@ -168,6 +177,15 @@ class KubeClient:
 
     async def post(self, path: str, body: Any, **kw) -> dict:
         return await self.request("POST", path, body=body, **kw)
+
+
+def _env_proxy(host_url: str) -> str | None:
+    """The proxy ``$HTTPS_PROXY``/``$HTTP_PROXY`` name for the API server, unless ``$NO_PROXY``
+    exempts it (what a trust_env session would find, resolved once)."""
+    parsed = urlsplit(host_url)
+    if not parsed.hostname or proxy_bypass(parsed.hostname):
+        return None
+    return getproxies().get(parsed.scheme or "https")
 
 
 def _timeout(value: float | aiohttp.ClientTimeout | None) -> aiohttp.ClientTimeout:

@@ -71,9 +71,13 @@ def parse_lock(value: str) -> tuple[datetime, str | None, str | None]:
 
 
 class NodeLocker:
-    def __init__(self, client: KubeClient, *, timeout_s: float = 300.0):
+    def __init__(self, client: KubeClient, *, timeout_s: float = 300.0, hint=None):
         self.client = client
         self.timeout_s = timeout_s
+        # hint(node) -> (lock annotation, resourceVersion) from the node watch, or None. When
+        # the watch shows the node unlocked, the compare-and-set is tried with that version at
+        # once, saving a read; a stale version just gets 409 and the usual read-and-retry.
+        self.hint = hint
 
     async def _read(self, node: str) -> tuple[str | None, str]:
         obj = await self.client.get(node_path(node))
@@ -87,6 +91,14 @@ class NodeLocker:
     async def acquire(self, node: str, namespace: str, name: str) -> None:
         """Take the lock for pod namespace/name, or raise NodeLockError."""
         suffix = f",{namespace},{name}"
+        seen = self.hint(node) if self.hint is not None else None
+        if seen is not None and not seen[0]:
+            try:
+                await self._cas(node, lock_value(namespace, name), seen[1])
+                return
+            except KubeApiError as exc:
+                if not exc.conflict:
+                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
         for attempt in range(CAS_ATTEMPTS):
             current, rv = await self._read(node)
             if current:

@@ -84,8 +84,6 @@ class Binder:
                 locking = True
                 await self._lock(req, pod)
                 locked, locking = True, False
-            await self.client.patch(pod_path(req.namespace, req.name), {"metadata": {"annotations": {
-                BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: str(int(time.time()))}}})
             await self._create_binding(req)
         except (KubeApiError, NodeLockError, BindError) as exc:
             if locked:
@@ -131,8 +129,13 @@ class Binder:
             await asyncio.sleep(0.1)
 
     async def _create_binding(self, req: BindRequest) -> None:
+        # The API server copies a Binding's annotations onto the pod as it binds it, so the
+        # bind-phase the device plugin waits for lands in the same write as spec.nodeName:
+        # one call instead of upstream's patch-then-bind, and never one without the other.
+        annotations = {BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: str(int(time.time()))}
         body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": req.name, "namespace": req.namespace, "uid": req.uid or None},
+                "metadata": {"name": req.name, "namespace": req.namespace, "uid": req.uid or None,
+                             "annotations": annotations},
                 "target": {"apiVersion": "v1", "kind": "Node", "name": req.node}}
         if not req.uid:
             del body["metadata"]["uid"]

@@ -1,0 +1,125 @@
+"""``hami-scheduler simulate``: parse the flags, load both files, run the scenarios, print a report.
+
+Input problems (a flag, a file, a field) are one line on stderr naming the file, line and field,
+and exit status 2, before any scheduler starts. A scheduler that fails mid-run is exit status 1.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from hami_py.config import ConfigError, DeviceConfig, load_device_config
+from hami_py.devices.registry import build_vendors
+from hami_py.logs import configure_logging
+from hami_py.simulate.cluster import Cluster, load_cluster
+from hami_py.simulate.progress import ProgressBar
+from hami_py.simulate.report_html import render_html
+from hami_py.simulate.report_json import render_json
+from hami_py.simulate.report_text import render_table
+from hami_py.simulate.results import Report, ScenarioResult
+from hami_py.simulate.runner import Scenario, SimulationError, run_scenarios
+from hami_py.simulate.source import InputError
+from hami_py.simulate.workload import POLICIES, Workload, load_workload
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+DEFAULT_HTML_FILE = "simulation-report.html"
+
+
+class UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage dump (as the main command)
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="hami-scheduler simulate",
+                description="Place a workload on a described cluster with the real scheduler; no cluster needed.")
+    p.add_argument("--cluster", required=True, help="cluster file: simulator nodes list or kubectl get nodes -o yaml")
+    p.add_argument("--workload", required=True, help="workload file: simulator pods list or Pod manifests")
+    p.add_argument("--node-scheduler-policy", default="binpack", choices=POLICIES, help="default node policy")
+    p.add_argument("--gpu-scheduler-policy", default="spread", choices=POLICIES, help="default GPU policy")
+    p.add_argument("--compare-policies", action="store_true",
+                   help="also run every node x GPU policy pair and compare them")
+    p.add_argument("--output", default="table", choices=("table", "json", "html"), help="report format")
+    p.add_argument("--report-file", default=None,
+                   help=f"where --output html writes (default {DEFAULT_HTML_FILE}; - for stdout)")
+    p.add_argument("--device-config-file", default="", help="device configuration YAML (upstream's schema)")
+    p.add_argument("--detail", action="store_true", help="per-GPU and per-pod tables even for large runs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _fail(message: str, code: int = EXIT_USAGE) -> int:
+    sys.stderr.write(f"hami-scheduler simulate: {message}\n")
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        if ns.report_file is not None and ns.output != "html":
+            raise UsageError("--report-file goes with --output html")
+        device_config = load_device_config(ns.device_config_file) if ns.device_config_file else DeviceConfig.default()
+        vendors = build_vendors(device_config)
+        cluster = load_cluster(ns.cluster, vendors=vendors)
+        workload = load_workload(ns.workload, vendors=vendors, device_config=device_config)
+    except (UsageError, ConfigError, InputError) as exc:
+        return _fail(str(exc))
+    configure_logging(json=False, level=logging.WARNING)
+    chosen = Scenario(ns.node_scheduler_policy, ns.gpu_scheduler_policy)
+    scenarios = [Scenario(n, g) for n in POLICIES for g in POLICIES] if ns.compare_policies else [chosen]
+    progress = ProgressBar(enabled=False if ns.no_progress else None)
+    progress.start(f"{len(scenarios)} policy pairs" if len(scenarios) > 1 else chosen.label)
+    try:
+        results = run_scenarios(cluster=cluster, workload=workload, scenarios=scenarios,
+                                device_config=device_config, progress=progress.update)
+    except (SimulationError, TimeoutError, OSError) as exc:
+        return _fail(f"the simulation failed: {exc}", EXIT_FAILED)
+    except KeyboardInterrupt:
+        return _fail("interrupted", EXIT_INTERRUPTED)
+    finally:
+        progress.finish()
+    primary = results[scenarios.index(chosen)]
+    report = build_report(cluster=cluster, workload=workload, primary=primary,
+                          comparison=results if ns.compare_policies else [])
+    return _emit(report, output=ns.output, report_file=ns.report_file, detail=ns.detail)
+
+
+def build_report(*, cluster: Cluster, workload: Workload, primary: ScenarioResult,
+                 comparison: list[ScenarioResult]) -> Report:
+    templates = len(workload.templates)
+    described = (f"{workload.total_pods} pods from {templates} template{'s' if templates != 1 else ''}, "
+                 f"arriving {workload.order}"
+                 + (f" (seed {workload.seed})" if workload.order == "shuffled" else ""))
+    if any(t.lifetime for t in workload.templates):
+        described += ", some with lifetimes"
+    return Report(cluster_file=cluster.path, cluster=cluster.describe(), workload_file=workload.path,
+                  workload=described, notes=[*cluster.notes, *workload.notes], primary=primary,
+                  comparison=comparison)
+
+
+def _emit(report: Report, *, output: str, report_file: str | None, detail: bool) -> int:
+    if output == "json":
+        sys.stdout.write(render_json(report))
+        return 0
+    if output == "table":
+        sys.stdout.write(render_table(report, detail=detail))
+        return 0
+    html = render_html(report)
+    target = report_file or DEFAULT_HTML_FILE
+    if target == "-":
+        sys.stdout.write(html)
+        return 0
+    try:
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(html)
+    except OSError as exc:
+        return _fail(f"cannot write {target}: {exc.strerror or exc}", EXIT_FAILED)
+    sys.stdout.write(f"wrote {target}\n")
+    return 0

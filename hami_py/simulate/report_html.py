@@ -1,0 +1,209 @@
+"""``--output html``: one self-contained file to hand to whoever signs off the hardware order.
+
+Everything is inline (CSS and SVG, no script, no font, no network fetch), so the file opens the
+same from a mail attachment as from a wiki. The centrepiece is a heat map of GPU memory use, one
+row per node and one cell per GPU; with --compare-policies every policy pair gets its own map
+beside the comparison table, so the packing difference is visible at a glance.
+"""
+from __future__ import annotations
+
+from html import escape
+
+from hami_py.simulate.report_text import DETAIL_MAX_PODS
+from hami_py.simulate.results import BEST_RULE, Report, ScenarioResult, best_scenario, percent
+
+# Sequential colour scale for memory use: pale green (little) through amber to deep red (full).
+_STOPS = ((0.0, (214, 239, 207)), (0.5, (253, 190, 90)), (1.0, (178, 24, 43)))
+_IDLE = "#eef1f4"
+_UNHEALTHY = "#5c6670"
+_CELL_W, _CELL_H, _GAP = 34, 22, 3
+_LEGEND_W = 440
+
+_CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px 32px;color:#1d2733}
+body{background:#fff}h1{font-size:22px;margin:0 0 4px}
+h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde3ea;padding-bottom:4px}
+.inputs{color:#4a5663}.inputs div{margin:2px 0}.note{color:#8a5a00}
+.cards{display:flex;flex-wrap:wrap;gap:12px;margin:16px 0}
+.card{border:1px solid #dde3ea;border-radius:8px;padding:10px 14px;min-width:130px;background:#f8fafc}
+.card .v{font-size:22px;font-weight:600}
+.card .l{color:#5b6775;font-size:12px;text-transform:uppercase;letter-spacing:.04em}
+.card.bad .v{color:#b2182b}.card.good .v{color:#1a7f37}
+table{border-collapse:collapse;margin:6px 0}th,td{padding:3px 10px;text-align:right;border-bottom:1px solid #edf0f3}
+th{background:#f3f6f9;font-weight:600}td.l,th.l{text-align:left}tr.best td{font-weight:600;background:#f0f9f1}
+.maps{display:flex;flex-wrap:wrap;gap:24px}.map h3{font-size:14px;margin:6px 0}
+.reason{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px;text-align:left}
+details summary{cursor:pointer;color:#24527a}
+"""
+
+
+def colour(fraction: float) -> str:
+    """The heat map colour for a memory-use fraction in [0, 1]."""
+    f = min(1.0, max(0.0, fraction))
+    for (x0, c0), (x1, c1) in zip(_STOPS, _STOPS[1:]):
+        if f <= x1:
+            t = (f - x0) / (x1 - x0)
+            return "#" + "".join(f"{round(a + (b - a) * t):02x}" for a, b in zip(c0, c1))
+    return "#" + "".join(f"{v:02x}" for v in _STOPS[-1][1])
+
+
+def heat_map(result: ScenarioResult, *, title: str = "") -> str:
+    """Inline SVG: one row per node, one cell per GPU, coloured by memory use."""
+    rows = result.node_rows()
+    label_w = 8 + 7 * max([4] + [len(r["name"]) for r in rows])
+    columns = max([1] + [len(r["gpus"]) for r in rows])
+    width = max(label_w + columns * (_CELL_W + _GAP) + 10, _LEGEND_W)
+    height = 24 + len(rows) * (_CELL_H + _GAP) + 34
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
+           f'aria-label="GPU memory heat map {escape(title)}" font-family="system-ui,sans-serif" font-size="11">']
+    for k in range(columns):
+        x = label_w + k * (_CELL_W + _GAP) + _CELL_W / 2
+        out.append(f'<text x="{x}" y="14" text-anchor="middle" fill="#5b6775">gpu{k}</text>')
+    for i, row in enumerate(rows):
+        y = 22 + i * (_CELL_H + _GAP)
+        out.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" fill="#1d2733">'
+                   f'{escape(row["name"])}</text>')
+        for k, d in enumerate(row["gpus"]):
+            x = label_w + k * (_CELL_W + _GAP)
+            fraction = d.memory_used / d.memory if d.memory else 0.0
+            fill = _UNHEALTHY if not d.health else (_IDLE if d.slots_used == 0 else colour(fraction))
+            text = "x" if not d.health else f"{round(100 * fraction)}"
+            ink = "#fff" if (not d.health or fraction > 0.6) else "#1d2733"
+            tip = (f"{row['name']} gpu{d.index} {d.type}: memory {d.memory_used}/{d.memory} MiB "
+                   f"({percent(d.memory_used, d.memory)}%), cores {d.cores_used}/{d.cores}, "
+                   f"slots {d.slots_used}/{d.slots}"
+                   + ("" if d.health else ", unhealthy"))
+            out.append(f'<g><title>{escape(tip)}</title><rect x="{x}" y="{y}" width="{_CELL_W}" height="{_CELL_H}" '
+                       f'rx="3" fill="{fill}" stroke="#c5ced8" stroke-width="0.5"/>'
+                       f'<text x="{x + _CELL_W / 2}" y="{y + 15}" text-anchor="middle" fill="{ink}">'
+                       f'{text}</text></g>')
+    out.append(_legend(height - 22))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _legend(y: float) -> str:
+    """0% .. 100% colour steps, then the idle and unhealthy swatches, from the left edge."""
+    steps, box = 10, 16
+    parts = [f'<text x="4" y="{y + 11}" fill="#5b6775">0%</text>']
+    x0 = 26
+    for k in range(steps + 1):
+        parts.append(f'<rect x="{x0 + k * box}" y="{y}" width="{box}" height="14" fill="{colour(k / steps)}"/>')
+    x = x0 + (steps + 1) * box + 4
+    parts.append(f'<text x="{x}" y="{y + 11}" fill="#5b6775">100% memory</text>')
+    x += 84
+    parts.append(f'<rect x="{x}" y="{y}" width="{box}" height="14" fill="{_IDLE}" stroke="#c5ced8"/>'
+                 f'<text x="{x + 20}" y="{y + 11}" fill="#5b6775">idle</text>')
+    x += 50
+    parts.append(f'<rect x="{x}" y="{y}" width="{box}" height="14" fill="{_UNHEALTHY}"/>'
+                 f'<text x="{x + 20}" y="{y + 11}" fill="#5b6775">unhealthy</text>')
+    return "".join(parts)
+
+
+def render_html(report: Report) -> str:
+    r = report.primary
+    s = r.summary()
+    body = [
+        f"<h1>hami-scheduler simulate</h1>",
+        '<div class="inputs">',
+        f"<div><b>Cluster</b> {escape(report.cluster_file)}: {escape(report.cluster)}</div>",
+        f"<div><b>Workload</b> {escape(report.workload_file)}: {escape(report.workload)}</div>",
+        f"<div><b>Policies</b> node {escape(r.node_policy)}, GPU {escape(r.gpu_policy)}</div>",
+        *(f'<div class="note">{escape(n)}</div>' for n in report.notes),
+        "</div>",
+        _cards(s),
+        "<h2>GPU memory heat map</h2>",
+        heat_map(r, title=r.label),
+    ]
+    if report.comparison:
+        body.append("<h2>Policy comparison (node / GPU)</h2>")
+        body.append(_comparison(report.comparison, chosen=r))
+        body.append('<div class="maps">')
+        for x in report.comparison:
+            body.append(f'<div class="map"><h3>{escape(x.label)}: {x.summary()["placed"]} placed, '
+                        f'{x.summary()["pending"]} pending</h3>{heat_map(x, title=x.label)}</div>')
+        body.append("</div>")
+    body.append("<h2>Nodes</h2>")
+    body.append(_nodes(r))
+    pending = r.pending_groups()
+    if pending:
+        body.append(f"<h2>Pending pods ({s['pending']})</h2>")
+        body.append(_pending(pending))
+    body.append(f"<h2>Pods ({len(r.pods)})</h2>")
+    pods = _pods(r)
+    if len(r.pods) > DETAIL_MAX_PODS:
+        pods = f"<details><summary>show all {len(r.pods)} pods</summary>{pods}</details>"
+    body.append(pods)
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
+            f"<title>hami-scheduler simulate: {escape(report.cluster_file)}</title><style>{_CSS}</style></head>"
+            f"<body>{''.join(body)}</body></html>\n")
+
+
+def _cards(s: dict) -> str:
+    f = s["fragmentation"]
+    cards = [
+        ("placed", str(s["placed"]), "good" if s["placed"] else ""),
+        ("pending", str(s["pending"]), "bad" if s["pending"] else "good"),
+        ("memory used", f"{s['memory']['percent']}%", ""),
+        ("cores used", f"{s['cores']['percent']}%", ""),
+        ("slots used", f"{s['slots']['percent']}%", ""),
+        ("GPUs in use", f"{s['gpusInUse']}/{s['gpus']}", ""),
+        ("fragmented", f"{f['percent']}%" if f["typicalRequest"] else "-", ""),
+    ]
+    html = "".join(f'<div class="card {cls}"><div class="v">{escape(v)}</div>'
+                   f'<div class="l">{escape(label)}</div></div>' for label, v, cls in cards)
+    frag = ""
+    if f["typicalRequest"]:
+        frag = (f"<div>Fragmentation: {f['strandedMiB']:,} of {f['freeMiB']:,} MiB free memory, on "
+                f"{f['strandedGpus']} GPUs, cannot take the typical request ({escape(f['typicalRequest'])}).</div>")
+    return f'<div class="cards">{html}</div>{frag}'
+
+
+def _comparison(results: list[ScenarioResult], *, chosen: ScenarioResult) -> str:
+    best = best_scenario(results)
+    rows = ['<table><tr><th class="l">policies</th><th>placed</th><th>pending</th><th>nodes used</th>'
+            "<th>GPUs used</th><th>memory</th><th>cores</th><th>slots</th><th>fragmented</th></tr>"]
+    for x in results:
+        s = x.summary()
+        marks = (" (best)" if x is best else "") + (" (chosen)" if x is chosen else "")
+        rows.append(f'<tr class="{"best" if x is best else ""}"><td class="l">{escape(x.label + marks)}</td>'
+                    f"<td>{s['placed']}</td><td>{s['pending']}</td><td>{s['nodesInUse']}</td>"
+                    f"<td>{s['gpusInUse']}</td><td>{s['memory']['percent']}%</td><td>{s['cores']['percent']}%</td>"
+                    f"<td>{s['slots']['percent']}%</td>"
+                    f"<td>{s['fragmentation']['percent']}%</td></tr>")
+    rows.append(f"</table><div class=\"inputs\">best: {escape(BEST_RULE)}</div>")
+    return "".join(rows)
+
+
+def _nodes(r: ScenarioResult) -> str:
+    rows = ['<table><tr><th class="l">node</th><th>pods</th><th>GPUs</th><th>memory MiB</th><th>memory</th>'
+            "<th>cores</th><th>slots</th></tr>"]
+    for row in r.node_rows():
+        (mu, mt), (cu, ct), (su, st) = row["memory"], row["cores"], row["slots"]
+        rows.append(f'<tr><td class="l">{escape(row["name"])}</td><td>{row["pods"]}</td><td>{len(row["gpus"])}</td>'
+                    f"<td>{mu:,} / {mt:,}</td><td>{percent(mu, mt)}%</td><td>{percent(cu, ct)}%</td>"
+                    f"<td>{percent(su, st)}%</td></tr>")
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def _pending(groups: list[tuple[str, str, list[str]]]) -> str:
+    rows = ['<table><tr><th class="l">template</th><th>pods</th><th class="l">reason (FailedNodes)</th></tr>']
+    for template, reason, names in groups:
+        rows.append(f'<tr><td class="l">{escape(template)}</td><td>{len(names)}</td>'
+                    f'<td class="reason">{escape(reason)}</td></tr>')
+    rows.append("</table>")
+    return "".join(rows)
+
+
+def _pods(r: ScenarioResult) -> str:
+    rows = ['<table><tr><th class="l">pod</th><th class="l">state</th><th class="l">node</th>'
+            '<th class="l">devices / reason</th></tr>']
+    for p in r.pods:
+        detail = (", ".join(f"gpu{d['index']} {d['memoryMiB']} MiB {d['cores']}%" for d in p.devices)
+                  if p.node else p.reason)
+        rows.append(f'<tr><td class="l">{escape(p.namespace + "/" + p.name)}</td><td class="l">{p.state}</td>'
+                    f'<td class="l">{escape(p.node or "-")}</td><td class="reason">{escape(detail)}</td></tr>')
+    rows.append("</table>")
+    return "".join(rows)

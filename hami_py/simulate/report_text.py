@@ -1,0 +1,139 @@
+"""The table a planner reads in the terminal (``--output table``, and what ``make run`` prints).
+
+Totals first, then one line per node with a strip of block characters showing each GPU's memory
+use, then the pending pods grouped by template and reason. Per-GPU and per-pod tables follow for
+small clusters (or with ``--detail``); larger ones have them in the JSON and HTML reports.
+"""
+from __future__ import annotations
+
+from hami_py.simulate.results import BEST_RULE, Report, ScenarioResult, best_scenario
+
+DETAIL_MAX_GPUS = 32
+DETAIL_MAX_PODS = 40
+_BLOCKS = "▁▂▃▄▅▆▇█"
+
+
+def memory_glyph(used: int, total: int, healthy: bool) -> str:
+    """One character per GPU: ``x`` unhealthy, ``·`` idle, else a block as tall as its memory use."""
+    if not healthy:
+        return "x"
+    if used <= 0 or total <= 0:
+        return "·"
+    return _BLOCKS[min(len(_BLOCKS) - 1, (len(_BLOCKS) * used - 1) // total)]
+
+
+def render_table(report: Report, *, detail: bool = False) -> str:
+    lines: list[str] = []
+    add = lines.append
+    r = report.primary
+    s = r.summary()
+    add("hami-scheduler simulate")
+    add(f"  cluster    {report.cluster_file}: {report.cluster}")
+    add(f"  workload   {report.workload_file}: {report.workload}")
+    add(f"  policies   node {r.node_policy}, gpu {r.gpu_policy}")
+    for note in report.notes:
+        add(f"  note       {note}")
+    add("")
+    add(_pods_line(s))
+    add(f"Nodes       {s['nodes']}, {s['nodesInUse']} in use")
+    unhealthy = f", {s['unhealthyGpus']} unhealthy" if s["unhealthyGpus"] else ""
+    add(f"GPUs        {s['gpus']}, {s['gpusInUse']} in use{unhealthy}")
+    m, c, sl = s["memory"], s["cores"], s["slots"]
+    add(f"Memory      {m['percent']:5.1f}%  {m['usedMiB']:,} / {m['totalMiB']:,} MiB "
+        f"(peak {s['peakMemoryPercent']:.1f}%)")
+    add(f"Cores       {c['percent']:5.1f}%  {c['used']:,} / {c['total']:,}")
+    add(f"Slots       {sl['percent']:5.1f}%  {sl['used']:,} / {sl['total']:,}")
+    add(_fragmentation_line(s["fragmentation"]))
+    add("")
+    lines.extend(_node_table(r))
+    pending = r.pending_groups()
+    if pending:
+        add("")
+        add(f"PENDING ({s['pending']})")
+        for template, reason, names in pending:
+            shown = ", ".join(names[:3]) + (f", ... ({len(names)} pods)" if len(names) > 3 else "")
+            add(f"  {shown}: {reason}")
+    small = len(r.devices) <= DETAIL_MAX_GPUS and len(r.pods) <= DETAIL_MAX_PODS
+    if detail or small:
+        add("")
+        lines.extend(_gpu_table(r))
+        add("")
+        lines.extend(_pod_table(r))
+    elif not detail:
+        add("")
+        add("(per-GPU and per-pod tables: --detail, --output json or --output html)")
+    if report.comparison:
+        add("")
+        lines.extend(comparison_table(report.comparison, chosen=r))
+    return "\n".join(lines) + "\n"
+
+
+def _pods_line(s: dict) -> str:
+    placed = f"{s['placed']} placed"
+    if s["completed"]:
+        placed += f" ({s['running']} running, {s['completed']} completed)"
+    existing = f"; {s['existingPods']} already running" if s["existingPods"] else ""
+    return f"Pods        {s['pods']}: {placed}, {s['pending']} pending{existing}"
+
+
+def _fragmentation_line(f: dict) -> str:
+    if not f["typicalRequest"]:
+        return "Fragmented  -"
+    return (f"Fragmented  {f['percent']:5.1f}%  of free memory ({f['strandedMiB']:,} of {f['freeMiB']:,} MiB, "
+            f"on {f['strandedGpus']} GPUs) cannot take the typical request: {f['typicalRequest']}")
+
+
+def _node_table(r: ScenarioResult) -> list[str]:
+    rows = r.node_rows()
+    width = max([len("NODE")] + [len(row["name"]) for row in rows])
+    out = [f"{'NODE':<{width}}  {'PODS':>4}  {'GPUS':>4}  {'MEMORY':>6}  {'CORES':>6}  {'SLOTS':>6}  GPU MEMORY"]
+    for row in rows:
+        (mu, mt), (cu, ct), (su, st) = row["memory"], row["cores"], row["slots"]
+        strip = "".join(memory_glyph(d.memory_used, d.memory, d.health) for d in row["gpus"])
+        out.append(f"{row['name']:<{width}}  {row['pods']:>4}  {len(row['gpus']):>4}  {_pct(mu, mt)}  "
+                   f"{_pct(cu, ct)}  {_pct(su, st)}  {strip}")
+    return out
+
+
+def _pct(used: int, total: int) -> str:
+    return f"{(100.0 * used / total if total else 0.0):5.1f}%"
+
+
+def _gpu_table(r: ScenarioResult) -> list[str]:
+    width = max([len("NODE")] + [len(d.node) for d in r.devices])
+    type_width = max([len("TYPE")] + [len(d.type) for d in r.devices])
+    out = [f"{'NODE':<{width}}  {'GPU':>3}  {'TYPE':<{type_width}}  {'MEMORY MiB':>19}  {'MEM':>6}  "
+           f"{'CORES':>7}  {'SLOTS':>7}  HEALTH"]
+    for d in r.devices:
+        out.append(f"{d.node:<{width}}  {d.index:>3}  {d.type:<{type_width}}  "
+                   f"{d.memory_used:>9}/{d.memory:<9}  {_pct(d.memory_used, d.memory)}  "
+                   f"{d.cores_used:>3}/{d.cores:<3}  {d.slots_used:>3}/{d.slots:<3}  "
+                   f"{'ok' if d.health else 'unhealthy'}")
+    return out
+
+
+def _pod_table(r: ScenarioResult) -> list[str]:
+    width = max([len("POD")] + [len(f"{p.namespace}/{p.name}") for p in r.pods])
+    out = [f"{'POD':<{width}}  {'STATE':<9}  {'NODE':<12}  DEVICES"]
+    for p in r.pods:
+        devices = ", ".join(f"gpu{d['index']} {d['memoryMiB']} MiB {d['cores']}%" for d in p.devices)
+        out.append(f"{p.namespace + '/' + p.name:<{width}}  {p.state:<9}  {p.node or '-':<12}  "
+                   + (devices if p.node else p.reason))
+    return out
+
+
+def comparison_table(results: list[ScenarioResult], *, chosen: ScenarioResult | None = None) -> list[str]:
+    """Every node x GPU policy pair side by side, the best packing marked (BEST_RULE)."""
+    best = best_scenario(results)
+    out = ["POLICY COMPARISON (node/gpu)",
+           f"  {'POLICIES':<16}  {'PLACED':>6}  {'PENDING':>7}  {'NODES':>5}  {'GPUS':>5}  {'MEM':>6}  {'CORES':>6}  "
+           f"{'SLOTS':>6}  {'FRAGMENTED':>10}"]
+    for x in results:
+        s = x.summary()
+        marks = (" best" if x is best else "") + (" (chosen)" if chosen is not None and x is chosen else "")
+        out.append(f"  {x.label:<16}  {s['placed']:>6}  {s['pending']:>7}  {s['nodesInUse']:>5}  "
+                   f"{s['gpusInUse']:>5}  "
+                   f"{s['memory']['percent']:5.1f}%  {s['cores']['percent']:5.1f}%  {s['slots']['percent']:5.1f}%  "
+                   f"{s['fragmentation']['percent']:9.1f}%{marks}")
+    out.append(f"  best: {BEST_RULE}")
+    return out

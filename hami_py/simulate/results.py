@@ -1,0 +1,214 @@
+"""What one simulated scenario produced, and the figures a planner reads off it.
+
+The runner fills these records from the scheduler's own books (the usage cache) and from the
+pods' allocation annotations; everything here is arithmetic over them: utilisation of memory,
+cores and slots per GPU, per node and in total, and the pending pods with their reasons. The
+JSON, table and HTML reports all render the same :meth:`ScenarioResult.summary` and
+:meth:`ScenarioResult.node_rows`, so they never disagree.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PodOutcome:
+    """One workload pod: where it went (or why it could not), and when."""
+    namespace: str
+    name: str
+    template: str
+    arrival: int
+    uid: str = ""
+    node: str | None = None
+    devices: list[dict] = field(default_factory=list)
+    placed_at: int | None = None
+    completed_at: int | None = None
+    lifetime: int | None = None
+    reason: str = ""
+    failed_nodes: dict[str, str] | None = None
+    attempts: int = 0
+
+    @property
+    def state(self) -> str:
+        if self.node is None:
+            return "pending"
+        return "completed" if self.completed_at is not None else "running"
+
+    def as_json(self) -> dict:
+        out = {"namespace": self.namespace, "name": self.name, "template": self.template, "state": self.state,
+               "node": self.node, "devices": self.devices, "arrival": self.arrival, "placedAt": self.placed_at,
+               "completedAt": self.completed_at}
+        if self.node is None:
+            out["reason"] = self.reason
+            out["failedNodes"] = self.failed_nodes
+        return out
+
+
+@dataclass
+class DeviceState:
+    """One device at the end of the run, as the scheduler's usage cache books it."""
+    node: str
+    index: int
+    uuid: str
+    type: str
+    health: bool
+    slots: int
+    slots_used: int
+    memory: int
+    memory_used: int
+    cores: int
+    cores_used: int
+
+    @property
+    def memory_percent(self) -> float:
+        return percent(self.memory_used, self.memory)
+
+    def as_json(self) -> dict:
+        return {"index": self.index, "uuid": self.uuid, "type": self.type, "health": self.health,
+                "memory": {"usedMiB": self.memory_used, "totalMiB": self.memory,
+                           "percent": percent(self.memory_used, self.memory)},
+                "cores": {"used": self.cores_used, "total": self.cores,
+                          "percent": percent(self.cores_used, self.cores)},
+                "slots": {"used": self.slots_used, "total": self.slots,
+                          "percent": percent(self.slots_used, self.slots)}}
+
+
+@dataclass
+class Fragmentation:
+    """Free memory stranded on GPUs that can no longer take the workload's typical request."""
+    request: str = ""           # the typical request, in words; "" when there is none
+    free_mib: int = 0
+    stranded_mib: int = 0
+    stranded_gpus: int = 0
+
+    @property
+    def percent(self) -> float:
+        return percent(self.stranded_mib, self.free_mib)
+
+    def as_json(self) -> dict:
+        return {"typicalRequest": self.request, "freeMiB": self.free_mib, "strandedMiB": self.stranded_mib,
+                "strandedGpus": self.stranded_gpus, "percent": self.percent}
+
+
+@dataclass
+class ScenarioResult:
+    node_policy: str
+    gpu_policy: str
+    pods: list[PodOutcome]
+    devices: list[DeviceState]
+    fragmentation: Fragmentation
+    peak_memory_percent: float = 0.0
+    existing_pods: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def label(self) -> str:
+        return f"{self.node_policy}/{self.gpu_policy}"
+
+    def summary(self) -> dict:
+        healthy = [d for d in self.devices if d.health]
+        nodes = sorted({d.node for d in self.devices})
+        busy_nodes = {d.node for d in self.devices if d.slots_used}
+        states = [p.state for p in self.pods]
+        mem_used, mem = sum(d.memory_used for d in healthy), sum(d.memory for d in healthy)
+        cores_used, cores = sum(d.cores_used for d in healthy), sum(d.cores for d in healthy)
+        slots_used, slots = sum(d.slots_used for d in healthy), sum(d.slots for d in healthy)
+        return {
+            "nodePolicy": self.node_policy, "gpuPolicy": self.gpu_policy,
+            "pods": len(self.pods),
+            "placed": states.count("running") + states.count("completed"),
+            "pending": states.count("pending"),
+            "running": states.count("running"),
+            "completed": states.count("completed"),
+            "existingPods": self.existing_pods,
+            "nodes": len(nodes), "nodesInUse": len(busy_nodes),
+            "gpus": len(self.devices), "gpusInUse": sum(1 for d in self.devices if d.slots_used),
+            "unhealthyGpus": len(self.devices) - len(healthy),
+            "memory": {"usedMiB": mem_used, "totalMiB": mem, "percent": percent(mem_used, mem)},
+            "cores": {"used": cores_used, "total": cores, "percent": percent(cores_used, cores)},
+            "slots": {"used": slots_used, "total": slots, "percent": percent(slots_used, slots)},
+            "peakMemoryPercent": self.peak_memory_percent,
+            "fragmentation": self.fragmentation.as_json(),
+        }
+
+    def node_rows(self) -> list[dict]:
+        """Per node: totals over its devices, the devices themselves, and its pod count."""
+        pods_on: dict[str, int] = {}
+        for pod in self.pods:
+            if pod.state == "running":
+                pods_on[pod.node] = pods_on.get(pod.node, 0) + 1
+        rows: dict[str, dict] = {}
+        for d in self.devices:
+            row = rows.setdefault(d.node, {"name": d.node, "pods": pods_on.get(d.node, 0), "gpus": [],
+                                           "memory": [0, 0], "cores": [0, 0], "slots": [0, 0]})
+            row["gpus"].append(d)
+            if d.health:
+                for key, used, total in (("memory", d.memory_used, d.memory), ("cores", d.cores_used, d.cores),
+                                         ("slots", d.slots_used, d.slots)):
+                    row[key][0] += used
+                    row[key][1] += total
+        return [rows[name] for name in sorted(rows, key=natural_key)]
+
+    def nodes_json(self) -> list[dict]:
+        out = []
+        for row in self.node_rows():
+            (mu, mt), (cu, ct), (su, st) = row["memory"], row["cores"], row["slots"]
+            out.append({"name": row["name"], "pods": row["pods"],
+                        "memory": {"usedMiB": mu, "totalMiB": mt, "percent": percent(mu, mt)},
+                        "cores": {"used": cu, "total": ct, "percent": percent(cu, ct)},
+                        "slots": {"used": su, "total": st, "percent": percent(su, st)},
+                        "gpus": [d.as_json() for d in row["gpus"]]})
+        return out
+
+    def pending_groups(self) -> list[tuple[str, str, list[str]]]:
+        """Pending pods grouped by template and reason: (template, reason, pod names)."""
+        groups: dict[tuple[str, str], list[str]] = {}
+        for pod in self.pods:
+            if pod.state == "pending":
+                groups.setdefault((pod.template, pod.reason), []).append(pod.name)
+        return [(t, r, names) for (t, r), names in groups.items()]
+
+
+BEST_RULE = "most pods placed, then fewest GPUs in use, then least stranded memory"
+
+
+def best_scenario(results: list[ScenarioResult]) -> ScenarioResult:
+    """The scenario that packs the workload best, by BEST_RULE (ties: the first listed)."""
+    def rank(x: ScenarioResult) -> tuple:
+        s = x.summary()
+        return (-s["placed"], s["gpusInUse"], x.fragmentation.stranded_mib)
+    return min(results, key=rank)
+
+
+def percent(used: int | float, total: int | float) -> float:
+    return round(100.0 * used / total, 1) if total else 0.0
+
+
+def natural_key(name: str) -> tuple:
+    """``node-2`` before ``node-10``."""
+    return tuple((1, int(part), "") if part.isdigit() else (0, 0, part) for part in re.split(r"(\d+)", name) if part)
+
+
+def summarize_failed(failed: dict[str, str] | None, total: int) -> str:
+    """FailedNodes in kube-scheduler's words: ``0/16 nodes are available: 12 node(s) 8/8
+    CardInsufficientMemory; 4 node(s) NodeInsufficientDevice``. Each reason is the extender's
+    string for that node, exactly as FailedNodes carries it."""
+    counts: dict[str, int] = {}
+    for reason in (failed or {}).values():
+        counts[reason] = counts.get(reason, 0) + 1
+    groups = sorted(counts.items(), key=lambda item: (-item[1], item[0]))
+    return f"0/{total} nodes are available: " + "; ".join(f"{n} node(s) {reason}" for reason, n in groups)
+
+
+@dataclass
+class Report:
+    """Everything the reports show: the inputs in words, the chosen scenario and, with
+    --compare-policies, every scenario (the chosen one among them)."""
+    cluster_file: str
+    cluster: str
+    workload_file: str
+    workload: str
+    notes: list[str]
+    primary: ScenarioResult
+    comparison: list[ScenarioResult] = field(default_factory=list)

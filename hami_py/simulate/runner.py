@@ -1,0 +1,399 @@
+"""One scenario: the production scheduler on an embedded cluster, fed the workload pod by pod.
+
+Nothing here decides a placement. The nodes (and any pods already running) are created in the
+embedded API server before the scheduler starts, so its first list sees them; then each arriving
+pod is created, sent through /filter and /bind over HTTP exactly as kube-scheduler sends it, and
+finished by the simulated device plugin, which releases the node lock as HAMi's plugin does.
+
+Time is counted in arrivals. A pod with a lifetime is deleted that many arrivals after it was
+placed; the runner waits until the scheduler's cache has seen the delete, then gives the pending
+pods another try (oldest first, as kube-scheduler's queue would after a pod is deleted) before
+the next pod arrives. A bind waits for the previous pod's allocation: the node lock is held from
+/bind until the device plugin has allocated, and kube-scheduler would retry on contention; the
+wait gives the same outcome without the retries.
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import queue
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+import aiohttp
+
+from hami_py.app import SchedulerApp
+from hami_py.config import DeviceConfig
+from hami_py.devices.base import ContainerRequest
+from hami_py.devices.nvidia import USE_UUID_ANNOTATION, VENDOR_KEY as NVIDIA
+from hami_py.embedded import embedded_options, running_scheduler, wait_for
+from hami_py.fakeapi import FakeApiServer
+from hami_py.fakeapi.kubescheduler import ExtenderClient
+from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.simulate.cluster import Cluster
+from hami_py.simulate.results import DeviceState, Fragmentation, PodOutcome, ScenarioResult, percent, summarize_failed
+from hami_py.simulate.workload import Template, Workload
+
+# Pins a one-device probe pod to one device, per vendor (the fragmentation figure).
+_PIN_ANNOTATIONS = {NVIDIA: USE_UUID_ANNOTATION}
+# Generous: a scheduler that answers nothing for this long is broken, not slow.
+_WAIT_S = 60.0
+
+ProgressFn = Callable[[int, int, int, int], None]   # (arrived, total, placed, pending)
+
+class SimulationError(RuntimeError):
+    """The scheduler (or the embedded cluster) failed in a way no pod outcome can describe."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    node_policy: str
+    gpu_policy: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.node_policy}/{self.gpu_policy}"
+
+
+class ScenarioProgress:
+    """Where each scenario is, for one progress bar over all of them."""
+
+    def __init__(self, *, scenarios: int, total: int, on_change: ProgressFn | None):
+        self.done = [0] * scenarios
+        self.placed = [0] * scenarios
+        self.pending = [0] * scenarios
+        self.total = total * scenarios
+        self.on_change = on_change
+
+    def update(self, index: int, done: int, placed: int, pending: int) -> None:
+        self.done[index], self.placed[index], self.pending[index] = done, placed, pending
+        if self.on_change is not None:
+            self.on_change(sum(self.done), self.total, sum(self.placed), sum(self.pending))
+
+
+def run_scenarios(*, cluster: Cluster, workload: Workload, scenarios: list[Scenario], device_config: DeviceConfig,
+                  progress: ProgressFn | None = None) -> list[ScenarioResult]:
+    """Every scenario, each on its own embedded cluster; in parallel processes when there are
+    several and more than one CPU (the scenarios share nothing, and one scenario is one event
+    loop, so processes are the only way to use a second core). Results come in scenario order."""
+    tracker = ScenarioProgress(scenarios=len(scenarios), total=workload.total_pods, on_change=progress)
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = min(len(scenarios), cpus)
+    if workers <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return asyncio.run(_run_serially(cluster=cluster, workload=workload, scenarios=scenarios,
+                                         device_config=device_config, tracker=tracker))
+    context = multiprocessing.get_context("fork")
+    updates = context.Queue()
+    with ProcessPoolExecutor(max_workers=workers, mp_context=context, initializer=_worker_init,
+                             initargs=(updates,)) as pool:
+        futures = [pool.submit(_worker_run, i, cluster, workload, scenario, device_config)
+                   for i, scenario in enumerate(scenarios)]
+        while not all(f.done() for f in futures):
+            try:
+                tracker.update(*updates.get(timeout=0.1))
+            except queue.Empty:
+                pass
+        return [f.result() for f in futures]
+
+
+async def _run_serially(*, cluster: Cluster, workload: Workload, scenarios: list[Scenario],
+                        device_config: DeviceConfig, tracker: ScenarioProgress) -> list[ScenarioResult]:
+    results = []
+    for i, scenario in enumerate(scenarios):
+        def report(done: int, total: int, placed: int, pending: int, index: int = i) -> None:
+            tracker.update(index, done, placed, pending)
+        results.append(await run_scenario(cluster=cluster, workload=workload, scenario=scenario,
+                                          device_config=device_config, progress=report))
+    return results
+
+
+_updates = None
+
+
+def _worker_init(updates) -> None:
+    global _updates
+    _updates = updates
+
+
+def _worker_run(index: int, cluster: Cluster, workload: Workload, scenario: Scenario,
+                device_config: DeviceConfig) -> ScenarioResult:
+    last = [0.0]
+
+    def report(done: int, total: int, placed: int, pending: int) -> None:
+        now = time.monotonic()
+        if done == total or now - last[0] >= 0.1:
+            last[0] = now
+            _updates.put((index, done, placed, pending))
+
+    return asyncio.run(run_scenario(cluster=cluster, workload=workload, scenario=scenario,
+                                    device_config=device_config, progress=report))
+
+
+async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenario, device_config: DeviceConfig,
+                       progress: ProgressFn | None = None) -> ScenarioResult:
+    """Run the workload on a fresh embedded cluster under the scenario's default policies."""
+    started = time.perf_counter()
+    api = FakeApiServer()
+    await api.start()
+    try:
+        for node in cluster.nodes:
+            api.create("nodes", node)
+        for pod in cluster.existing_pods:
+            api.create("pods", pod)
+        options = embedded_options(node_scheduler_policy=scenario.node_policy,
+                                   gpu_scheduler_policy=scenario.gpu_policy, metrics_bind_address="")
+        async with running_scheduler(api, options=options, device_config=device_config) as app:
+            await wait_for(lambda: all(n in app.cache.nodes for n in cluster.node_names), timeout=_WAIT_S,
+                           what="the scheduler to register every node")
+            run = _Run(api=api, app=app, cluster=cluster, progress=progress)
+            try:
+                await run.play(workload)
+            finally:
+                await run.close()
+            result = ScenarioResult(node_policy=scenario.node_policy, gpu_policy=scenario.gpu_policy,
+                                    pods=run.outcomes, devices=device_states(app, cluster.node_names),
+                                    fragmentation=fragmentation(app, workload, cluster.node_names),
+                                    peak_memory_percent=run.peak_memory_percent,
+                                    existing_pods=len(cluster.existing_pods))
+    finally:
+        await api.stop()
+    result.elapsed_s = time.perf_counter() - started
+    return result
+
+
+class _Run:
+    """The kube-scheduler side of one scenario: arrivals, retries, lifetimes."""
+
+    def __init__(self, *, api: FakeApiServer, app: SchedulerApp, cluster: Cluster, progress: ProgressFn | None):
+        self.api = api
+        self.app = app
+        self.progress = progress
+        self.extender = ExtenderClient(app.url)
+        self.nodes = cluster.node_names
+        self.labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in cluster.nodes}
+        self.outcomes: list[PodOutcome] = []
+        self.pending: list[PodOutcome] = []
+        self.expiries: dict[int, list[PodOutcome]] = {}
+        self.binds = 0
+        self.peak_memory_percent = 0.0
+
+    async def close(self) -> None:
+        await self.extender.close()
+
+    async def play(self, workload: Workload) -> None:
+        arrivals = workload.arrivals()
+        for arrival in arrivals:
+            await self._expire(arrival.step)
+            outcome = PodOutcome(namespace=arrival.namespace, name=arrival.name, template=arrival.template.name,
+                                 arrival=arrival.step, lifetime=arrival.template.lifetime)
+            self.outcomes.append(outcome)
+            created = self.api.create("pods", arrival.manifest())
+            outcome.uid = created["metadata"]["uid"]
+            await self._attempt(outcome, created, arrival.step)
+            self._sample_usage()
+            if self.progress is not None:
+                self.progress(arrival.step + 1, len(arrivals), self.binds, len(self.pending))
+        await self._allocations_done()
+
+    async def _allocations_done(self) -> None:
+        plugin = self.app.device_plugin
+        await wait_for(lambda: plugin.allocated >= self.binds, timeout=_WAIT_S, interval=0.0005,
+                       what="the device plugin to finish allocating")
+
+    async def _expire(self, step: int) -> None:
+        """Delete the pods whose lifetime ends now, then retry the pending ones."""
+        due = self.expiries.pop(step, [])
+        if not due:
+            return
+        await self._allocations_done()  # a pod mid-allocation still holds its node lock
+        for outcome in due:
+            self.api.delete("pods", outcome.name, outcome.namespace)
+            outcome.completed_at = step
+        cache = self.app.cache
+        await wait_for(lambda: not any(o.uid in cache.pods for o in due), timeout=_WAIT_S, interval=0.0005,
+                       what="the scheduler to see completed pods deleted")
+        failed_templates: dict[str, PodOutcome] = {}
+        for outcome in list(self.pending):
+            earlier = failed_templates.get(outcome.template)
+            if earlier is not None:
+                # Same template, same free capacity since its twin failed: the same answer.
+                outcome.reason, outcome.failed_nodes = earlier.reason, earlier.failed_nodes
+                continue
+            pod = self.api.get("pods", outcome.name, outcome.namespace)
+            await self._attempt(outcome, pod, step)
+            if outcome.node is None:
+                failed_templates[outcome.template] = outcome
+
+    async def _attempt(self, outcome: PodOutcome, pod: dict, step: int) -> None:
+        outcome.attempts += 1
+        candidates = self._candidates(pod)
+        if not candidates:
+            self._still_pending(outcome, f"0/{len(self.nodes)} nodes are available: "
+                                         f"{len(self.nodes)} node(s) didn't match the pod's nodeSelector", None)
+            return
+        result = await self._call("filter", outcome, self.extender.filter(pod, candidates))
+        names = result.get("NodeNames") or []
+        if result.get("Error") or not names:
+            failed = result.get("FailedNodes")
+            reason = result.get("Error") or summarize_failed(failed, len(candidates))
+            self._still_pending(outcome, reason, failed)
+            return
+        node = names[0]
+        await self._allocations_done()
+        bound = await self._call("bind", outcome, self.extender.bind(pod, node))
+        if bound.get("Error"):
+            self._still_pending(outcome, f"bind to {node} failed: {bound['Error']}", None)
+            return
+        self.binds += 1
+        outcome.node, outcome.placed_at = node, step
+        outcome.reason, outcome.failed_nodes = "", None
+        outcome.devices = self._devices(outcome)
+        if outcome in self.pending:
+            self.pending.remove(outcome)
+        if outcome.lifetime:
+            self.expiries.setdefault(step + outcome.lifetime, []).append(outcome)
+
+    @staticmethod
+    async def _call(verb: str, outcome: PodOutcome, request) -> dict:
+        """An extender call; an answer that is not an ExtenderFilterResult/BindingResult (a crash
+        inside the scheduler, a dropped connection) ends the run with one clear error."""
+        try:
+            return await request
+        except (aiohttp.ClientError, ValueError) as exc:
+            raise SimulationError(f"/{verb} of pod {outcome.namespace}/{outcome.name} got no valid answer "
+                                  f"from the scheduler ({type(exc).__name__}: {exc}); see the log above") from None
+
+    def _still_pending(self, outcome: PodOutcome, reason: str, failed: dict | None) -> None:
+        outcome.reason, outcome.failed_nodes = reason, failed
+        if outcome not in self.pending:
+            self.pending.append(outcome)
+
+    def _candidates(self, pod: dict) -> list[str]:
+        """The nodes kube-scheduler would send: those matching the pod's nodeSelector."""
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        if not selector:
+            return self.nodes
+        return [n for n in self.nodes if all(self.labels[n].get(k) == v for k, v in selector.items())]
+
+    def _devices(self, outcome: PodOutcome) -> list[dict]:
+        """The devices the pod was given, read back from its allocation annotations."""
+        stored = self.api.get("pods", outcome.name, outcome.namespace) or {}
+        annotations = (stored.get("metadata") or {}).get("annotations") or {}
+        spec = stored.get("spec") or {}
+        containers = [c.get("name", "")
+                      for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]]
+        entry = self.app.cache.nodes.get(outcome.node)
+        by_uuid = {d.id: d for d in entry.devices} if entry else {}
+        out = []
+        for vendor in self.app.vendors.values():
+            for position, devices in enumerate(vendor.decode_allocation(annotations) or []):
+                for dev in devices:
+                    info = by_uuid.get(dev.uuid)
+                    out.append({"container": containers[position] if position < len(containers) else "",
+                                "uuid": dev.uuid, "index": info.index if info else None,
+                                "type": info.type if info else dev.type,
+                                "memoryMiB": dev.usedmem, "cores": dev.usedcores})
+        return out
+
+    def _sample_usage(self) -> None:
+        cache = self.app.cache
+        used = total = 0
+        for j in range(len(cache.total_mem)):
+            if cache.vendor[j] >= 0 and cache.health[j]:
+                used += cache.used_mem[j]
+                total += cache.total_mem[j]
+        self.peak_memory_percent = max(self.peak_memory_percent, percent(used, total))
+
+
+def device_states(app: SchedulerApp, node_names: list[str]) -> list[DeviceState]:
+    """Every device as the scheduler's usage cache books it now."""
+    out = []
+    for node in node_names:
+        for d in app.cache.device_usage(node):
+            out.append(DeviceState(node=node, index=d["index"], uuid=d["id"], type=d["type"], health=d["health"],
+                                   slots=d["count"], slots_used=d["used"], memory=d["totalmem"],
+                                   memory_used=d["usedmem"], cores=d["totalcore"], cores_used=d["usedcores"]))
+    return out
+
+
+# -- fragmentation -------------------------------------------------------------------------------
+
+def typical_request(workload: Workload) -> tuple[Template, int, str, ContainerRequest] | None:
+    """The most common per-device request of the workload, weighted by how many devices ask for
+    it (replicas x count); the first seen wins a tie. (template, container position, vendor, request)."""
+    weights: dict[tuple, int] = {}
+    first: dict[tuple, tuple] = {}
+    for template in workload.templates:
+        for position, per_vendor in enumerate(template.request.per_container):
+            for vendor, req in per_vendor.items():
+                key = (vendor, req.memreq, req.mempct, req.coresreq)
+                weights[key] = weights.get(key, 0) + template.replicas * req.nums
+                first.setdefault(key, (template, position, vendor, req))
+    if not weights:
+        return None
+    order = list(first)
+    best = max(order, key=lambda k: (weights[k], -order.index(k)))
+    return first[best]
+
+
+def describe_request(req: ContainerRequest, vendor: str) -> str:
+    if req.memreq:
+        memory = f"{req.memreq} MiB"
+    elif req.mempct <= 100:
+        memory = f"{req.mempct}% memory"
+    else:
+        memory = "default memory"
+    return f"1 {vendor} device x {memory}, {req.coresreq}% cores"
+
+
+def fragmentation(app: SchedulerApp, workload: Workload, node_names: list[str]) -> Fragmentation:
+    """Free memory on healthy devices that the scheduler would refuse the typical request.
+
+    Each device with free memory is asked, through the scheduler's own filter (without
+    reserving anything), whether a one-device pod with the typical request, pinned to that device,
+    fits. The free memory of every device that says no is stranded."""
+    typical = typical_request(workload)
+    if typical is None:
+        return Fragmentation()
+    template, position, vendor_key, req = typical
+    pin = _PIN_ANNOTATIONS.get(vendor_key)
+    result = Fragmentation(request=describe_request(req, vendor_key))
+    vendor = app.vendors[vendor_key]
+    probe = _probe_pod(template, position, count_resource=vendor.resource_names()[0])
+    request = parse_pod_requests(probe, app.vendors, app.cache.vendor_ids)
+    filterer = app.service.filterer
+    cache = app.cache
+    vendor_id = cache.vendor_ids[vendor_key]
+    for node in node_names:
+        entry = cache.nodes[node]
+        for k, d in enumerate(cache.device_usage(node)):
+            free = d["totalmem"] - d["usedmem"]
+            if not d["health"] or free <= 0 or cache.vendor[entry.offset + k] != vendor_id:
+                continue
+            result.free_mib += free
+            if pin is None:
+                continue
+            probe["metadata"]["annotations"] = {pin: d["id"]}
+            decision = filterer.decide(probe, [node], request, reserve=False)
+            if decision.node is None:
+                result.stranded_mib += free
+                result.stranded_gpus += 1
+    if pin is None:
+        result.request += " (not measured for this vendor)"
+    return result
+
+
+def _probe_pod(template: Template, position: int, *, count_resource: str) -> dict:
+    spec = template.pod.get("spec") or {}
+    containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+    container = dict(containers[position])
+    resources = {k: dict(v) for k, v in (container.get("resources") or {}).items() if isinstance(v, dict)}
+    for section in resources.values():
+        if count_resource in section:
+            section[count_resource] = "1"
+    container["resources"] = resources
+    return {"metadata": {"name": "fragmentation-probe", "namespace": "default", "uid": "", "annotations": {}},
+            "spec": {"containers": [container]}}

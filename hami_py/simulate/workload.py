@@ -1,0 +1,330 @@
+"""The workload file: which pods arrive, how many, in what order, and for how long they stay.
+
+Two forms are accepted.
+
+* The simulator's own::
+
+      order: interleaved        # as-listed (default), interleaved, or shuffled (with seed)
+      pods:
+        - name: llm-serve
+          replicas: 40
+          gpus: 1
+          gpumem: 20Gi          # or MiB as a number; gpumemPercentage: 50 instead
+          gpucores: 30
+          lifetime: 25          # deleted 25 arrivals after it was placed
+        - name: trainer
+          replicas: 2
+          template: {...}       # any Pod manifest, used as it is
+
+* Plain Kubernetes: Pod manifests (a List, or one per document), and Deployments, ReplicaSets,
+  StatefulSets and Jobs, whose pod template is taken ``replicas`` (``parallelism``) times. A
+  manifest copied from a live cluster loses its status, node and HAMi's scheduling annotations,
+  so it is scheduled afresh. ``simulate.hami-py.io/lifetime`` on a manifest gives a lifetime.
+
+Time is counted in arrivals: each pod arriving is one step. Every pod is checked here with the
+scheduler's own request parser and policy reader, so a malformed quantity or annotation is
+reported with its file and line before anything runs.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from hami_py.cache.usage import VGPU_NODE_ANNOTATION
+from hami_py.config import DeviceConfig
+from hami_py.devices.base import DeviceVendor, RequestError
+from hami_py.devices.nvidia import USE_TYPE_ANNOTATION
+from hami_py.scheduling.bind import BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION
+from hami_py.scheduling.filter import VGPU_TIME_ANNOTATION
+from hami_py.scheduling.policies import (
+    GPU_POLICY_ANNOTATION, NODE_POLICY_ANNOTATION, PolicyError, pod_policies,
+)
+from hami_py.scheduling.requests import PodRequest, parse_pod_requests
+from hami_py.simulate.source import (
+    Where, check_keys, kind_of, kubernetes_objects, load_documents, optional, plain, read_int, read_list, read_map,
+    read_mib, read_str, read_str_map, required,
+)
+
+LIFETIME_ANNOTATION = "simulate.hami-py.io/lifetime"
+ORDERS = ("as-listed", "interleaved", "shuffled")
+POLICIES = ("binpack", "spread")
+_ENTRY_FIELDS = ("name", "namespace", "replicas", "lifetime", "gpus", "gpumem", "gpumemPercentage", "gpucores",
+                 "gpuType", "nodePolicy", "gpuPolicy", "annotations", "labels", "nodeSelector", "template")
+_SHORTHAND = ("gpus", "gpumem", "gpumemPercentage", "gpucores", "gpuType", "nodePolicy", "gpuPolicy",
+              "annotations", "labels", "nodeSelector")
+_DECISION_ANNOTATIONS = (VGPU_NODE_ANNOTATION, VGPU_TIME_ANNOTATION, BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION)
+_CONTROLLERS = ("Deployment", "ReplicaSet", "StatefulSet", "Job")
+_MAX_PODS = 100_000
+
+
+@dataclass
+class Template:
+    """One kind of pod: the manifest every replica is made from."""
+    name: str
+    namespace: str
+    replicas: int
+    lifetime: int | None
+    pod: dict
+    request: PodRequest
+    where: Where
+
+    @property
+    def node_selector(self) -> dict[str, str]:
+        return (self.pod.get("spec") or {}).get("nodeSelector") or {}
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One pod arriving: which template, under which name."""
+    step: int
+    template: Template
+    name: str
+
+    @property
+    def namespace(self) -> str:
+        return self.template.namespace
+
+    def manifest(self) -> dict:
+        pod = orjson.loads(orjson.dumps(self.template.pod))
+        pod["metadata"]["name"] = self.name
+        pod["metadata"]["namespace"] = self.template.namespace
+        return pod
+
+
+@dataclass
+class Workload:
+    path: str
+    templates: list[Template]
+    order: str = "as-listed"
+    seed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def total_pods(self) -> int:
+        return sum(t.replicas for t in self.templates)
+
+    def arrivals(self) -> list[Arrival]:
+        """Every pod in arrival order; the order is fixed by the file (and the seed)."""
+        named = [[(t, _replica_name(t, i)) for i in range(t.replicas)] for t in self.templates]
+        if self.order == "interleaved":
+            flat = [group[i] for i in range(max(len(g) for g in named)) for group in named if i < len(group)]
+        else:
+            flat = [pair for group in named for pair in group]
+            if self.order == "shuffled":
+                random.Random(self.seed).shuffle(flat)
+        return [Arrival(step, t, name) for step, (t, name) in enumerate(flat)]
+
+
+def _replica_name(template: Template, i: int) -> str:
+    return template.name if template.replicas == 1 else f"{template.name}-{i}"
+
+
+def load_workload(path: str, *, vendors: dict[str, DeviceVendor], device_config: DeviceConfig) -> Workload:
+    docs = load_documents(path)
+    first, where = docs[0]
+    if isinstance(first, dict) and "pods" in first and first.get("kind") in (None, "Workload"):
+        if len(docs) > 1:
+            raise docs[1][1].error("a simulator workload file holds one document (the pods list)")
+        workload = _load_simulator_form(first, where, vendors=vendors, device_config=device_config)
+    elif all(isinstance(doc, dict) and "kind" in doc for doc, _ in docs):
+        workload = _load_kubernetes_form(docs, path, vendors=vendors)
+    else:
+        raise where.error('expected a workload with a "pods" list, or Kubernetes Pod manifests')
+    _check_unique_names(workload)
+    return workload
+
+
+def _check_unique_names(workload: Workload) -> None:
+    seen: dict[tuple[str, str], Template] = {}
+    for template in workload.templates:
+        for i in range(template.replicas):
+            key = (template.namespace, _replica_name(template, i))
+            if key in seen:
+                raise template.where.error(f'pod "{key[0]}/{key[1]}" is also made by the pod at line '
+                                           f"{seen[key].where.line}; names must be unique")
+            seen[key] = template
+    if not workload.templates:
+        raise Where(workload.path).error("the workload has no GPU pods")
+    if workload.total_pods > _MAX_PODS:
+        raise Where(workload.path).error(
+            f"{workload.total_pods} pods is more than the simulator's limit of {_MAX_PODS}")
+
+
+# -- the simulator's form ------------------------------------------------------------------------
+
+def _load_simulator_form(doc: dict, where: Where, *, vendors: dict[str, DeviceVendor],
+                         device_config: DeviceConfig) -> Workload:
+    check_keys(where, doc, ("apiVersion", "kind", "name", "order", "seed", "pods"))
+    order = optional(where, doc, "order", read_str, "as-listed")
+    if order not in ORDERS:
+        raise where.at(doc, "order").error(f'must be one of {", ".join(ORDERS)}, got "{order}"')
+    seed = optional(where, doc, "seed", read_int, 0)
+    entries_where = where.at(doc, "pods")
+    entries = read_list(entries_where, doc["pods"])
+    templates = []
+    for i, raw in enumerate(entries):
+        entry_where = entries_where.at(entries, i)
+        entry = read_map(entry_where, raw)
+        templates.append(_entry(entry_where, entry, vendors=vendors, device_config=device_config))
+    return Workload(path=where.path, templates=templates, order=order, seed=seed)
+
+
+def _entry(where: Where, entry: dict, *, vendors: dict[str, DeviceVendor], device_config: DeviceConfig) -> Template:
+    check_keys(where, entry, _ENTRY_FIELDS)
+    replicas = optional(where, entry, "replicas", read_int, 1, minimum=0, maximum=_MAX_PODS)
+    lifetime = optional(where, entry, "lifetime", read_int, None, minimum=1)
+    if entry.get("template") is not None:
+        clash = [k for k in _SHORTHAND if entry.get(k) is not None]
+        if clash:
+            raise where.at(entry, clash[0]).error(
+                f'give either "template" (a Pod manifest) or "{clash[0]}", not both')
+        template_where = where.at(entry, "template")
+        template = read_map(template_where, entry["template"])
+        pod = _fresh_pod(template, template_where)
+        name = optional(where, entry, "name", read_str, pod["metadata"].get("name"))
+        if not name:
+            raise where.error('missing required field "name" (or metadata.name in the template)')
+        namespace = optional(where, entry, "namespace", read_str, pod["metadata"].get("namespace") or "default")
+        return _template(template_where, pod, name=name, namespace=namespace, replicas=replicas,
+                         lifetime=lifetime, vendors=vendors, allow_no_device=False)
+    name = required(where, entry, "name", read_str)
+    namespace = optional(where, entry, "namespace", read_str, "default")
+    pod = _shorthand_pod(where, entry, device_config=device_config)
+    return _template(where, pod, name=name, namespace=namespace, replicas=replicas, lifetime=lifetime,
+                     vendors=vendors, allow_no_device=False)
+
+
+def _shorthand_pod(where: Where, entry: dict, *, device_config: DeviceConfig) -> dict:
+    names = device_config.nvidia
+    limits: dict[str, str] = {names.resource_count_name: str(optional(where, entry, "gpus", read_int, 1, minimum=1))}
+    memory = optional(where, entry, "gpumem", read_mib)
+    if memory is not None:
+        limits[names.resource_memory_name] = str(memory)
+    percent = optional(where, entry, "gpumemPercentage", read_int, None, minimum=1, maximum=100)
+    if percent is not None:
+        limits[names.resource_memory_percentage_name] = str(percent)
+    cores = optional(where, entry, "gpucores", read_int, None, minimum=0, maximum=100)
+    if cores is not None:
+        limits[names.resource_core_name] = str(cores)
+    annotations = optional(where, entry, "annotations", read_str_map, {})
+    gpu_type = optional(where, entry, "gpuType", read_str)
+    if gpu_type is not None:
+        annotations[USE_TYPE_ANNOTATION] = gpu_type
+    for key, annotation in (("nodePolicy", NODE_POLICY_ANNOTATION), ("gpuPolicy", GPU_POLICY_ANNOTATION)):
+        policy = optional(where, entry, key, read_str)
+        if policy is not None:
+            if policy not in POLICIES:
+                raise where.at(entry, key).error(f'must be binpack or spread, got "{policy}"')
+            annotations[annotation] = policy
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "cuda:12", "resources": {"limits": limits}}]}
+    selector = optional(where, entry, "nodeSelector", read_str_map, None)
+    if selector:
+        spec["nodeSelector"] = selector
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "", "annotations": annotations,
+                         "labels": optional(where, entry, "labels", read_str_map, {})},
+            "spec": spec}
+
+
+def _template(where: Where, pod: dict, *, name: str, namespace: str, replicas: int, lifetime: int | None,
+              vendors: dict[str, DeviceVendor], allow_no_device: bool) -> Template | None:
+    """Check the pod with the scheduler's own request parser and policy reader."""
+    pod["metadata"]["name"] = name
+    pod["metadata"]["namespace"] = namespace
+    vendor_ids = {key: i for i, key in enumerate(vendors)}
+    try:
+        request = parse_pod_requests(pod, vendors, vendor_ids)
+        pod_policies(pod["metadata"].get("annotations") or {}, default_node="binpack", default_gpu="spread")
+    except (RequestError, PolicyError) as exc:
+        raise where.error(f'pod "{name}": the scheduler rejects it: {exc}') from None
+    if request is None:
+        if allow_no_device:
+            return None
+        raise where.error(f'pod "{name}" asks for no device the scheduler manages (e.g. nvidia.com/gpu)')
+    return Template(name=name, namespace=namespace, replicas=replicas, lifetime=lifetime, pod=pod,
+                    request=request, where=where)
+
+
+def _fresh_pod(obj: dict, where: Where) -> dict:
+    """A manifest ready to be created: no status, no node, no earlier scheduling decision."""
+    pod = plain(obj)
+    meta = pod.get("metadata")
+    if meta is None:
+        meta = pod["metadata"] = {}
+    if not isinstance(meta, dict):
+        raise where.at(obj, "metadata").error(f"expected a mapping, got {kind_of(meta)}")
+    meta_where = where.at(obj, "metadata")
+    for key in ("labels", "annotations"):
+        if meta.get(key) is not None:
+            meta[key] = read_str_map(meta_where.at(obj["metadata"], key), obj["metadata"][key])
+    for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "selfLink", "generation",
+                "ownerReferences", "deletionTimestamp", "generateName"):
+        meta.pop(key, None)
+    annotations = meta.get("annotations") or {}
+    meta["annotations"] = {k: v for k, v in annotations.items() if k not in _DECISION_ANNOTATIONS
+                           and not k.endswith(("-devices-to-allocate", "-devices-allocated"))}
+    if meta.get("labels"):
+        meta["labels"].pop(VGPU_NODE_ANNOTATION, None)
+    spec = pod.get("spec")
+    if not isinstance(spec, dict):
+        raise where.at(obj, "spec").error(f"expected the pod spec (a mapping), got {kind_of(spec)}")
+    spec.pop("nodeName", None)
+    if spec.get("nodeSelector") is not None:
+        spec["nodeSelector"] = read_str_map(where.at(obj, "spec").at(obj["spec"], "nodeSelector"),
+                                            obj["spec"]["nodeSelector"])
+    pod.pop("status", None)
+    pod["apiVersion"], pod["kind"] = "v1", "Pod"
+    return pod
+
+
+# -- plain Kubernetes ----------------------------------------------------------------------------
+
+def _load_kubernetes_form(docs: list[tuple[Any, Where]], path: str, *, vendors: dict[str, DeviceVendor]) -> Workload:
+    templates: list[Template] = []
+    no_device = 0
+    skipped: dict[str, int] = {}
+    for obj, where in kubernetes_objects(docs):
+        kind = obj["kind"]
+        if kind == "Pod":
+            pod_where, pod_obj, replicas = where, obj, 1
+        elif kind in _CONTROLLERS:
+            spec_where = where.at(obj, "spec")
+            spec = read_map(spec_where, obj.get("spec"))
+            key = "parallelism" if kind == "Job" else "replicas"
+            replicas = optional(spec_where, spec, key, read_int, 1, minimum=0, maximum=_MAX_PODS)
+            pod_where = spec_where.at(spec, "template")
+            pod_obj = read_map(pod_where, spec.get("template"))
+        else:
+            skipped[kind] = skipped.get(kind, 0) + 1
+            continue
+        template = _kubernetes_template(obj, where, pod_obj, pod_where, replicas, vendors=vendors)
+        if template is None:
+            no_device += 1
+        elif template.replicas:
+            templates.append(template)
+    notes = [f"ignored {n} {kind} object(s)" for kind, n in sorted(skipped.items())]
+    if no_device:
+        notes.append(f"ignored {no_device} pod(s) that ask for no managed device")
+    return Workload(path=path, templates=templates, notes=notes)
+
+
+def _kubernetes_template(obj: dict, where: Where, pod_obj: dict, pod_where: Where, replicas: int, *,
+                         vendors: dict[str, DeviceVendor]) -> Template | None:
+    meta_where = where.at(obj, "metadata")
+    meta = read_map(meta_where, obj.get("metadata"))
+    name = required(meta_where, meta, "name", read_str)
+    namespace = optional(meta_where, meta, "namespace", read_str, "default")
+    pod = _fresh_pod(pod_obj, pod_where)
+    lifetime = None
+    template_meta = pod_obj.get("metadata") or {}
+    for source, source_where in ((meta, meta_where), (template_meta, pod_where.at(pod_obj, "metadata"))):
+        annotations = source.get("annotations") or {}
+        if LIFETIME_ANNOTATION in annotations:
+            lifetime = read_int(source_where.at(source, "annotations").at(annotations, LIFETIME_ANNOTATION),
+                                annotations[LIFETIME_ANNOTATION], minimum=1)
+    pod["metadata"]["annotations"].pop(LIFETIME_ANNOTATION, None)
+    return _template(where, pod, name=name, namespace=namespace, replicas=replicas, lifetime=lifetime,
+                     vendors=vendors, allow_no_device=True)

@@ -1,0 +1,126 @@
+"""Feature-inventory rows of the node lock taken by /bind (``hami.io/mutex.lock``).
+
+The lock value is ``<RFC3339 time>,<namespace>,<pod>``; the device plugin releases it after
+allocating. These tests run without the simulated device plugin, so a lock stays exactly as the
+bind left it. Each test names its inventory row (docs/FEATURES.md) in a docstring line.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from hami_py.cli import build_parser, options_from_args
+from hami_py.embedded import embedded_options, running_scheduler
+from hami_py.fakeapi.kubescheduler import ExtenderClient
+from hami_py.fakeapi.objects import gpu_pod
+from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
+from tests.test_inventory_filter import reference_node, register, used_mem
+
+CONTENTION = "node n1 has been locked within 5m0s: node lock contention"
+
+
+@pytest.fixture
+async def app(api, scheduler_options):
+    """The scheduler without the simulated device plugin: nobody releases a lock behind our back."""
+    async with running_scheduler(api, options=scheduler_options, device_plugin=False) as running:
+        yield running
+
+
+def _ago(**delta) -> datetime:
+    return datetime.now(timezone.utc) - timedelta(**delta)
+
+
+def _set_lock(api, value: str) -> None:
+    api.patch("nodes", "n1", {"metadata": {"annotations": {LOCK_ANNOTATION: value}}})
+
+
+def _lock(api) -> str | None:
+    return (api.get("nodes", "n1")["metadata"].get("annotations") or {}).get(LOCK_ANNOTATION)
+
+
+async def _filtered(api, extender, name: str, **labels) -> dict:
+    """A pod created, filtered onto n1 (so it holds a reservation), ready to bind."""
+    pod = gpu_pod(name, gpumem=1000)
+    if labels:
+        pod["metadata"]["labels"] = labels
+    created = api.create("pods", pod)
+    assert (await extender.filter(created, ["n1"]))["NodeNames"] == ["n1"]
+    return created
+
+
+async def test_lock_older_than_the_timeout_is_taken_over_even_from_a_live_pod(api, app, extender):
+    """Inventory: lock-expiry"""
+    await register(api, app, reference_node())
+    api.create("pods", gpu_pod("holder"))                   # the owner still exists
+    _set_lock(api, lock_value("default", "holder", now=_ago(minutes=6)))
+    pod = await _filtered(api, extender, "p")
+    assert await extender.bind(pod, "n1") == {"Error": ""}
+    assert _lock(api).endswith(",default,p")
+
+
+async def test_a_lock_the_pod_already_holds_does_not_block_it(api, app, extender):
+    """Inventory: lock-reentrant
+
+    Upstream's case is a pod asking two vendors, which locks the node once per vendor; with the
+    NVIDIA vendor alone the same rule shows as a bind retried after its lock was taken."""
+    await register(api, app, reference_node())
+    pod = await _filtered(api, extender, "p")
+    _set_lock(api, lock_value("default", "p"))
+    assert await extender.bind(pod, "n1") == {"Error": ""}
+    assert _lock(api).endswith(",default,p")
+    assert api.get("pods", "p", namespace="default")["spec"]["nodeName"] == "n1"
+
+
+async def test_timestamp_only_lock_blocks_while_fresh_and_is_taken_over_when_stale(api, app, extender):
+    """Inventory: lock-legacy"""
+    await register(api, app, reference_node())
+    _set_lock(api, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    first = await _filtered(api, extender, "first")
+    assert await extender.bind(first, "n1") == {"Error": CONTENTION}
+    _set_lock(api, _ago(minutes=6).strftime("%Y-%m-%dT%H:%M:%SZ"))
+    second = await _filtered(api, extender, "second")
+    assert await extender.bind(second, "n1") == {"Error": ""}
+    assert _lock(api).endswith(",default,second")
+
+
+async def test_two_part_lock_is_an_error_not_contention(api):
+    """Inventory: lock-malformed
+
+    A PodGroup member retries contention for --node-lock-retry-timeout; a malformed lock is not
+    contention, so even a member gets the error at once, and its reservation is released."""
+    async with running_scheduler(api, options=embedded_options(node_lock_retry_timeout_s=30),
+                                 device_plugin=False) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            await register(api, app, reference_node())
+            _set_lock(api, "a,b")
+            pod = await _filtered(api, extender, "member", **{"scheduling.x-k8s.io/pod-group": "g"})
+            result = await extender.bind(pod, "n1")
+            assert "malformed lock annotation: expected 3 parts, got 2 from a,b" in result["Error"], result
+            assert "contention" not in result["Error"]
+            assert used_mem(app) == 0
+            assert _lock(api) == "a,b"
+        finally:
+            await extender.close()
+
+
+async def test_lock_expiry_comes_from_the_flag_not_the_environment(api, monkeypatch):
+    """Inventory: lock-env-ignored
+
+    The chart sets ``HAMI_NODELOCK_EXPIRE``; upstream's --node-lock-timeout (default 5m)
+    overrides it. We do not read the variable at all: the flag is the only setting."""
+    monkeypatch.setenv("HAMI_NODELOCK_EXPIRE", "1m")
+    defaults = options_from_args(build_parser().parse_args([]))
+    assert defaults.node_lock_timeout_s == 300
+    async with running_scheduler(api, options=embedded_options(node_lock_timeout_s=defaults.node_lock_timeout_s),
+                                 device_plugin=False) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            await register(api, app, reference_node())
+            api.create("pods", gpu_pod("holder"))
+            _set_lock(api, lock_value("default", "holder", now=_ago(minutes=2)))
+            pod = await _filtered(api, extender, "p")
+            assert await extender.bind(pod, "n1") == {"Error": CONTENTION}
+        finally:
+            await extender.close()

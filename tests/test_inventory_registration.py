@@ -1,0 +1,117 @@
+"""Feature-inventory rows of node registration and of the usage cache built from pods.
+
+The device plugin registers a node's GPUs in ``hami.io/node-nvidia-register``; pods scheduled
+earlier (by this process, a previous one, or another replica) are known only by their
+``hami.io/vgpu-node`` and ``hami.io/vgpu-devices-allocated`` annotations. Each test names its
+inventory row (docs/FEATURES.md) in a docstring line.
+"""
+from __future__ import annotations
+
+import orjson
+
+from hami_py.fakeapi.objects import gpu_pod
+from tests.conftest import wait_until
+from tests.test_inventory_filter import A100_MIB, ALLOCATED, a100, place, reference_node, register
+
+REGISTER = "hami.io/node-nvidia-register"
+
+
+def _reregister(api, devices) -> None:
+    api.patch("nodes", "n1", {"metadata": {"annotations": {
+        REGISTER: devices if isinstance(devices, str) else orjson.dumps(devices).decode()}}})
+
+
+def _scheduled_elsewhere(name: str, allocated: str, *, node: str = "n1", **status) -> dict:
+    """A running pod placed by an earlier scheduler process: only its annotations say so."""
+    pod = gpu_pod(name, gpumem=A100_MIB)
+    pod["metadata"]["annotations"] = {"hami.io/vgpu-node": node, ALLOCATED: allocated,
+                                      "hami.io/vgpu-devices-to-allocate": allocated,
+                                      "hami.io/bind-phase": "success"}
+    pod["spec"]["nodeName"] = node
+    pod["status"] = {"phase": "Running", **status}
+    return pod
+
+
+async def _seen(api, app, name: str) -> None:
+    """Wait until the cache has applied the pod's latest version."""
+    stored = api.get("pods", name, namespace="default")
+    uid, rv = stored["metadata"]["uid"], int(stored["metadata"]["resourceVersion"])
+    await wait_until(lambda: uid in app.cache.pods and (app.cache.pods[uid].resource_version or 0) >= rv,
+                     f"pod {name} at resourceVersion {rv} in the cache")
+
+
+# ---------------------------------------------------------------------------------------------
+# registration
+# ---------------------------------------------------------------------------------------------
+
+async def test_a_changed_registration_is_used_by_the_next_filter(api, app, extender):
+    """Inventory: reg-loop-15s
+
+    Upstream re-reads registrations every 15 s; we apply the node's watch event at once."""
+    names = await register(api, app, reference_node())
+    _, result = await place(api, extender, gpu_pod("big", gpumem=12000), names)
+    assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}
+    _reregister(api, [a100(devmem=16384)])
+    await wait_until(lambda: app.cache.device_usage("n1")[0]["totalmem"] == 16384, "new memory size")
+    _, result = await place(api, extender, gpu_pod("big-again", gpumem=12000), names)
+    assert result["NodeNames"] == ["n1"], result
+
+
+async def test_a_vendor_reporting_no_devices_unregisters_the_node(api, app, extender):
+    """Inventory: reg-zero-devices"""
+    names = await register(api, app, reference_node())
+    _reregister(api, "[]")
+    await wait_until(lambda: "n1" not in app.cache.node_index_of, "devices dropped")
+    _, result = await place(api, extender, gpu_pod("p", gpumem=1000), names)
+    assert result["FailedNodes"] == {"n1": "node unregistered"}
+
+
+async def test_registration_keys_match_whatever_their_case(api, app, extender):
+    """Inventory: reg-case-insensitive-json"""
+    device = {"ID": "GPU-0", "Index": 0, "Count": 10, "Devmem": A100_MIB, "Devcore": 100,
+              "Type": "NVIDIA-A100", "Numa": 0, "Health": True, "Mode": "hami-core"}
+    names = await register(api, app, reference_node("n1", device))
+    _, result = await place(api, extender, gpu_pod("p", gpumem=A100_MIB, gpucores=100), names)
+    assert result["NodeNames"] == ["n1"], result
+    assert api.get("pods", "p", namespace="default")["metadata"]["annotations"][ALLOCATED] == \
+        f"GPU-0,NVIDIA,{A100_MIB},100:;"
+
+
+# ---------------------------------------------------------------------------------------------
+# usage from existing pods
+# ---------------------------------------------------------------------------------------------
+
+async def test_pods_placed_before_this_process_started_count(api, app, extender):
+    """Inventory: cache-pod-add"""
+    names = await register(api, app, reference_node())
+    api.create("pods", _scheduled_elsewhere("old", f"GPU-0,NVIDIA,{A100_MIB},100:;"))
+    await _seen(api, app, "old")
+    _, result = await place(api, extender, gpu_pod("new", gpumem=1000), names)
+    assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}
+
+
+async def test_a_terminating_pod_keeps_its_devices_until_it_is_gone(api, app, extender):
+    """Inventory: cache-terminating"""
+    names = await register(api, app, reference_node())
+    api.create("pods", _scheduled_elsewhere("leaving", f"GPU-0,NVIDIA,{A100_MIB},100:;"))
+    api.patch("pods", "leaving", {"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z",
+                                               "deletionGracePeriodSeconds": 30}}, namespace="default")
+    await _seen(api, app, "leaving")
+    _, result = await place(api, extender, gpu_pod("new", gpumem=1000), names)
+    assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory"}
+    api.delete("pods", "leaving", namespace="default")
+    await wait_until(lambda: app.cache.device_usage("n1")[0]["usedmem"] == 0, "deleted pod released")
+    _, result = await place(api, extender, gpu_pod("after", gpumem=1000), names)
+    assert result["NodeNames"] == ["n1"], result
+
+
+async def test_an_undecodable_allocation_is_not_charged(api, app, extender):
+    """Inventory: cache-bad-annotation"""
+    names = await register(api, app, reference_node(), reference_node("n2"))
+    api.create("pods", _scheduled_elsewhere("garbled", "GPU-0,NVIDIA:;"))
+    # Events arrive in order: once a later, well-formed pod is in, the garbled one was seen.
+    api.create("pods", _scheduled_elsewhere("marker", "GPU-0,NVIDIA,1000,10:;", node="n2"))
+    await _seen(api, app, "marker")
+    assert app.cache.device_usage("n1")[0]["usedmem"] == 0
+    _, result = await place(api, extender, gpu_pod("whole", gpumem=A100_MIB), names[:1])
+    assert result["NodeNames"] == ["n1"], result
