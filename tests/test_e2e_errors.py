@@ -93,7 +93,8 @@ async def test_invalid_scoring_weights_annotation(api, app, extender, value, mes
     names = await _node(api, app)
     pod = api.create("pods", gpu_pod("p", gpumem=1000, annotations={"hami.io/device-scoring-weights": value}))
     result = await extender.filter(pod, names)
-    assert result["Error"] == f"invalid hami.io/device-scoring-weights annotation {value!r}: {message}"
+    assert result["Error"] == (f'calcScore failed invalid hami.io/device-scoring-weights annotation "{value}": '
+                               f"{message} for pod p")
     assert _used_mem(app) == 0
 
 

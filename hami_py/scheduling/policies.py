@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hami_py.devices.codec import go_quote
 from hami_py.scheduling.kernel_ref import (
     KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK, POLICY_SPREAD,
 )
@@ -87,7 +88,7 @@ def scoring_weights(annotations: dict[str, str]) -> tuple[float, float, float]:
         return (1.0, 1.0, 1.0)
 
     def fail(why: str) -> PolicyError:
-        return PolicyError(f"invalid {WEIGHTS_ANNOTATION} annotation {raw!r}: {why}")
+        return PolicyError(f"invalid {WEIGHTS_ANNOTATION} annotation {go_quote(raw)}: {why}")
 
     entries = [e.strip() for e in raw.split(",")]
     if len(entries) != 3:

@@ -88,8 +88,10 @@ class SchedulerService:
         try:
             decision = self.filterer.decide(pod, node_names, request)
         except PolicyError as exc:
-            self._event(pod, "filter_error", str(exc))
-            return filter_result(error=str(exc))
+            # Upstream's wording: the weights are parsed while scoring.
+            message = f"calcScore failed {exc} for pod {(pod.get('metadata') or {}).get('name', '')}"
+            self._event(pod, "filter_error", message)
+            return filter_result(error=message)
         if decision.node is None:
             self._event(pod, "filter_failed", decision)
             return filter_result(failed=decision.failed)
