@@ -66,3 +66,24 @@ async def test_several_instances_for_one_container_and_vgpu_mode_gate(api, app, 
     # A pod that insists on hami-core sharing cannot use a MIG GPU.
     core = api.create("pods", gpu_pod("core", gpumem=1000, annotations={"nvidia.com/vgpu-mode": "hami-core"}))
     assert (await extender.filter(core, ["n1"]))["FailedNodes"] == {"n1": "1/1 CardTypeMismatch"}
+
+
+async def test_a_pod_on_a_mig_gpu_without_a_placement_record_withholds_the_gpu(api, app, extender):
+    """Inventory: mig-fail-closed."""
+    from hami_py.devices.codec import encode_pod_devices
+    from hami_py.devices.base import ContainerDevice
+    node = _mig_node()
+    api.create("nodes", node)
+    await wait_until(lambda: "n1" in app.cache.nodes, "MIG node registered")
+    gpu = app.cache.device_usage("n1")[0]["id"]
+    text = encode_pod_devices([[ContainerDevice(gpu, "NVIDIA", 16384, 14)]])
+    stray = gpu_pod("stray", gpumem=10000, annotations={
+        "hami.io/vgpu-node": "n1", "hami.io/vgpu-devices-allocated": text})
+    stray["spec"]["nodeName"] = "n1"
+    api.create("pods", stray)
+    await wait_until(lambda: not app.cache.device_usage("n1")[0]["health"], "GPU withheld")
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    assert (await extender.filter(pod, ["n1"]))["FailedNodes"] == {"n1": "1/1 CardNotHealth"}
+    api.delete("pods", "stray", namespace="default")
+    await wait_until(lambda: app.cache.device_usage("n1")[0]["health"], "GPU offered again")
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]

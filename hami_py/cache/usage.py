@@ -178,6 +178,7 @@ class UsageCache:
         self.prof_names: list[str] = []
         self.place_spans: list[tuple[int, int]] = []
         self._profile_tables: dict[tuple, tuple[int, int]] = {}
+        self.mig_doubts: dict[tuple[str, str], int] = {}   # (node, GPU) → pods that make it doubtful
         self.nodes: dict[str, NodeEntry] = {}
         # name → node index for nodes with devices: one dict lookup per candidate in /filter.
         self.node_index_of: dict[str, int] = {}
@@ -431,6 +432,8 @@ class UsageCache:
             self.used_mem[j] = 0
             self.used_cores[j] = 0
             self.mig_used[j] = 0
+        for key in [k for k in self.mig_doubts if k[0] == entry.name]:
+            del self.mig_doubts[key]
         for uid in self.node_pods.get(entry.name, ()):
             pod = self.pods[uid]
             pod.resolved = self._resolve(pod)
@@ -508,8 +511,10 @@ class UsageCache:
             self.used[j] += sign * e.slots
             self.used_mem[j] += sign * e.mem
             self.used_cores[j] += sign * e.cores
+        entry = self.nodes.get(pod.node)
+        if entry is not None:
+            self._fail_closed(entry, pod, sign)
         if pod.mig:
-            entry = self.nodes.get(pod.node)
             if entry is None:
                 return
             if sign > 0:
@@ -519,6 +524,36 @@ class UsageCache:
                         self.mig_used[j] |= mask
             else:
                 self._refresh_mig(entry, pod.uid)
+
+    def _fail_closed(self, entry: NodeEntry, pod: PodUsage, sign: int) -> None:
+        """Upstream's MIG fail-closed rule: a pod on a MIG GPU without a placement record, or a
+        placement record on a GPU that is not in MIG mode, means the books cannot say which
+        slices are free, so that GPU is offered to nobody until the pod is gone."""
+        mig_uuids = {uuid for uuid, _ in pod.mig}
+        doubtful = set()
+        for e in pod.entries:
+            j = entry.uuid_to_slot.get(e.uuid, -1)
+            if j >= 0 and self.dev_mig[j] and e.uuid not in mig_uuids:
+                doubtful.add(e.uuid)
+        for uuid in mig_uuids:
+            j = entry.uuid_to_slot.get(uuid, -1)
+            if j >= 0 and not self.dev_mig[j]:
+                doubtful.add(uuid)
+        for uuid in doubtful:
+            key = (entry.name, uuid)
+            left = self.mig_doubts.get(key, 0) + sign
+            if left > 0:
+                self.mig_doubts[key] = left
+            else:
+                self.mig_doubts.pop(key, None)
+            j = entry.uuid_to_slot[uuid]
+            if left > 0:
+                self.health[j] = 0
+            else:
+                self.health[j] = 1 if entry.devices[j - entry.offset].health else 0
+            if sign > 0:
+                log.warning("GPU withheld: MIG placement unknown", node=entry.name, gpu=uuid,
+                            pod=f"{pod.namespace}/{pod.name}")
 
     def _refresh_mig(self, entry: NodeEntry, leaving: str) -> None:
         """Slices are a union, not a sum: recompute them from the node's other pods."""
