@@ -358,6 +358,12 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
             pod = api.create("pods", gpu_pod("trainer", gpumem=2000))
             placement = await extender.schedule(pod, ["gpu-1"])
             assert (placement.node, placement.error) == ("gpu-1", "")
+            # No device plugin releases the lock, so a second bind on the node reads it (get nodes)
+            # and its owner (get pods) before giving up.
+            await wait_for(lambda: app.cache.lock_hint("gpu-1")[0], what="the lock seen by the watch")
+            second = api.create("pods", gpu_pod("trainer-2", gpumem=2000))
+            placement = await extender.schedule(second, ["gpu-1"])
+            assert placement.error.endswith("node lock contention"), placement
             await wait_for(lambda: api.list("events", namespace="default"), what="an event written")
             await wait_for(lambda: api.get("pods", "sched-0", namespace=NAMESPACE)["metadata"]["labels"]
                            .get("hami.io/scheduler-role") == "leader", what="role label")
