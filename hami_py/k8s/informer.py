@@ -55,6 +55,7 @@ class InformerStats:
     events: int = 0
     relists_on_gone: int = 0
     errors: int = 0
+    handler_errors: int = 0
 
 
 class Informer:
@@ -192,7 +193,14 @@ class Informer:
         rv = (obj.get("metadata") or {}).get("resourceVersion")
         if kind != "BOOKMARK":
             self.stats.events += 1
-            self.on_event(kind, obj)
+            try:
+                self.on_event(kind, obj)
+            except Exception:  # noqa: BLE001 - one object the handler chokes on must not stall the rest
+                # Re-raising would resume the watch from before this event and hit it again,
+                # forever: skip it, loudly.
+                self.stats.handler_errors += 1
+                log.exception("watch event handler failed, event skipped", path=self.path, type=kind,
+                              name=(obj.get("metadata") or {}).get("name"))
         if rv:
             self.resource_version = rv
 
