@@ -14,7 +14,7 @@ export IMAGE KIND_CLUSTER
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt setup.py cython_core/fit_kernel.pyx
+$(STAMP): requirements.txt requirements-dev.txt setup.py pyproject.toml cython_core/fit_kernel.pyx
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation -e .
