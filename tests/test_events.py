@@ -199,3 +199,12 @@ def test_failure_and_success_messages():
         "2 nodes CardNotHealth(a,b)", "no available node, 3 nodes do not meet"]
     assert filtering_succeeded_message(node="y", scores={"x": 1.005, "y": 2.5}, total_nodes=5, spread=False) == \
         "find fit node(y), 3 nodes not fit, 2 nodes fit(x:1.00,y:2.50)"
+
+
+def test_success_message_lists_the_best_nodes_only_at_scale():
+    from hami_py.k8s.events import MAX_LISTED_NODES, filtering_succeeded_message
+    scores = {f"node-{i:04d}": i / 100 for i in range(5000)}
+    message = filtering_succeeded_message(node="node-4999", scores=scores, total_nodes=5000, spread=False)
+    assert message.startswith(f"find fit node(node-4999), 0 nodes not fit, 5000 nodes fit(…{5000 - MAX_LISTED_NODES} more,")
+    assert message.endswith("node-4998:49.98,node-4999:49.99)")
+    assert message.count(":") == MAX_LISTED_NODES

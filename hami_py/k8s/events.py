@@ -20,6 +20,7 @@ failure message that lists hundreds of nodes would be rejected.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import re
 import socket
 import time
@@ -74,16 +75,31 @@ def filtering_failed_messages(*, failed: dict[str, str], total_nodes: int) -> li
     return messages
 
 
+MAX_LISTED_NODES = 20
+
+
 def filtering_succeeded_message(*, node: str, scores: dict[str, float], total_nodes: int,
                                 spread: bool) -> str:
     """``find fit node(n), <k> nodes not fit, <m> nodes fit(n1:s1,...)`` in the node policy's
-    order (binpack: ascending score, spread: descending), so the winner comes last."""
+    order (binpack: ascending score, spread: descending), so the winner comes last.
+
+    Upstream lists every fitting node; at thousands of nodes that is a 100 KB message whose
+    sorting and formatting cost more than the decision. Only the MAX_LISTED_NODES best (the
+    winner last) are listed, after ``…<n> more,`` when some are left out."""
     if spread:
-        ordered = sorted(scores.items(), key=lambda item: (-item[1], item[0]))
+        key = lambda item: (-item[1], item[0])  # noqa: E731
     else:
-        ordered = sorted(scores.items(), key=lambda item: (item[1], item[0]))
-    listed = ",".join(f"{name}:{score:.2f}" for name, score in ordered)
-    return f"find fit node({node}), {total_nodes - len(scores)} nodes not fit, {len(scores)} nodes fit({listed})"
+        key = lambda item: (item[1], item[0])  # noqa: E731
+    if len(scores) > MAX_LISTED_NODES:
+        best = heapq.nlargest(MAX_LISTED_NODES, scores.items(), key=key)
+        best.reverse()
+        prefix = f"…{len(scores) - MAX_LISTED_NODES} more,"
+    else:
+        best = sorted(scores.items(), key=key)
+        prefix = ""
+    listed = ",".join(f"{name}:{score:.2f}" for name, score in best)
+    return (f"find fit node({node}), {total_nodes - len(scores)} nodes not fit, "
+            f"{len(scores)} nodes fit({prefix}{listed})")
 
 
 def binding_succeeded_message(*, node: str, namespace: str, name: str) -> str:

@@ -116,6 +116,10 @@ class Informer:
                 log.warning("watch failed, retrying", path=self.path, error=str(exc) or type(exc).__name__,
                             retry_in=round(delay, 3))
                 await asyncio.sleep(delay)
+            if self.resource_version in (None, "", "0"):
+                # Nothing seen since a list at "0" (an empty collection on some servers): a watch
+                # from "0" means "from any state", and deletes made meanwhile would never arrive.
+                need_list = True
 
     def _query(self, **extra: str) -> list[tuple[str, str]]:
         q = [(k, v) for k, v in extra.items()]

@@ -98,6 +98,10 @@ class SchedulerService:
         meta = pod.get("metadata") or {}
         body = {"metadata": {"annotations": decision.annotations,
                              "labels": {"hami.io/vgpu-node": decision.node}}}
+        if meta.get("uid"):
+            # A UID in a patch is a precondition: a pod re-created under the same name since
+            # kube-scheduler read this one refuses the decision made (and reserved) for the old.
+            body["metadata"]["uid"] = meta["uid"]
         try:
             patched = await self.client.patch(pod_path(meta.get("namespace", "default"), meta.get("name", "")), body)
         except KubeApiError as exc:

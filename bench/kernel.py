@@ -1,0 +1,87 @@
+"""The fit kernel alone: the Cython build against the plain-Python reference, same inputs.
+
+The inputs are not synthetic arrays: a real UsageCache is filled with the benchmark cluster's
+nodes and placed pods, and ``Filterer.decide`` is run once with a recording kernel, so both
+implementations are then timed on exactly the arrays a /filter for that cluster hands the kernel.
+Their outputs are compared too: a fast kernel that decides differently is not a result.
+
+``decide()`` (the whole in-process decision around the kernel: candidate lookup, device mask,
+output decoding, failure reasons) is timed with the Cython kernel as well, so the table shows
+how much of a filter the kernel itself is.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from array import array
+
+from bench.seed import ClusterShape, build_nodes, build_placed_pods, node_names, pending_pod
+from hami_py import _kernel
+from hami_py.cache.usage import UsageCache
+from hami_py.config import DeviceConfig
+from hami_py.devices.registry import build_vendors
+from hami_py.scheduling import kernel_ref
+from hami_py.scheduling.filter import Filterer
+from hami_py.scheduling.requests import parse_pod_requests
+
+
+def build_cache(shape: ClusterShape) -> tuple[UsageCache, dict]:
+    vendors = build_vendors(DeviceConfig.default())
+    cache = UsageCache(vendors)
+    cache.replace_nodes(build_nodes(shape))
+    pods = []
+    for i, pod in enumerate(build_placed_pods(shape)):
+        pod["metadata"]["uid"] = f"seeded-{i}"
+        pod["metadata"]["resourceVersion"] = str(i + 1)
+        pods.append(pod)
+    cache.replace_pods(pods, None)
+    return cache, vendors
+
+
+def _time_calls(fn, *, min_calls: int, min_seconds: float) -> list[float]:
+    """Seconds per call, one sample per call, at least ``min_calls`` and ``min_seconds``."""
+    times = []
+    start = time.perf_counter()
+    while len(times) < min_calls or time.perf_counter() - start < min_seconds:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _outputs(args: tuple) -> list[list]:
+    return [list(a) for a in args if isinstance(a, array)][-8:]
+
+
+def kernel_bench(shape: ClusterShape, *, min_seconds: float = 1.0, python_calls: int = 3) -> dict:
+    cache, vendors = build_cache(shape)
+    pod = pending_pod("kernel-probe")
+    pod["metadata"]["uid"] = "kernel-probe"
+    request = parse_pod_requests(pod, vendors, cache.vendor_ids)
+    names = node_names(shape)
+    captured: dict = {}
+
+    def recording_kernel(*args):
+        captured["args"] = args
+        return _kernel.filter_nodes(*args)
+
+    Filterer(cache, vendors, kernel=recording_kernel).decide(pod, names, request, reserve=False)
+    args = captured["args"]
+
+    best_cython = _kernel.filter_nodes(*args)
+    out_cython = _outputs(args)
+    best_python = kernel_ref.filter_nodes(*args)
+    out_python = _outputs(args)
+    agree = best_cython == best_python and out_cython == out_python
+
+    cython_s = _time_calls(lambda: _kernel.filter_nodes(*args), min_calls=20, min_seconds=min_seconds)
+    python_s = _time_calls(lambda: kernel_ref.filter_nodes(*args), min_calls=python_calls, min_seconds=0)
+    decider = Filterer(cache, vendors)
+    decide_s = _time_calls(lambda: decider.decide(pod, names, request, reserve=False), min_calls=20,
+                           min_seconds=min_seconds)
+    cython_us = statistics.median(cython_s) * 1e6
+    python_us = statistics.median(python_s) * 1e6
+    return {"nodes": shape.nodes, "pods": shape.pods, "devices": len(cache.device_ids),
+            "cython_us": cython_us, "python_us": python_us, "speedup": python_us / cython_us,
+            "decide_us": statistics.median(decide_s) * 1e6, "agree": agree,
+            "calls": {"cython": len(cython_s), "python": len(python_s), "decide": len(decide_s)}}

@@ -1,0 +1,160 @@
+"""The load generator: kube-scheduler's side of the extender protocol, timed.
+
+kube-scheduler (with ``nodeCacheCapable: true``) sends every pod's full object and the names of
+all N nodes to /filter, then /bind for the node it picks. We do the same over loopback HTTP with
+keep-alive connections. Request bodies are encoded before the clock starts, so a latency is the
+server's work plus the loopback round trip, not our JSON encoding.
+
+Filter+bind throughput needs the node locks released: on a real node HAMi's device plugin does
+that once it has allocated the pod. Here the cluster process does it in-process (POST /allocate)
+as soon as a bind returns, without the benchmark waiting for it, as a plugin would; and the
+throughput pods ask for ``spread`` so that back-to-back pods go to different nodes rather than
+queue on one node's lock (with binpack, every pod would want the node the previous one is still
+locking, and the figure would measure the plugin, not the scheduler). A bind that still meets a
+held lock counts as a failure, not a retry.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+
+from bench.procs import ClusterProcess
+
+_JSON_HEADERS = {"Content-Type": "application/json"}
+
+
+def filter_body(pod_raw: bytes, node_names_raw: bytes) -> bytes:
+    """ExtenderArgs as kube-scheduler sends them with ``nodeCacheCapable: true``."""
+    return b'{"Pod":' + pod_raw + b',"Nodes":null,"NodeNames":' + node_names_raw + b"}"
+
+
+def bind_body(pod: dict, node: str) -> bytes:
+    meta = pod["metadata"]
+    return orjson.dumps({"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"],
+                         "Node": node})
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100): an observed value, never an interpolation."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def summarize_ms(values_s: list[float]) -> dict:
+    ms = [v * 1000 for v in values_s]
+    return {"n": len(ms), "p50": percentile(ms, 50), "p90": percentile(ms, 90), "p99": percentile(ms, 99),
+            "max": max(ms) if ms else math.nan, "mean": sum(ms) / len(ms) if ms else math.nan}
+
+
+async def post(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[float, dict]:
+    """(seconds from send to the whole answer read, decoded answer)."""
+    t0 = time.perf_counter()
+    async with session.post(url, data=body, headers=_JSON_HEADERS) as r:
+        data = await r.read()
+    elapsed = time.perf_counter() - t0
+    if r.status != 200:
+        return elapsed, {"Error": f"HTTP {r.status}: {data[:200]!r}"}
+    return elapsed, orjson.loads(data)
+
+
+def filter_outcome(result: dict) -> str:
+    if result.get("Error"):
+        return "error"
+    return "placed" if result.get("NodeNames") else "unschedulable"
+
+
+@dataclass
+class FilterRun:
+    latencies: list[float] = field(default_factory=list)
+    outcomes: Counter = field(default_factory=Counter)
+    errors: Counter = field(default_factory=Counter)
+    wall_s: float = 0.0
+
+
+async def run_filters(session: aiohttp.ClientSession, url: str, bodies: list[bytes], *, concurrency: int,
+                      time_limit_s: float) -> FilterRun:
+    """POST every body to /filter with ``concurrency`` requests in flight (or until the time limit)."""
+    run = FilterRun()
+    pending = iter(bodies)
+    deadline = time.perf_counter() + time_limit_s
+
+    async def worker() -> None:
+        for body in pending:
+            if time.perf_counter() > deadline:
+                return
+            elapsed, result = await post(session, f"{url}/filter", body)
+            run.latencies.append(elapsed)
+            outcome = filter_outcome(result)
+            run.outcomes[outcome] += 1
+            if outcome == "error":
+                run.errors[str(result.get("Error"))[:120]] += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    run.wall_s = time.perf_counter() - t0
+    return run
+
+
+@dataclass
+class ScheduleRun:
+    bound: int = 0
+    attempted: int = 0
+    outcomes: Counter = field(default_factory=Counter)
+    errors: Counter = field(default_factory=Counter)
+    wall_s: float = 0.0
+    filter_latencies: list[float] = field(default_factory=list)
+    bind_latencies: list[float] = field(default_factory=list)
+
+
+async def run_schedule(session: aiohttp.ClientSession, url: str, cluster: ClusterProcess, pods: list[dict],
+                       node_names_raw: bytes, *, concurrency: int, time_limit_s: float) -> ScheduleRun:
+    """Filter then bind each pod, ``concurrency`` pods in flight; the cluster frees each node lock."""
+    run = ScheduleRun()
+    bodies = [(pod, filter_body(orjson.dumps(pod), node_names_raw)) for pod in pods]
+    pending = iter(bodies)
+    allocations: set[asyncio.Task] = set()
+    deadline = time.perf_counter() + time_limit_s
+
+    async def worker() -> None:
+        for pod, body in pending:
+            if time.perf_counter() > deadline:
+                return
+            run.attempted += 1
+            elapsed, result = await post(session, f"{url}/filter", body)
+            run.filter_latencies.append(elapsed)
+            outcome = filter_outcome(result)
+            if outcome != "placed":
+                run.outcomes[f"filter {outcome}"] += 1
+                if outcome == "error":
+                    run.errors[str(result.get("Error"))[:120]] += 1
+                continue
+            node = result["NodeNames"][0]
+            elapsed, bound = await post(session, f"{url}/bind", bind_body(pod, node))
+            run.bind_latencies.append(elapsed)
+            if bound.get("Error"):
+                run.outcomes["bind error"] += 1
+                run.errors[str(bound["Error"])[:120]] += 1
+                continue
+            run.bound += 1
+            meta = pod["metadata"]
+            task = asyncio.create_task(cluster.call("POST", "/allocate", {
+                "namespace": meta["namespace"], "name": meta["name"], "node": node}))
+            allocations.add(task)
+            task.add_done_callback(allocations.discard)
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    run.wall_s = time.perf_counter() - t0
+    run.outcomes["bound"] = run.bound
+    if allocations:
+        await asyncio.gather(*allocations)
+    return run

@@ -1,0 +1,270 @@
+"""Turning results into the table, the targets' verdicts, docs/BENCHMARKS.md and the plot.
+
+Targets come from the issue "Filter at cluster scale". They are printed next to each figure with
+PASS or FAIL and never asserted anywhere: timings on a shared two-core machine are evidence for
+whoever optimises the hot path, not a gate.
+"""
+from __future__ import annotations
+
+import math
+import os
+import platform
+import re
+import subprocess
+import time
+from pathlib import Path
+
+from bench.procs import REPO_ROOT
+
+DOCS = REPO_ROOT / "docs" / "BENCHMARKS.md"
+PLOT = REPO_ROOT / "docs" / "bench-filter-latency.png"
+BEGIN = "<!-- bench:begin (written by `make bench`; edit outside these markers) -->"
+END = "<!-- bench:end -->"
+
+FILTER_P99_TARGET_MS = {1000: 5.0, 5000: 20.0}
+SCHEDULE_TARGET_PER_S = 200.0
+P_FLATNESS = 1.2
+KERNEL_SPEEDUP = 20.0
+EVENTS_PER_S = 20_000.0
+LAG_P99_MS = 50.0
+READY_S = 10.0
+RSS_MB = 400.0
+
+
+def machine() -> dict:
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                                text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = math.nan
+    return {"cores": os.cpu_count(), "cpu": model, "python": platform.python_version(),
+            "kernel": platform.release(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "commit": commit, "load_before": load}
+
+
+def _num(value, digits: int = 1) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if isinstance(value, float) and value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+
+
+def _verdict(ok: bool | None) -> str:
+    return "" if ok is None else ("PASS" if ok else "FAIL")
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+    line = "| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |"
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    body = ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |" for r in rows]
+    return [line, rule, *body]
+
+
+def _clusters(results: dict) -> list[dict]:
+    return results.get("clusters", [])
+
+
+def _find(results: dict, name: str) -> dict | None:
+    return next((c for c in _clusters(results) if c["name"] == name), None)
+
+
+def _filter_row(cluster: dict | None, concurrency: int) -> dict | None:
+    if not cluster:
+        return None
+    return next((r for r in cluster.get("filter", []) if r["concurrency"] == concurrency), None)
+
+
+def _errors(results: dict, phase: str) -> list[str]:
+    """The error answers a phase got, so a fast figure made of errors cannot pass unnoticed."""
+    lines = []
+    for c in _clusters(results):
+        for r in c.get(phase, []):
+            for message, count in r.get("errors", {}).items():
+                lines.append(f"- N={c['nodes']:,} P={c['pods']:,} c={r['concurrency']}: {count} × {message}")
+    return ["", "Errors:", *lines] if lines else []
+
+
+def filter_target(nodes: int, concurrency: int) -> float | None:
+    return FILTER_P99_TARGET_MS.get(nodes) if concurrency == 1 else None
+
+
+def flatness(results: dict) -> tuple[float | None, float | None]:
+    """(p99 at N=1000 P=40000 / p99 at P=0, c=1) when both were measured."""
+    p0 = _filter_row(_find(results, "p0"), 1)
+    p40 = _filter_row(_find(results, "p40000"), 1)
+    if not p0 or not p40:
+        return None, None
+    return p40["p99"] / p0["p99"], p0["p99"]
+
+
+def render_tables(results: dict) -> list[str]:
+    out: list[str] = []
+    rows = []
+    for c in _clusters(results):
+        for r in c.get("filter", []):
+            target = filter_target(c["nodes"], r["concurrency"])
+            rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", str(r["concurrency"]), _num(r["p50"], 2),
+                         _num(r["p90"], 2), _num(r["p99"], 2), _num(r["server_mean_ms"], 2),
+                         _num(r["server_cpu_ms"], 2), _num(r["requests_per_s"]),
+                         f"{r['outcomes'].get('placed', 0)}/{r['n']}",
+                         f"≤ {target:g} ms {_verdict(r['p99'] <= target)}" if target else ""])
+    if rows:
+        out += ["**/filter latency** (ms, end to end over HTTP with the pod patch; all N node names per request)", ""]
+        out += _table(["N", "P", "conc", "p50", "p90", "p99", "server mean", "server CPU/req", "req/s",
+                       "placed", "target (p99)"], rows)
+        ratio, _ = flatness(results)
+        if ratio is not None:
+            out += ["", f"p99 at N=1000, P=40000 is {ratio:.2f}× the p99 at P≈0 "
+                        f"(target ≤ {P_FLATNESS}×: {_verdict(ratio <= P_FLATNESS)})"]
+        out += _errors(results, "filter")
+        out.append("")
+
+    rows = []
+    for c in _clusters(results):
+        for r in c.get("schedule", []):
+            target = c["nodes"] == 1000
+            rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", str(r["concurrency"]), _num(r["pods_per_s"]),
+                         f"{r['bound']}/{r['attempted']}", _num(r["filter"]["p99"], 2), _num(r["bind"]["p99"], 2),
+                         _num(r["server_cpu_ms_per_pod"], 2),
+                         f"≥ {SCHEDULE_TARGET_PER_S:g}/s {_verdict(r['pods_per_s'] >= SCHEDULE_TARGET_PER_S)}"
+                         if target else ""])
+    if rows:
+        out += ["**filter+bind throughput** (pods bound per second; device plugin releases node locks)", ""]
+        out += _table(["N", "P", "conc", "pods/s", "bound", "filter p99 ms", "bind p99 ms", "server CPU ms/pod",
+                       "target"], rows)
+        out += _errors(results, "schedule")
+        out.append("")
+
+    rows = []
+    for c in _clusters(results):
+        if b := c.get("burst"):
+            rows.append([f"burst: {b['events']:,} pod events at once (N={c['nodes']:,}, P={c['pods']:,})",
+                         f"{_num(b['events_per_s'])} events/s applied", f"≥ {EVENTS_PER_S:,.0f}/s",
+                         _verdict(b["events_per_s"] >= EVENTS_PER_S)])
+            rows.append(["  same, including the API server's commit", f"{_num(b['end_to_end_events_per_s'])} events/s",
+                         "", ""])
+            rows.append(["  CPU per event: scheduler / API server stand-in",
+                         f"{_num(b['server_cpu_us_per_event'])} / {_num(b.get('api_cpu_us_per_event'))} µs", "", ""])
+        if lag := c.get("lag"):
+            idle, loaded = lag["idle_ms"], lag["loaded_ms"]
+            rows.append(["delete-to-free lag, idle", f"p50 {_num(idle['p50'])} / p99 {_num(idle['p99'])} ms "
+                         f"(n={idle['n']})", "", ""])
+            rows.append([f"delete-to-free lag under {lag['stream_target_rate']:,.0f} events/s asked "
+                         f"({_num(lag['stream_rate'])}/s produced)",
+                         f"p50 {_num(loaded['p50'])} / p99 {_num(loaded['p99'])} ms (n={loaded['n']})",
+                         f"p99 ≤ {LAG_P99_MS:g} ms", _verdict(loaded["p99"] <= LAG_P99_MS if loaded["n"] else False)])
+            rows.append(["  steady stream applied", f"{_num(lag['applied_rate'])} events/s, "
+                         f"{_num(lag['behind_at_end_s'], 2)} s behind at its end", "", ""])
+            api_share = lag.get("api_cpu_share", math.nan)
+            note = " (the stand-in API server was the bottleneck)" if api_share >= 0.9 else ""
+            rows.append(["  CPU share during the stream: scheduler / API server stand-in",
+                         f"{_num(100 * lag['server_cpu_share'], 0)} % / {_num(100 * api_share, 0)} %{note}", "", ""])
+    big = _find(results, "n5000")
+    for c in _clusters(results):
+        is_big = c is big
+        quiet = f" (API server quiet again at {c['settled_s']:.1f} s)" if "settled_s" in c else ""
+        rows.append([f"start to ready (N={c['nodes']:,}, P={c['pods']:,})", f"{c['ready_s']:.2f} s{quiet}",
+                     f"≤ {READY_S:g} s" if is_big else "", _verdict(c["ready_s"] <= READY_S) if is_big else ""])
+    for c in _clusters(results):
+        is_big = c is big
+        mem_end = c.get("memory_end") or c.get("memory_ready") or {}
+        if not mem_end:
+            continue
+        scrape = c.get("metrics_scrape") or {}
+        first = scrape.get("first_scrape_rss_mb")
+        scraped = (f"; one /metrics scrape: {scrape['mb']:.1f} MB in {scrape['seconds']:.2f} s"
+                   + (f", the first one added {first:.0f} MiB" if first is not None else "") if scrape else "")
+        rows.append([f"server RSS (N={c['nodes']:,}, P={c['pods']:,})",
+                     f"{c['memory_ready']['rss_mb']:.0f} MiB after ready, {mem_end['rss_mb']:.0f} at end, "
+                     f"peak {mem_end['peak_mb']:.0f}{scraped}", f"peak ≤ {RSS_MB:g} MiB" if is_big else "",
+                     _verdict(mem_end["peak_mb"] <= RSS_MB) if is_big else ""])
+    if rows:
+        out += ["**watch events, start-up, memory**", ""]
+        out += _table(["measure", "value", "target", ""], rows)
+        out.append("")
+
+    rows = []
+    for k in results.get("kernel", []):
+        rows.append([f"{k['nodes']:,}", f"{k['pods']:,}", _num(k["cython_us"]), _num(k["python_us"]),
+                     f"{k['speedup']:.0f}×", _num(k["decide_us"]), "yes" if k["agree"] else "NO",
+                     f"≥ {KERNEL_SPEEDUP:g}× {_verdict(k['speedup'] >= KERNEL_SPEEDUP)}"])
+    if rows:
+        out += ["**kernel alone** (µs per call, all N nodes as candidates; decide() = the whole in-process "
+                "decision with the Cython kernel)", ""]
+        out += _table(["N", "P", "Cython µs", "Python µs", "speedup", "decide() µs", "same answer", "target"], rows)
+        out.append("")
+    return out
+
+
+def render_header(results: dict) -> list[str]:
+    m = results["machine"]
+    return [f"Command: `{results['command']}` ({results['plan']} plan), {m['date']}, commit {m['commit'] or '?'}",
+            "",
+            f"Machine: {m['cores']} cores ({m['cpu']}), Python {m['python']}, Linux {m['kernel']}; "
+            f"load average {m['load_before']:.2f} when the run started (the cores are shared).",
+            ""]
+
+
+def plot(results: dict, path: Path = PLOT) -> Path | None:
+    """Filter latency (p50 and p99, c=1 and c=8) against N, and against P at N=1000."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, (ax_n, ax_p) = plt.subplots(1, 2, figsize=(11, 4.2), dpi=110)
+    by_n = sorted((c for c in _clusters(results) if c["pods"] == 8 * c["nodes"] and c.get("filter")),
+                  key=lambda c: c["nodes"])
+    by_p = sorted((c for c in _clusters(results) if c["nodes"] == 1000 and c.get("filter")), key=lambda c: c["pods"])
+    for ax, clusters, key, xlabel in ((ax_n, by_n, "nodes", "nodes N (P = 8·N)"),
+                                      (ax_p, by_p, "pods", "running pods P (N = 1000; P≈0 = 16 probe blockers)")):
+        for conc, style in ((1, "-"), (8, "--")):
+            for q, marker in (("p50", "o"), ("p99", "s")):
+                xs = [c[key] for c in clusters if _filter_row(c, conc)]
+                ys = [_filter_row(c, conc)[q] for c in clusters if _filter_row(c, conc)]
+                if xs:
+                    ax.plot(xs, ys, style, marker=marker, label=f"{q}, concurrency {conc}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("/filter latency (ms)")
+        ax.set_yscale("log")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    if by_n:
+        ax_n.set_xscale("log")
+        for nodes, target in FILTER_P99_TARGET_MS.items():
+            ax_n.plot([nodes], [target], marker="*", color="red", markersize=12, linestyle="none")
+        ax_n.set_title("/filter latency against N (★ = p99 target)")
+    ax_p.set_title("/filter latency against P")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def update_docs(results: dict, *, docs: Path = DOCS, plot_path: Path | None = PLOT) -> None:
+    """Rewrite the part of docs/BENCHMARKS.md between the markers; keep everything else."""
+    block = [BEGIN, "", *render_header(results), *render_tables(results)]
+    if plot_path is not None:
+        block += [f"![/filter latency against N and P]({plot_path.name})", ""]
+    block.append(END)
+    text = docs.read_text() if docs.exists() else f"# Benchmarks\n\n{BEGIN}\n{END}\n"
+    pattern = re.compile(re.escape(BEGIN) + r".*?" + re.escape(END), re.S)
+    if not pattern.search(text):
+        text = text.rstrip("\n") + "\n\n" + BEGIN + "\n" + END + "\n"
+    docs.write_text(pattern.sub(lambda _: "\n".join(block), text))

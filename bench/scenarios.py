@@ -1,0 +1,420 @@
+"""What a benchmark run does to one cluster, phase by phase, and the plans that list them.
+
+A cluster scenario starts a fresh cluster process, seeds it, starts hami-scheduler against it
+(timing start to ready), waits until the scheduler has stopped writing (its start-up handshake
+stamps), then runs its phases:
+
+* ``filter``:   /filter latency at each concurrency (pods ask 1 GPU, 4 GiB, 10 % cores; every
+                request carries all N node names);
+* ``schedule``: filter+bind throughput at each concurrency (see bench/load.py for the node locks);
+* ``burst``:    pod add/update/delete events committed in one go; how fast the scheduler applies them;
+* ``lag``:      delete a pod that fills a probe node's GPU, then poll /filter for a pod that fits
+                only once the cache has freed it; first idle, then under a steady event stream;
+
+and samples the scheduler's resident memory right after start-up, at the end, and after one
+full /metrics scrape (whose per-device and per-pod lines the scheduler keeps cached).
+
+Nothing here polls /metrics while measuring: at N = 5 000 one scrape is tens of MB of text the
+scheduler renders on its own event loop, which would distort what is measured. Instead a
+``Sentinel`` makes "the scheduler has applied every pod event committed so far" visible through
+/filter on one probe node, because the pod watch delivers events in commit order. Pods created
+for a measurement are deleted after it, so every measurement starts from the seeded state.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import orjson
+
+from bench.load import filter_body, filter_outcome, post, run_filters, run_schedule, summarize_ms
+from bench.cluster import PLUGIN_PERIOD_S
+from bench.procs import BenchError, ClusterProcess, SchedulerProcess, parse_prometheus, process_cpu_seconds
+from bench.profiling import Profiler
+from bench.seed import BENCH_NAMESPACE, ClusterShape, blocker_name, node_name, node_names
+
+PHASES = ("filter", "schedule", "burst", "lag")
+POD_EVENTS = 'hami_watch_events_total{resource="pods"}'
+FILTER_SUM = 'hami_extender_request_duration_seconds_sum{verb="filter"}'
+FILTER_COUNT = 'hami_extender_request_duration_seconds_count{verb="filter"}'
+WARMUP_REQUESTS = 20
+SEEN_TIMEOUT_S = 60.0
+POLL_S = 0.002           # between two sentinel probes: fine enough for a 50 ms target, light on the server
+SETTLE_QUIET_S = 0.5
+
+
+@dataclass(frozen=True)
+class EventsPlan:
+    burst_pods: int          # the burst is 3 events a pod (add, update, delete)
+    load_rate: float         # pod events a second in the steady stream
+    load_seconds: float
+    idle_probes: int         # lag samples before the stream starts; the rest run under it
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    name: str
+    shape: ClusterShape
+    filter_samples: int = 0            # per concurrency
+    schedule_pods: int = 0             # per concurrency
+    events: EventsPlan | None = None
+    concurrencies: tuple[int, ...] = (1, 8)
+    phase_time_limit_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    kernel_shapes: tuple[ClusterShape, ...]
+    kernel_seconds: float
+    clusters: tuple[ClusterPlan, ...]
+
+
+def _sweep(samples: int, pods: int, *, limit: float) -> tuple[ClusterPlan, ...]:
+    return (
+        ClusterPlan("n100", ClusterShape(100, 800, probe_nodes=2), samples, pods, phase_time_limit_s=limit),
+        ClusterPlan("n1000", ClusterShape(1000, 8000, probe_nodes=2), samples, pods, phase_time_limit_s=limit),
+        ClusterPlan("p0", ClusterShape(1000, 16, probe_nodes=2), samples, phase_time_limit_s=limit),
+        ClusterPlan("p40000", ClusterShape(1000, 40000, probe_nodes=2), samples, phase_time_limit_s=limit),
+    )
+
+
+FULL = Plan(
+    name="full",
+    kernel_shapes=(ClusterShape(100, 800), ClusterShape(1000, 8000), ClusterShape(5000, 40000)),
+    kernel_seconds=1.0,
+    clusters=_sweep(1000, 500, limit=40.0) + (
+        ClusterPlan("n5000", ClusterShape(5000, 40000, probe_nodes=16), 1000, 500,
+                    EventsPlan(burst_pods=10_000, load_rate=20_000, load_seconds=10.0, idle_probes=20),
+                    phase_time_limit_s=40.0),
+    ),
+)
+
+QUICK = Plan(
+    name="quick",
+    kernel_shapes=(ClusterShape(100, 800), ClusterShape(1000, 8000)),
+    kernel_seconds=0.2,
+    clusters=(
+        ClusterPlan("n100", ClusterShape(100, 800, probe_nodes=4), 100, 50,
+                    EventsPlan(burst_pods=1000, load_rate=20_000, load_seconds=1.5, idle_probes=5),
+                    phase_time_limit_s=5.0),
+    ),
+)
+
+PLANS = {"full": FULL, "quick": QUICK}
+
+
+class Sentinel:
+    """One probe node whose GPU 0 is filled by a blocker pod, and a probe pod for it.
+
+    Delete the blocker, and the probe pod fits on the node exactly when the scheduler has applied
+    that delete, and with it every pod event committed before it. Afterwards the blocker is
+    re-created, so the sentinel can be used again (the probe pod's own earlier placement never
+    counts against it: /filter drops a pod's previous reservation before deciding again)."""
+
+    def __init__(self, ctx: "Context", *, node_index: int, probe_pod: dict):
+        self.ctx = ctx
+        self.node_index = node_index
+        self.node = node_name(node_index)
+        self.blocker = {"namespace": BENCH_NAMESPACE, "name": blocker_name(node_index, 0)}
+        self.body = filter_body(orjson.dumps(probe_pod), orjson.dumps([self.node]))
+
+    async def _poll_until(self, wanted: str, *, what: str) -> float:
+        deadline = time.monotonic() + SEEN_TIMEOUT_S
+        url = f"{self.ctx.scheduler.url}/filter"
+        while True:
+            _, result = await post(self.ctx.session, url, self.body)
+            outcome = filter_outcome(result)
+            if outcome == wanted:
+                return time.monotonic()
+            if outcome == "error":
+                raise BenchError(f"sentinel filter on {self.node} failed: {result.get('Error')}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"sentinel {self.node}: {what} not seen within {SEEN_TIMEOUT_S}s")
+            await asyncio.sleep(POLL_S)
+
+    async def armed(self) -> None:
+        """Wait until the scheduler sees the blocker (after a re-create it may still be queued)."""
+        await self._poll_until("unschedulable", what="the blocker")
+
+    async def seen(self) -> float:
+        """Poll until the probe pod fits: the monotonic time the blocker's delete was visible."""
+        return await self._poll_until("placed", what="the blocker's delete")
+
+    async def rearm(self) -> None:
+        await self.ctx.cluster.call("POST", "/blocker", {"node_index": self.node_index, "gpu": 0})
+
+    async def lag(self) -> float:
+        """Seconds from the blocker's delete (committed in the API server) to the cache freeing it."""
+        await self.armed()
+        deleted = await self.ctx.cluster.call("POST", "/delete", self.blocker)
+        seen = await self.seen()
+        await self.rearm()
+        return seen - deleted["t"]
+
+
+@dataclass
+class Context:
+    """One running cluster + scheduler, and what a phase needs to reach them."""
+    plan: ClusterPlan
+    session: aiohttp.ClientSession
+    cluster: ClusterProcess
+    scheduler: SchedulerProcess
+    names_raw: bytes
+    profiler: Profiler | None = None
+    sentinels: list[Sentinel] = field(default_factory=list)
+    serial: int = 0
+    first_scrape_mb: float | None = None
+    _next_sentinel: int = 0
+
+    def prefix(self, what: str) -> str:
+        self.serial += 1
+        return f"{what}-{self.serial}"
+
+    def sentinel(self) -> Sentinel:
+        """Round robin, so a re-created blocker has time to arrive before its node is used again."""
+        s = self.sentinels[self._next_sentinel % len(self.sentinels)]
+        self._next_sentinel += 1
+        return s
+
+    async def make_sentinels(self) -> None:
+        shape = self.plan.shape
+        probes = await self.pending(shape.probe_nodes, what="sentinel")
+        first = shape.nodes - shape.probe_nodes
+        self.sentinels = [Sentinel(self, node_index=first + i, probe_pod=pod) for i, pod in enumerate(probes)]
+
+    async def settle(self, *, timeout: float = 120.0) -> None:
+        """Wait until the scheduler has stopped writing to the API server in bulk (its handshake
+        stamps after start-up, its Kubernetes Events after a phase). Answering the plugins'
+        heartbeats it keeps re-stamping about N/30 nodes a second, for ever: that much (with
+        slack) still counts as quiet."""
+        steady = self.plan.shape.nodes / PLUGIN_PERIOD_S
+        deadline = time.monotonic() + timeout
+        since, base = time.monotonic(), await self._foreign_writes()
+        while True:
+            await asyncio.sleep(0.1)
+            now, writes = time.monotonic(), await self._foreign_writes()
+            if writes - base > 2 + 1.5 * steady * (now - since):
+                since, base = now, writes          # still busy: start the quiet window again
+            elif now - since >= SETTLE_QUIET_S:
+                return
+            if now > deadline:
+                raise BenchError(f"the scheduler kept writing to the API server for {timeout}s; it never settled")
+
+    async def _foreign_writes(self) -> int:
+        return (await self.cluster.call("GET", "/stats"))["foreign_writes"]
+
+    async def caught_up(self) -> None:
+        """Every pod event committed so far has been applied by the scheduler."""
+        await self.sentinel().lag()
+
+    async def pending(self, count: int, *, what: str, annotations: dict | None = None) -> list[dict]:
+        if count <= 0:
+            return []
+        return await self.cluster.call("POST", "/pending", {
+            "prefix": self.prefix(what), "count": count, "gpus": 1, "gpumem": 4096, "gpucores": 10,
+            "annotations": annotations or {}})
+
+    async def cleanup(self, pods: list[dict]) -> None:
+        """Delete the pods a measurement made; return once the scheduler has applied it."""
+        await self.cluster.call("POST", "/cleanup", {"namespace": BENCH_NAMESPACE,
+                                                     "names": [p["metadata"]["name"] for p in pods]})
+        await self.caught_up()
+        await self.settle()
+
+    async def scrape(self) -> tuple[dict[str, float], float, int]:
+        """One whole /metrics scrape: (samples, seconds, bytes). Only between measurements.
+
+        The scheduler keeps the rendered lines between scrapes, so the first one also records
+        the resident memory it added (``first_scrape_mb``)."""
+        self.scheduler.check_alive()
+        before = self.scheduler.memory().rss_mb if self.first_scrape_mb is None else None
+        t0 = time.monotonic()
+        async with self.session.get(self.scheduler.metrics_url, timeout=aiohttp.ClientTimeout(total=300)) as r:
+            text = await r.text()
+        seconds = time.monotonic() - t0
+        if before is not None:
+            self.first_scrape_mb = self.scheduler.memory().rss_mb - before
+        return parse_prometheus(text), seconds, len(text)
+
+    @asynccontextmanager
+    async def window(self):
+        """A measured stretch: the scheduler's CPU seconds over it, and the profiler on for it."""
+        pid, api_pid = self.scheduler.pid, self.cluster.pid
+        if self.profiler is not None:
+            self.profiler.attach(pid)
+            await asyncio.sleep(0.3)   # py-spy needs a moment to attach
+        sample = {"cpu_s": process_cpu_seconds(pid), "api_cpu_s": process_cpu_seconds(api_pid)}
+        try:
+            yield sample
+        finally:
+            sample["cpu_s"] = process_cpu_seconds(pid) - sample["cpu_s"]
+            sample["api_cpu_s"] = process_cpu_seconds(api_pid) - sample["api_cpu_s"]
+            if self.profiler is not None:
+                await self.profiler.detach()
+
+
+def _server_mean_ms(before: dict, after: dict) -> float:
+    count = after.get(FILTER_COUNT, 0) - before.get(FILTER_COUNT, 0)
+    total = after.get(FILTER_SUM, 0) - before.get(FILTER_SUM, 0)
+    return 1000 * total / count if count else float("nan")
+
+
+async def phase_filter(ctx: Context) -> list[dict]:
+    rows = []
+    for concurrency in ctx.plan.concurrencies:
+        pods = await ctx.pending(ctx.plan.filter_samples + WARMUP_REQUESTS, what=f"filter-c{concurrency}")
+        bodies = [filter_body(orjson.dumps(p), ctx.names_raw) for p in pods]
+        await run_filters(ctx.session, ctx.scheduler.url, bodies[:WARMUP_REQUESTS], concurrency=concurrency,
+                          time_limit_s=ctx.plan.phase_time_limit_s)
+        before, _, _ = await ctx.scrape()
+        async with ctx.window() as used:
+            run = await run_filters(ctx.session, ctx.scheduler.url, bodies[WARMUP_REQUESTS:],
+                                    concurrency=concurrency, time_limit_s=ctx.plan.phase_time_limit_s)
+        after, _, _ = await ctx.scrape()
+        n = len(run.latencies)
+        rows.append({"concurrency": concurrency, **summarize_ms(run.latencies),
+                     "requests_per_s": n / run.wall_s if run.wall_s else 0.0,
+                     "server_mean_ms": _server_mean_ms(before, after),
+                     "server_cpu_ms": 1000 * used["cpu_s"] / n if n else float("nan"),
+                     "outcomes": dict(run.outcomes), "errors": dict(run.errors)})
+        await ctx.cleanup(pods)
+    return rows
+
+
+async def phase_schedule(ctx: Context) -> list[dict]:
+    rows = []
+    for concurrency in ctx.plan.concurrencies:
+        pods = await ctx.pending(ctx.plan.schedule_pods, what=f"bind-c{concurrency}",
+                                 annotations={"hami.io/node-scheduler-policy": "spread"})
+        async with ctx.window() as used:
+            run = await run_schedule(ctx.session, ctx.scheduler.url, ctx.cluster, pods, ctx.names_raw,
+                                     concurrency=concurrency, time_limit_s=ctx.plan.phase_time_limit_s)
+        rows.append({"concurrency": concurrency, "pods_per_s": run.bound / run.wall_s if run.wall_s else 0.0,
+                     "bound": run.bound, "attempted": run.attempted,
+                     "filter": summarize_ms(run.filter_latencies), "bind": summarize_ms(run.bind_latencies),
+                     "server_cpu_ms_per_pod": 1000 * used["cpu_s"] / run.bound if run.bound else float("nan"),
+                     "outcomes": dict(run.outcomes), "errors": dict(run.errors)})
+        await ctx.cleanup(pods)
+    return rows
+
+
+def _regular_nodes(shape: ClusterShape) -> list[str]:
+    return node_names(shape)[:shape.nodes - shape.probe_nodes]
+
+
+async def phase_burst(ctx: Context) -> dict:
+    """The burst, then a sentinel delete in the same synchronous stretch of the API server."""
+    events = ctx.plan.events
+    sentinel = ctx.sentinel()
+    await sentinel.armed()
+    await ctx.settle()
+    async with ctx.window() as used:
+        burst = await ctx.cluster.call("POST", "/burst", {"pods": events.burst_pods,
+                                                          "nodes": _regular_nodes(ctx.plan.shape),
+                                                          "then_delete": sentinel.blocker})
+        t_applied = await sentinel.seen()
+    await sentinel.rearm()
+    n = burst["events"] + 1
+    return {"events": n, "commit_s": burst["t_end"] - burst["t_start"],
+            "apply_s": t_applied - burst["t_end"],
+            "events_per_s": n / (t_applied - burst["t_end"]),
+            "end_to_end_events_per_s": n / (t_applied - burst["t_start"]),
+            "server_cpu_us_per_event": 1e6 * used["cpu_s"] / n,
+            "api_cpu_us_per_event": 1e6 * used["api_cpu_s"] / n}
+
+
+async def phase_lag(ctx: Context) -> dict:
+    events = ctx.plan.events
+    shape = ctx.plan.shape
+    await ctx.settle()
+    idle = []
+    for _ in range(events.idle_probes):
+        idle.append(await ctx.sentinel().lag())
+        await asyncio.sleep(0.02)
+    await ctx.settle()
+    async with ctx.window() as used:
+        await ctx.cluster.call("POST", "/load", {"rate": events.load_rate, "seconds": events.load_seconds,
+                                                 "nodes": _regular_nodes(shape)})
+        t_load = time.monotonic()
+        await asyncio.sleep(min(0.5, events.load_seconds / 4))   # let the stream reach its rate first
+        loaded = []
+        while time.monotonic() - t_load < events.load_seconds - 0.1:
+            loaded.append(await ctx.sentinel().lag())
+            await asyncio.sleep(0.02)
+        while (status := await ctx.cluster.call("GET", "/load"))["running"]:
+            await asyncio.sleep(0.05)
+        # A delete committed after the stream's last event: seen, the whole stream was applied.
+        catch_up = ctx.sentinel()
+        await catch_up.armed()
+        await ctx.cluster.call("POST", "/delete", catch_up.blocker)
+        t_caught_up = await catch_up.seen()
+    await catch_up.rearm()
+    stream_s = status["t_end"] - status["t_start"]
+    return {"idle_ms": summarize_ms(idle), "loaded_ms": summarize_ms(loaded),
+            "stream_events": status["events"], "stream_target_rate": events.load_rate,
+            "stream_rate": status["events"] / stream_s if stream_s else 0.0,
+            "applied_rate": status["events"] / (t_caught_up - status["t_start"]),
+            "behind_at_end_s": max(0.0, t_caught_up - status["t_end"]),
+            "server_cpu_share": used["cpu_s"] / (t_caught_up - t_load),
+            "api_cpu_share": used["api_cpu_s"] / (t_caught_up - t_load)}
+
+
+async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdir: Path,
+                      phases: tuple[str, ...] = PHASES, profiler: Profiler | None = None,
+                      profile_startup: bool = False, scheduler_args: tuple[str, ...] = (),
+                      scheduler_env: dict[str, str] | None = None, say=lambda text: None) -> dict:
+    """Seed, start, measure; always stops both processes.
+
+    With a profiler it samples the measured stretches, or with ``profile_startup`` the scheduler's
+    whole life from its first instruction (start-up included). ``scheduler_args`` and ``scheduler_env`` are
+    added to the scheduler's command line and environment (experiments: other flags, a
+    sitecustomize on PYTHONPATH, PYTHONMALLOC…)."""
+    shape = plan.shape
+    if shape.probe_nodes < 1:
+        raise BenchError(f"cluster {plan.name} needs at least one probe node (its sentinels)")
+    workdir.mkdir(parents=True, exist_ok=True)
+    result: dict = {"name": plan.name, "nodes": shape.nodes, "pods": shape.pods, "probe_nodes": shape.probe_nodes}
+    cluster = ClusterProcess(workdir=workdir, session=session)
+    wrap = profiler.wrap_startup() if profiler is not None and profile_startup else []
+    scheduler = SchedulerProcess(kubeconfig=cluster.kubeconfig, log_path=workdir / "scheduler.log", wrap=wrap,
+                                 extra_args=list(scheduler_args), extra_env=dict(scheduler_env or {}))
+    try:
+        await cluster.start()
+        say(f"[{plan.name}] seeding {shape.nodes} nodes, {shape.pods} pods")
+        seeded = await cluster.call("POST", "/seed", {"nodes": shape.nodes, "pods": shape.pods,
+                                                      "probe_nodes": shape.probe_nodes, "seed": shape.seed})
+        result["seed_s"] = seeded["seconds"]
+        scheduler.start()
+        result["ready_s"] = await scheduler.wait_ready(session)
+        result["memory_ready"] = vars(scheduler.memory())
+        result["pid"] = scheduler.pid
+        say(f"[{plan.name}] hami-scheduler pid {scheduler.pid} ready in {result['ready_s']:.2f}s")
+        ctx = Context(plan, session, cluster, scheduler, orjson.dumps(node_names(shape)),
+                      profiler=None if profile_startup else profiler)
+        await ctx.settle()
+        result["settled_s"] = time.monotonic() - scheduler.t_spawn
+        await ctx.make_sentinels()
+        runs = (("filter", plan.filter_samples, "/filter latency", phase_filter),
+                ("schedule", plan.schedule_pods, "filter+bind throughput", phase_schedule),
+                ("burst", plan.events, "watch event burst", phase_burst),
+                ("lag", plan.events, "delete-to-free lag", phase_lag))
+        result["rss_after_mb"] = {}    # where the memory grows, phase by phase
+        for phase, planned, title, run in runs:
+            if phase in phases and planned:
+                say(f"[{plan.name}] {title}")
+                result[phase] = await run(ctx)
+                result["rss_after_mb"][phase] = scheduler.memory().rss_mb
+        result["memory_end"] = vars(scheduler.memory())
+        samples, seconds, size = await ctx.scrape()
+        result["metrics_scrape"] = {"seconds": seconds, "mb": size / 1e6, "pod_events": samples.get(POD_EVENTS),
+                                    "first_scrape_rss_mb": ctx.first_scrape_mb}
+        result["memory_after_scrape"] = vars(scheduler.memory())
+    finally:
+        await scheduler.stop()
+        await cluster.stop()
+    return result

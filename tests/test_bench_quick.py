@@ -1,0 +1,76 @@
+"""The benchmark harness keeps working: its smallest scenario runs end to end and yields numbers.
+
+``make bench-quick`` is what CI may run to keep the benchmarks alive, and the lead engineer reads
+their figures when optimising the hot path, so a harness that silently measures nothing (every
+filter an error, a phase skipped, a NaN in the table) is a real regression. Times are never
+asserted here: the machine is shared and noisy. Only the shape and sanity of the numbers are.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import aiohttp
+
+from bench import report
+from bench.scenarios import QUICK, EventsPlan, run_cluster
+
+
+def _smallest_quick_scenario():
+    """The quick plan's smallest cluster, with every phase, at the fewest samples that still
+    exercise each code path (both concurrencies, burst, idle and loaded lag)."""
+    n100 = min(QUICK.clusters, key=lambda c: c.shape.nodes)
+    return dataclasses.replace(
+        n100, filter_samples=10, schedule_pods=8, phase_time_limit_s=5.0,
+        events=EventsPlan(burst_pods=100, load_rate=2000, load_seconds=0.6, idle_probes=2))
+
+
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def _check_latencies(summary: dict, *, n: int) -> None:
+    assert summary["n"] == n
+    assert all(_positive(summary[k]) for k in ("p50", "p90", "p99", "max", "mean")), summary
+    assert summary["p50"] <= summary["p90"] <= summary["p99"] <= summary["max"]
+
+
+async def test_smallest_quick_scenario_yields_well_formed_numbers(tmp_path):
+    plan = _smallest_quick_scenario()
+    async with aiohttp.ClientSession() as session:
+        result = await run_cluster(plan, session=session, workdir=tmp_path)
+
+    assert (result["nodes"], result["pods"]) == (plan.shape.nodes, plan.shape.pods)
+    assert _positive(result["ready_s"]) and _positive(result["seed_s"])
+
+    assert [row["concurrency"] for row in result["filter"]] == list(plan.concurrencies)
+    for row in result["filter"]:
+        # Every filtered pod fits somewhere in the seeded cluster: errors would mean the harness
+        # measured error answers, not decisions.
+        assert row["outcomes"] == {"placed": plan.filter_samples}, row["errors"]
+        _check_latencies(row, n=plan.filter_samples)
+        assert _positive(row["requests_per_s"]) and _positive(row["server_mean_ms"])
+        assert row["server_cpu_ms"] >= 0
+
+    assert [row["concurrency"] for row in result["schedule"]] == list(plan.concurrencies)
+    for row in result["schedule"]:
+        assert 0 < row["bound"] <= row["attempted"] == plan.schedule_pods
+        assert _positive(row["pods_per_s"])
+        _check_latencies(row["filter"], n=plan.schedule_pods)
+
+    burst = result["burst"]
+    assert burst["events"] == 3 * plan.events.burst_pods + 1      # + the sentinel's delete
+    assert _positive(burst["events_per_s"]) and burst["end_to_end_events_per_s"] <= burst["events_per_s"]
+
+    lag = result["lag"]
+    _check_latencies(lag["idle_ms"], n=plan.events.idle_probes)
+    assert lag["loaded_ms"]["n"] >= 1
+    assert lag["stream_events"] > 0 and _positive(lag["applied_rate"]) and _positive(lag["stream_rate"])
+
+    for key in ("memory_ready", "memory_end", "memory_after_scrape"):
+        assert _positive(result[key]["rss_mb"]) and result[key]["peak_mb"] >= result[key]["rss_mb"]
+    assert result["metrics_scrape"]["pod_events"] >= lag["stream_events"]
+
+    results = {"command": "test", "plan": "quick", "machine": report.machine(), "clusters": [result], "kernel": []}
+    table = "\n".join(report.render_header(results) + report.render_tables(results))
+    assert "/filter latency" in table and "nan" not in table.lower()
