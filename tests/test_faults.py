@@ -14,7 +14,9 @@ import asyncio
 import orjson
 import pytest
 
+from hami_py.config import DeviceConfig
 from hami_py.devices.base import ContainerDevice
+from hami_py.devices.registry import build_vendors
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import write_kubeconfig
 from hami_py.fakeapi.kubescheduler import ExtenderClient
@@ -56,10 +58,10 @@ async def place(api, app, extender, name: str, node_names: list[str], **request)
     return api.get("pods", name, namespace="default")
 
 
-def placed_elsewhere(app, name: str, node: str, uuid: str, mem: int, cores: int) -> dict:
+def placed_elsewhere(name: str, node: str, uuid: str, mem: int, cores: int) -> dict:
     """A running pod that another scheduler replica placed: only its annotations tell."""
     pod = gpu_pod(name, gpumem=mem, gpucores=cores)
-    vendor = app.vendors["NVIDIA"]
+    vendor = build_vendors(DeviceConfig.default())["NVIDIA"]
     pod["metadata"]["annotations"].update({"hami.io/vgpu-node": node, **vendor.encode_allocation(
         [[ContainerDevice(uuid, "NVIDIA", mem, cores)]])})
     pod["spec"]["nodeName"] = node
@@ -85,7 +87,7 @@ async def change_cluster_while_away(api, app, names: list[str]) -> None:
         "hami.io/node-nvidia-register": orjson.dumps(devices).decode()}}})
     api.create("nodes", gpu_node("late", gpus=1))
     late_uuid = registration("late", gpus=1)[0]["id"]
-    api.create("pods", placed_elsewhere(app, "elsewhere", "late", late_uuid, 5000, 20))
+    api.create("pods", placed_elsewhere("elsewhere", "late", late_uuid, 5000, 20))
 
 
 # ---------------------------------------------------------------------------------------- watches
@@ -149,10 +151,7 @@ async def test_watch_reconnect_errors_back_off_and_recover(api, app, extender, s
 async def test_startup_list_failures_delay_sync_but_lose_nothing(api, fault):
     api.create("nodes", gpu_node("n1", gpus=2))
     uuid = registration("n1", gpus=2)[0]["id"]
-    async with running_scheduler(api, device_plugin=False, wait_ready=False,
-                                 options=embedded_options(sync_timeout_s=0.2)) as probe:
-        # Only to borrow the vendors for the annotations.
-        api.create("pods", placed_elsewhere(probe, "running", "n1", uuid, 7000, 30))
+    api.create("pods", placed_elsewhere("running", "n1", uuid, 7000, 30))
     injected = api.faults.add(method="GET", path=WATCHED, **fault)
     async with running_scheduler(api, device_plugin=False, wait_ready=False,
                                  options=embedded_options(sync_timeout_s=0.2, kube_timeout=1.0)) as app:
@@ -535,3 +534,35 @@ async def test_a_delete_missed_before_any_pod_event_is_still_seen(api, app, exte
     api.faults.clear()
     await wait_books_balance(api, app)
     assert not app.cache.pods
+
+
+def filters_waiting(app, uid: str) -> int:
+    """Filters queued on the pod's lock (asyncio.Lock keeps its waiters in ``_waiters``)."""
+    lock = app.service._pod_locks.get(uid)
+    return len(getattr(lock, "_waiters", None) or ()) if lock is not None else 0
+
+
+async def test_a_filter_queued_behind_another_for_the_same_pod_is_never_overtaken(api, app, extender):
+    """Filters of one pod run one at a time, so at most one patch of its decision is in flight
+    (the cache relies on that to tell an older decision from a newer one). The per-pod lock must
+    stay in place while filters still wait on it, or the next one takes a fresh lock and runs
+    beside them."""
+    names = await add_nodes(api, app, "n1")
+    pod = api.create("pods", gpu_pod("p", gpumem=20000))
+    uid = pod["metadata"]["uid"]
+    hung = api.faults.add(method="PATCH", path="/pods/p$", hang=True, times=None)
+    first = asyncio.create_task(extender.filter(pod, names))
+    await wait_for(lambda: hung.hits == 1, what="the first patch in flight")
+    second = asyncio.create_task(extender.filter(pod, names))
+    await wait_for(lambda: filters_waiting(app, uid) == 1, what="the second filter queued")
+    api.faults.release()             # the first patch lands; the second filter's patch hangs
+    await wait_for(lambda: hung.hits == 2, what="the second patch in flight")
+    third = asyncio.create_task(extender.filter(pod, names))
+    try:
+        await wait_for(lambda: filters_waiting(app, uid) == 1 or hung.hits == 3, what="the third filter")
+        assert hung.hits == 2, "a third filter ran while the second one's patch was in flight"
+    finally:
+        api.faults.clear()
+        results = await asyncio.gather(first, second, third)
+    assert all(r["NodeNames"] == names for r in results)
+    await wait_books_balance(api, app)

@@ -46,6 +46,7 @@ class SchedulerService:
         self.synced = asyncio.Event()
         self.events = events
         self._pod_locks: dict[str, asyncio.Lock] = {}
+        self._pod_lock_users: dict[str, int] = {}   # filters holding or awaiting each pod's lock
 
     # ------------------------------------------------------------------ filter
     async def filter(self, args: Any) -> dict:
@@ -77,12 +78,16 @@ class SchedulerService:
             return filter_result(error="scheduler cache is not synced yet")
         uid = (pod.get("metadata") or {}).get("uid") or ""
         lock = self._pod_locks.setdefault(uid, asyncio.Lock())
+        self._pod_lock_users[uid] = self._pod_lock_users.get(uid, 0) + 1
         try:
             async with lock:
                 return await self._filter_live(pod, node_names, request)
         finally:
-            if not lock.locked() and self._pod_locks.get(uid) is lock:
-                del self._pod_locks[uid]
+            # Dropped with its last user only: a released lock is not locked() while the filter
+            # it wakes has yet to run, and a fresh lock then would let a later one run beside it.
+            self._pod_lock_users[uid] -= 1
+            if not self._pod_lock_users[uid]:
+                del self._pod_lock_users[uid], self._pod_locks[uid]
 
     async def _filter_live(self, pod: dict, node_names: list[str], request) -> dict:
         try:
