@@ -119,13 +119,15 @@ def render_tables(results: dict) -> list[str]:
             target = filter_target(c["nodes"], r["concurrency"])
             rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", str(r["concurrency"]), _num(r["p50"], 2),
                          _num(r["p90"], 2), _num(r["p99"], 2), _num(r["server_mean_ms"], 2),
-                         _num(r["server_cpu_ms"], 2), _num(r["requests_per_s"]),
+                         _num(r.get("patch_mean_ms", float("nan")), 2),
+                         _num(r.get("server_over_5ms_pct", float("nan")), 1), _num(r["server_cpu_ms"], 2), _num(r["requests_per_s"]),
                          f"{r['outcomes'].get('placed', 0)}/{r['n']}",
                          f"≤ {target:g} ms {_verdict(r['p99'] <= target)}" if target else ""])
     if rows:
         out += ["**/filter latency** (ms, end to end over HTTP with the pod patch; all N node names per request)", ""]
-        out += _table(["N", "P", "conc", "p50", "p90", "p99", "server mean", "server CPU/req", "req/s",
-                       "placed", "target (p99)"], rows)
+        out += _table(["N", "P", "conc", "p50", "p90", "p99", "server mean", "of which patch",
+                       "server > 5 ms %", "server CPU/req",
+                       "req/s", "placed", "target (p99)"], rows)
         ratio, _ = flatness(results)
         if ratio is not None:
             out += ["", f"p99 at N=1000, P=40000 is {ratio:.2f}× the p99 at P≈0 "

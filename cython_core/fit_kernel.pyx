@@ -513,3 +513,39 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     out_place[i] = ch_place[i]
     free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
     return best
+
+
+def best_fit_nodes(const int[:] status, const double[:] score, Py_ssize_t k, bint spread):
+    """``(fitting nodes, indexes of the k best of them, best first)``: best is the highest score
+    (binpack) or the lowest (spread), the earlier candidate on a tie, as the kernel's own choice.
+    Same as ``kernel_ref.best_fit_nodes``. An insertion-sorted buffer of k: O(n) for small k."""
+    cdef Py_ssize_t n = status.shape[0], c, i, kept = 0, fit = 0
+    cdef double s
+    if k <= 0:
+        for c in range(n):
+            if status[c] == NODE_FIT:
+                fit += 1
+        return fit, []
+    cdef Py_ssize_t *buf = <Py_ssize_t *> malloc(k * sizeof(Py_ssize_t))
+    if buf == NULL:
+        raise MemoryError()
+    try:
+        for c in range(n):
+            if status[c] != NODE_FIT:
+                continue
+            fit += 1
+            s = score[c]
+            if kept == k:
+                # Not better than the worst kept (an equal score loses: it came later).
+                if (spread and s >= score[buf[k - 1]]) or (not spread and s <= score[buf[k - 1]]):
+                    continue
+                kept -= 1
+            i = kept
+            while i > 0 and ((spread and s < score[buf[i - 1]]) or (not spread and s > score[buf[i - 1]])):
+                buf[i] = buf[i - 1]
+                i -= 1
+            buf[i] = c
+            kept += 1
+        return fit, [buf[i] for i in range(kept)]
+    finally:
+        free(buf)

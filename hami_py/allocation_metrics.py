@@ -2,8 +2,9 @@
 
 Dashboards and alerts built for upstream select on these names and labels
 (``hami-protocol.md`` §12): per device ``hami_gpu_*`` and ``hami_node_gpu_*``, per pod device
-entry ``hami_vgpu_*``, all with the constant label ``zone="vGPU"``, memory in bytes (MiB ×
-1048576), AMD core counts normalised to percent; with ``--legacy-metrics`` also the old
+entry ``hami_vgpu_*``, per MIG instance the device plugin has created
+``hami_node_gpu_mig_instance_info``, all with the constant label ``zone="vGPU"``, memory in bytes
+(MiB × 1048576), AMD core counts normalised to percent; with ``--legacy-metrics`` also the old
 camel-case names.
 
 Why not a prometheus-client Collector: at 5 000 nodes × 8 GPUs with 40 000 pods one scrape is
@@ -68,13 +69,19 @@ LEGACY_DEVICE_FAMILIES = (
     ("nodeGPUOverview", "GPU memory allocated to pods, in bytes (legacy name)."),
     ("nodeGPUMemoryPercentage", "Fraction of a GPU's memory allocated to pods (legacy name)."),
 )
+# The MIG instance family is per device upstream, but its lines come from the pods' MIG records
+# (hami.io/vgpu-mig-allocations), so they are rendered and cached with each pod.
 POD_FAMILIES = (
     ("hami_vgpu_memory_allocated_bytes", "GPU memory allocated to a pod on one device, in bytes."),
     ("hami_vgpu_core_allocated_ratio", "GPU compute allocated to a pod on one device."),
+    ("hami_node_gpu_mig_instance_info",
+     "A MIG instance the device plugin created on a GPU in mig mode (always 1): its identity and placement."),
 )
 LEGACY_POD_FAMILIES = (
     ("vGPUMemoryAllocated", "GPU memory allocated to a pod on one device, in bytes (legacy name)."),
     ("vGPUCoreAllocated", "GPU compute allocated to a pod on one device (legacy name)."),
+    ("nodeGPUMigInstance",
+     "A MIG instance created on a GPU (always 1; legacy name, migname is <profile>-<GPU instance id>)."),
 )
 QUOTA_FAMILIES = (
     ("hami_resource_quota_used", "Device resource used in a namespace quota."),
@@ -335,9 +342,34 @@ class AllocationMetrics:
             if self.legacy:
                 glab = (f'podnamespace="{ns}",nodename="{node_name}",podname="{name}",containeridx="0",'
                         f'deviceuuid="{escape(e.uuid)}",zone="{z}"')
-                cols[2].append(f"vGPUMemoryAllocated{{{glab}}} {mem_bytes}\n")
-                cols[3].append(f"vGPUCoreAllocated{{{glab}}} {e.cores}\n")
+                cols[3].append(f"vGPUMemoryAllocated{{{glab}}} {mem_bytes}\n")
+                cols[4].append(f"vGPUCoreAllocated{{{glab}}} {e.cores}\n")
+        if pod.mig and node is not None:
+            self._mig_lines(pod, node, node_name, cols)
         return tuple("".join(col).encode() for col in cols)
+
+    def _mig_lines(self, pod: PodUsage, node: NodeEntry, node_name: str, cols: list[list[str]]) -> None:
+        """One line per MIG instance whose identity the device plugin has written, on a GPU of the
+        pod's node that is registered in mig mode (upstream's rule; other instances are not shown)."""
+        z = self.zone
+        for inst in pod.mig:
+            if len(inst) == 2:
+                continue        # reserved, not created yet
+            gpu, mask, profile, mig_uuid, gi_id, ci_id = inst
+            j = node.uuid_to_slot.get(gpu, -1)
+            k = j - node.offset
+            if j < 0 or not 0 <= k < len(node.devices) or node.devices[k].mode != "mig":
+                continue
+            start, size = (mask & -mask).bit_length() - 1, mask.bit_count()
+            dev_uuid, dev_index, prof = escape(gpu), str(node.devices[k].index), escape(profile)
+            cols[2].append(
+                f'hami_node_gpu_mig_instance_info{{node="{node_name}",device_uuid="{dev_uuid}",'
+                f'device_index="{dev_index}",mig_uuid="{escape(mig_uuid)}",profile="{prof}",'
+                f'gpu_instance_id="{gi_id}",compute_instance_id="{ci_id}",placement_start="{start}",'
+                f'placement_size="{size}",zone="{z}"}} 1\n')
+            if self.legacy:
+                cols[5].append(f'nodeGPUMigInstance{{nodeid="{node_name}",deviceuuid="{dev_uuid}",'
+                               f'deviceidx="{dev_index}",migname="{prof}-{gi_id}",zone="{z}"}} 1\n')
 
     # -- quotas (hook for the ResourceQuota tracker) -------------------------------------------
     def _quota_parts(self) -> tuple[bytes, ...]:

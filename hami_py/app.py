@@ -20,7 +20,7 @@ from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
 from hami_py.http.server import DEFAULT_BODY_LIMIT, build_app, build_metrics_app
 from hami_py.http.tls import DEFAULT_CHECK_INTERVAL_S, ReloadingTLS
-from hami_py.http.webhook import webhook_route
+from hami_py.http.webhook import build_webhook_app, webhook_route
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.events import DEFAULT_QUEUE_SIZE, EventRecorder
 from hami_py.k8s.informer import Informer, PagedRelist
@@ -40,6 +40,9 @@ log = structlog.get_logger(__name__)
 class Options:
     """The scheduler's settings; names and defaults follow upstream's command-line flags."""
     http_bind: str = "127.0.0.1:8080"
+    # Not upstream's: the webhook on a listener of its own (/webhook, /healthz, /readyz only), so
+    # that the extender's listener can stay on loopback. Empty: /webhook on the extender's listener.
+    webhook_bind_address: str = ""
     cert_file: str = ""
     key_file: str = ""
     scheduler_name: str = ""
@@ -115,6 +118,7 @@ class SchedulerApp:
         self.informers: list[Informer] = []
         self._runners: list[web.AppRunner] = []
         self.url = ""
+        self.webhook_url = ""   # where /webhook is served: self.url unless --webhook-bind-address
         self.metrics_url = ""
         self._sync_task: asyncio.Task | None = None
         self.device_plugin = None  # set by the embedded harness when it simulates one
@@ -129,14 +133,15 @@ class SchedulerApp:
 
     async def start(self) -> None:
         o = self.options
-        self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout)
+        api_seconds = self.metrics.api_request_seconds
+        self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout,
+                                 observe=lambda method, resource, s: api_seconds.labels(method, resource).observe(s))
         locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint)
         filterer = Filterer(self.cache, self.vendors, default_node_policy=o.node_scheduler_policy,
                             default_gpu_policy=o.gpu_scheduler_policy)
         # Events get their own --kube-qps/--kube-burst budget so they never delay a patch or Binding.
         self.events = EventRecorder(self.client, component=o.scheduler_name, metrics=self.metrics,
-                                    queue_size=o.event_queue_size, qps=o.kube_qps, burst=o.kube_burst,
-                                    node_policy=lambda pod: filterer.policies(pod).node_name)
+                                    queue_size=o.event_queue_size, qps=o.kube_qps, burst=o.kube_burst)
         self.events.start()
         binder = Binder(client=self.client, cache=self.cache, locker=locker,
                         lock_retry_timeout_s=o.node_lock_retry_timeout_s, on_result=self.events.on_bind)
@@ -170,18 +175,27 @@ class SchedulerApp:
                                        force_overwrite_default_scheduler=o.force_overwrite_default_scheduler),
             vendors=self.vendors, fit_quota=lambda *request: self.fit_quota(*request),
             metrics=self.metrics, body_limit=o.body_limit)
+        # With a webhook listener of its own, the extender's listener serves no /webhook.
+        separate = bool(o.webhook_bind_address)
         app = build_app(service=self.service, metrics=self.metrics, ready=lambda: self.ready,
-                        body_limit=o.body_limit, extra_routes=[webhook])
+                        body_limit=o.body_limit, extra_routes=[] if separate else [webhook])
         host, port = split_host_port(o.http_bind, default_host="0.0.0.0")
         if o.cert_file and o.key_file:
             self.tls = ReloadingTLS(cert_file=o.cert_file, key_file=o.key_file,
                                     check_interval_s=o.cert_check_interval_s)
-        self.url = await self._serve(app, host, port, self.tls.context if self.tls else None)
+        context = self.tls.context if self.tls else None
+        self.url = await self._serve(app, host, port, context)
+        self.webhook_url = self.url
+        if separate:
+            # The same certificate pair (and the same live reload) as the extender's listener.
+            whost, wport = split_host_port(o.webhook_bind_address, default_host="0.0.0.0")
+            webhook_app = build_webhook_app(webhook, ready=lambda: self.ready, body_limit=o.body_limit)
+            self.webhook_url = await self._serve(webhook_app, whost, wport, context)
         if o.metrics_bind_address:
             mhost, mport = split_host_port(o.metrics_bind_address, default_host="0.0.0.0")
             metrics_app = build_metrics_app(self.metrics, extra=self.allocation_metrics.chunks)
             self.metrics_url = await self._serve(metrics_app, mhost, mport, None)
-        log.info("hami-scheduler serving", url=self.url, metrics=self.metrics_url)
+        log.info("hami-scheduler serving", url=self.url, webhook=self.webhook_url, metrics=self.metrics_url)
 
     async def _mark_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers), self.leadership.synced.wait())

@@ -1,4 +1,5 @@
-"""``hami-scheduler``: upstream's scheduler flags, plus the ``simulate`` and ``version`` commands.
+"""``hami-scheduler``: upstream's scheduler flags (plus ``--webhook-bind-address``, ours), and the
+``simulate`` and ``version`` commands.
 
 A bad flag, a bad value or an unreadable file is reported in one line and exit code 2; nobody
 configuring a scheduler should have to read a traceback to find a typo.
@@ -84,12 +85,19 @@ def _address(text: str) -> str:
     return text
 
 
+def _optional_address(text: str) -> str:
+    return _address(text) if text else text
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="hami-scheduler", description="HAMi-compatible scheduler extender for shared GPUs.")
     flag = p.add_argument
     flag("--http_bind", default="127.0.0.1:8080", type=_address, help="extender server address")
     flag("--cert_file", default="", help="TLS certificate (TLS when both cert and key are set)")
     flag("--key_file", default="", help="TLS private key")
+    flag("--webhook-bind-address", default="", type=_optional_address,
+         help="serve /webhook (and /healthz, /readyz) on this address, with the TLS pair, and no longer "
+              "on --http_bind (not an upstream flag; empty: /webhook on --http_bind, as upstream)")
     flag("--scheduler-name", default="", help="scheduler name the webhook writes into pods")
     flag("--node-scheduler-policy", default="binpack", help="default node policy: binpack or spread")
     flag("--gpu-scheduler-policy", default="spread", help="default device policy: binpack or spread")
@@ -117,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def options_from_args(ns: argparse.Namespace) -> Options:
     return Options(
-        http_bind=ns.http_bind, cert_file=ns.cert_file, key_file=ns.key_file,
+        http_bind=ns.http_bind, webhook_bind_address=ns.webhook_bind_address,
+        cert_file=ns.cert_file, key_file=ns.key_file,
         scheduler_name=ns.scheduler_name, node_scheduler_policy=ns.node_scheduler_policy,
         gpu_scheduler_policy=ns.gpu_scheduler_policy, metrics_bind_address=ns.metrics_bind_address,
         node_label_selector=ns.node_label_selector, kube_qps=ns.kube_qps, kube_burst=ns.kube_burst,
@@ -151,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError(f"--node-scheduler-policy must be binpack or spread, not {ns.node_scheduler_policy!r}")
         if bool(ns.cert_file) != bool(ns.key_file):
             raise UsageError("--cert_file and --key_file must be given together")
+        if ns.webhook_bind_address and not ns.cert_file:
+            raise UsageError("--webhook-bind-address needs --cert_file and --key_file: "
+                             "the API server calls webhooks over HTTPS only")
         try:
             check_leader_options(leader_elect=ns.leader_elect, name=ns.leader_elect_resource_name,
                                  namespace=ns.leader_elect_resource_namespace, identity=leader_identity())

@@ -33,6 +33,11 @@ class Metrics:
         self.request_seconds = Histogram(
             "hami_extender_request_duration_seconds", "Time to answer an extender request, by verb.",
             ["verb"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.api_request_seconds = Histogram(
+            "hami_kube_api_request_duration_seconds",
+            "Time of the scheduler's calls to the Kubernetes API server (watches excluded), by method "
+            "and resource, failed calls included: how much of /filter and /bind is waiting on it.",
+            ["method", "resource"], buckets=LATENCY_BUCKETS, registry=self.registry)
         self.request_errors = Counter(
             "hami_extender_request_errors_total", "Extender answers that carried an Error, by verb.",
             ["verb"], registry=self.registry)

@@ -6,10 +6,21 @@ kubernetes-asyncio, and the test (playing kube-scheduler) to the scheduler's ext
 from __future__ import annotations
 
 import pytest
+import structlog
 
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
 from hami_py.fakeapi.kubescheduler import ExtenderClient
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """A test that runs a CLI (``hami-scheduler simulate`` configures logging) binds structlog to
+    the stderr pytest captured for that test, closed once it ends: later tests would log into a
+    closed file (and a log call inside a TLS handshake would abort the handshake)."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture

@@ -197,14 +197,38 @@ def test_failure_and_success_messages():
     failed = {"b": "1/1 CardNotHealth", "a": "2/2 CardNotHealth", "c": "node unregistered"}
     assert filtering_failed_messages(failed=failed, total_nodes=3) == [
         "2 nodes CardNotHealth(a,b)", "no available node, 3 nodes do not meet"]
-    assert filtering_succeeded_message(node="y", scores={"x": 1.005, "y": 2.5}, total_nodes=5, spread=False) == \
+    assert filtering_succeeded_message(node="y", best=[("y", 2.5), ("x", 1.005)], fit=2, total_nodes=5) == \
         "find fit node(y), 3 nodes not fit, 2 nodes fit(x:1.00,y:2.50)"
 
 
+def _decide_over(nodes: list[dict], pod: dict, *, default_node: str = "binpack"):
+    from hami_py.cache.usage import UsageCache
+    from hami_py.devices.registry import build_vendors
+    from hami_py.scheduling.filter import Filterer
+    from hami_py.scheduling.requests import parse_pod_requests
+    from hami_py.config import DeviceConfig
+    vendors = build_vendors(DeviceConfig.default())
+    cache = UsageCache(vendors)
+    for node in nodes:
+        cache.upsert_node(node)
+    names = [n["metadata"]["name"] for n in nodes]
+    request = parse_pod_requests(pod, vendors, cache.vendor_ids)
+    return Filterer(cache, vendors, default_node_policy=default_node).decide(pod, names, request, reserve=False)
+
+
 def test_success_message_lists_the_best_nodes_only_at_scale():
-    from hami_py.k8s.events import MAX_LISTED_NODES, filtering_succeeded_message
-    scores = {f"node-{i:04d}": i / 100 for i in range(5000)}
-    message = filtering_succeeded_message(node="node-4999", scores=scores, total_nodes=5000, spread=False)
-    assert message.startswith(f"find fit node(node-4999), 0 nodes not fit, 5000 nodes fit(…{5000 - MAX_LISTED_NODES} more,")
-    assert message.endswith("node-4998:49.98,node-4999:49.99)")
-    assert message.count(":") == MAX_LISTED_NODES
+    """At thousands of nodes only the LISTED_NODE_SCORES best are listed (winner last), after a
+    count of those left out; identical nodes tie, and the winner is listed whatever the tie."""
+    from hami_py.scheduling.filter import LISTED_NODE_SCORES
+    idle = [gpu_node(f"idle-{i:03d}", devices=registration(f"idle-{i:03d}", gpus=1, model=T4)) for i in range(60)]
+    full = [gpu_node(f"full-{i}", devices=registration(f"full-{i}", gpus=1, model={**T4, "devmem": 500}))
+            for i in range(3)]
+    pod = gpu_pod("p", gpumem=1000, gpucores=10)
+    for policy in ("binpack", "spread"):
+        decision = _decide_over(full + idle, pod, default_node=policy)
+        assert decision.node == "idle-000"   # all tie: the first candidate wins
+        message = filtering_succeeded_message(node=decision.node, best=decision.best, fit=decision.fit_count,
+                                              total_nodes=len(decision.failed) + decision.fit_count)
+        assert message.startswith(f"find fit node(idle-000), 3 nodes not fit, 60 nodes fit(…{60 - LISTED_NODE_SCORES} more,")
+        assert message.endswith(",idle-000:0.00)") and message.count(":") == LISTED_NODE_SCORES
+

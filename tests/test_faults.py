@@ -24,6 +24,7 @@ from hami_py.fakeapi.objects import H200, gpu_node, gpu_pod, registration
 from hami_py.k8s.client import KubeClient, load_configuration
 from hami_py.k8s.informer import Informer
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
+from hami_py.scheduling.stale import decision_keys
 from tests.reliability_helpers import schedule_with_retries, wait_books_balance, wait_lock_free
 
 WATCHED = r"^/api/v1/(pods|nodes)$"     # list and watch paths of the informers
@@ -502,24 +503,103 @@ async def test_filter_of_a_stale_pod_object_never_decides_for_its_successor(api,
     assert not app.cache.pods
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a pod whose bind was rolled back and that then fits nowhere keeps the rolled-back decision in "
-    "its annotations: the live books rightly do not charge it, but the annotations (and so a "
-    "restarted scheduler) do, holding capacity for a pod that runs nowhere until it is filtered "
-    "again and placed, or deleted. Fix (a design decision, one extra pod write): clear the "
-    "decision annotations when a filter finds no node for a pod that carries a rolled-back one."))
-async def test_a_rolled_back_decision_left_on_an_unschedulable_pod_is_not_charged_after_restart(api, app, extender):
+def carried_decision(api, name: str) -> dict:
+    """The decision annotations and label the pod carries as the API server has it."""
+    meta = api.get("pods", name, namespace="default")["metadata"]
+    keys = set(decision_keys(build_vendors(DeviceConfig.default())))
+    return {**{k: v for k, v in (meta.get("annotations") or {}).items() if k in keys},
+            **{f"label:{k}": v for k, v in (meta.get("labels") or {}).items() if k == "hami.io/vgpu-node"}}
+
+
+async def rolled_back_then_crowded_out(api, app, extender) -> dict:
+    """``first`` is placed on n1's one GPU, its bind fails and is rolled back, and ``second``
+    takes the whole GPU: ``first`` (returned, as kube-scheduler's copy) fits nowhere now."""
     await add_nodes(api, app, "n1", gpus=1)
     first = api.create("pods", gpu_pod("first", gpumem=FULL_CARD))
     assert (await extender.filter(first, ["n1"]))["NodeNames"] == ["n1"]
     api.faults.add(method="POST", path="/binding$", status=500)
     assert (await extender.bind(first, "n1"))["Error"]          # rolled back
+    assert carried_decision(api, "first")                        # ...but still on the pod
     await place(api, app, extender, "second", ["n1"], gpumem=FULL_CARD)
+    return first
+
+
+async def test_a_rolled_back_decision_left_on_an_unschedulable_pod_is_not_charged_after_restart(api, app, extender):
+    """The filter that finds no node for a pod carrying a void decision clears it from the pod,
+    so the annotations, and a scheduler restarted from them, agree with the live books."""
+    first = await rolled_back_then_crowded_out(api, app, extender)
     retry = await extender.filter(first, ["n1"])                # kube-scheduler retries: no room now
     assert retry["NodeNames"] is None and not retry["Error"]
+    assert carried_decision(api, "first") == {}
+    await wait_books_balance(api, app)
     async with running_scheduler(api, device_plugin=False) as restarted:
         await wait_for(lambda: "n1" in restarted.cache.nodes, what="restarted scheduler synced")
         assert restarted.cache.device_usage("n1") == app.cache.device_usage("n1")
+    # The pod is placed normally once there is room again.
+    api.delete("pods", "second", namespace="default")
+    await wait_for(lambda: not app.cache.pods, what="the delete seen")
+    placement = await schedule_with_retries(extender, api, api.get("pods", "first", namespace="default"), ["n1"])
+    assert placement.node == "n1"
+    await wait_books_balance(api, app)
+
+
+async def test_a_failed_cleanup_of_a_stale_decision_loses_nothing_and_the_next_filter_retries(api, app, extender):
+    first = await rolled_back_then_crowded_out(api, app, extender)
+    stale = carried_decision(api, "first")
+    held = [(d["used"], d["usedmem"]) for d in app.cache.device_usage("n1")]
+    assert held == [(1, FULL_CARD)]                              # second only
+    fault = api.faults.add(method="PATCH", path="/pods/first$", status=500)
+    retry = await extender.filter(first, ["n1"])
+    assert fault.hits == 1
+    assert retry["NodeNames"] is None and not retry["Error"]   # the filter's answer, untouched
+    assert carried_decision(api, "first") == stale
+    # The live books still do not charge it, even when an event shows the pod with it again.
+    api.patch("pods", "first", {"metadata": {"labels": {"touched": "1"}}}, namespace="default")
+    second_uid = api.get("pods", "second", namespace="default")["metadata"]["uid"]
+    rv = int(api.patch("pods", "second", {"metadata": {"labels": {"touched": "1"}}},
+                       namespace="default")["metadata"]["resourceVersion"])
+    await wait_for(lambda: app.cache.pods[second_uid].resource_version == rv, what="both events seen")
+    assert [(d["used"], d["usedmem"]) for d in app.cache.device_usage("n1")] == held
+    # kube-scheduler's next attempt clears it.
+    retry = await extender.filter(first, ["n1"])
+    assert retry["NodeNames"] is None and not retry["Error"]
+    assert carried_decision(api, "first") == {}
+    await wait_books_balance(api, app)
+
+
+async def test_the_cleanup_never_lands_on_a_pod_that_changed_after_it_was_read(api, app, extender):
+    """The cleanup patch carries the resourceVersion it read: whatever happened to the pod in
+    between (here a label; a Binding or a newer decision alike), the API server refuses it."""
+    first = await rolled_back_then_crowded_out(api, app, extender)
+    stale = carried_decision(api, "first")
+    hung = api.faults.add(method="PATCH", path="/pods/first$", hang=True)
+    filtering = asyncio.create_task(extender.filter(first, ["n1"]))
+    await wait_for(lambda: hung.hits == 1, what="the cleanup patch in flight")
+    api.patch("pods", "first", {"metadata": {"labels": {"changed": "meanwhile"}}}, namespace="default")
+    api.faults.release()
+    retry = await filtering
+    assert retry["NodeNames"] is None and not retry["Error"]
+    assert carried_decision(api, "first") == stale               # 409: nothing removed
+    assert api.get("pods", "first", namespace="default")["metadata"]["labels"]["changed"] == "meanwhile"
+    retry = await extender.filter(first, ["n1"])                # the next attempt reads afresh
+    assert carried_decision(api, "first") == {}
+    await wait_books_balance(api, app)
+
+
+async def test_a_stale_copy_of_a_bound_pod_that_fits_nowhere_keeps_its_decision_and_charge(api, app, extender):
+    """kube-scheduler filters only unbound pods, but its copy may lag: a filter of a pod that is
+    in fact bound must neither clear the decision the device plugin acts on nor leave the
+    running pod uncharged."""
+    await add_nodes(api, app, "n1", gpus=1)
+    created = api.create("pods", gpu_pod("p", gpumem=FULL_CARD))
+    placement = await schedule_with_retries(extender, api, created, ["n1"])
+    assert placement.node == "n1"
+    decision = carried_decision(api, "p")
+    result = await extender.filter(created, ["gone"])           # the stale, unbound copy; no usable node
+    assert result["NodeNames"] is None and not result["Error"]
+    assert carried_decision(api, "p") == decision
+    assert [(d["used"], d["usedmem"]) for d in app.cache.device_usage("n1")] == [(1, FULL_CARD)]
+    await wait_books_balance(api, app)
 
 
 async def test_a_delete_missed_before_any_pod_event_is_still_seen(api, app, extender):
@@ -566,3 +646,19 @@ async def test_a_filter_queued_behind_another_for_the_same_pod_is_never_overtake
         results = await asyncio.gather(first, second, third)
     assert all(r["NodeNames"] == names for r in results)
     await wait_books_balance(api, app)
+
+
+async def test_shutdown_never_hangs_when_the_registration_keeper_is_woken_at_the_same_moment(app):
+    """Stopping cancels the keeper's loop; if something wakes it in the same turn (an event, a
+    change of leadership), Python 3.11's asyncio.wait_for returns the wake-up and swallows the
+    cancellation, and the stop then waits forever (a SIGTERM that never finishes)."""
+    keeper = app.keeper
+    keeper.leadership_changed(True)          # wakes the keeper's loop...
+    stopping = asyncio.create_task(keeper.stop())   # ...and the cancel lands in the same turn
+    try:
+        async with asyncio.timeout(5):
+            await asyncio.shield(stopping)
+    finally:
+        while not stopping.done():           # leave nothing running for the fixture's teardown
+            keeper._task.cancel()
+            await asyncio.sleep(0.01)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 
 import orjson
 import pytest
@@ -27,12 +28,13 @@ from hami_py.devices.registry import build_vendors
 from hami_py.embedded import wait_for
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
 from hami_py.scheduling.filter import Filterer
-from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.scheduling.requests import MAX_DEVICES_PER_POD, parse_pod_requests
 from tests.reliability_helpers import LoopCluster, finish_allocation, wait_books_balance
 
 FILTER_FIELDS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 NODES = ["n1", "n2"]
-FUZZ = settings(deadline=None, max_examples=150, suppress_health_check=list(HealthCheck))
+EXAMPLES = int(os.environ.get("HAMI_FUZZ_EXAMPLES", "150"))     # per HTTP fuzz test; longer runs: raise it
+FUZZ = settings(deadline=None, max_examples=EXAMPLES, suppress_health_check=list(HealthCheck))
 
 # -- strategies ---------------------------------------------------------------------------------
 
@@ -307,6 +309,40 @@ def test_filter_reads_json_whatever_the_content_type_says(cluster, content_type)
     assert _check_filter_answer(status, raw)["Error"].startswith("invalid JSON request body")
 
 
+def test_a_pod_asking_for_absurdly_many_devices_is_refused_without_allocating_for_them(cluster):
+    """The filter's output arrays (and the kernel's scratch) are sized by the devices a pod asks
+    for; ``nvidia.com/gpu: 2147483647`` is a valid int32, and any user may create such a pod. It
+    must be refused by its number, not cost gigabytes (the OOM killer took a fuzz run there)."""
+    api = cluster.api
+    for i, count in enumerate(["10000", "2147483647"]):
+        pod = gpu_pod(f"greedy{i}", gpumem=1000)
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = count
+        pod = api.create("pods", pod)
+        result = cluster.run(cluster.extender.filter(pod, NODES))
+        assert result["Error"] == (f"pod default/greedy{i}: asks for {int(count)} devices in all; "
+                                   f"a pod may ask for at most {MAX_DEVICES_PER_POD}"), result
+        api.delete("pods", f"greedy{i}", namespace="default")
+    _still_serving(cluster)
+
+
+def test_a_pod_without_a_uid_is_refused_and_reserves_nothing(cluster):
+    """A reservation is keyed by the pod's UID and the patch preconditioned on it. A request whose
+    pod lacks one (the fuzzer found it) once reserved under "" and patched the real pod by name:
+    the pod's own events came under its real UID, and the "" reservation outlived the pod."""
+    api = cluster.api
+    pod = api.get("pods", "fuzzed", namespace="default")
+    for meta in ({"uid": ""}, {"uid": None}, {"name": ""}):
+        sent = copy.deepcopy(pod)
+        sent["metadata"].update(meta)
+        sent["metadata"] = {k: v for k, v in sent["metadata"].items() if v is not None}
+        result = cluster.run(cluster.extender.filter(sent, NODES))
+        assert result["Error"].endswith("extender args pod has no metadata.name or metadata.uid"), result
+        assert result["NodeNames"] is None
+    assert "" not in cluster.app.cache.pods
+    assert "hami.io/vgpu-node" not in (api.get("pods", "fuzzed", namespace="default")["metadata"].get("annotations") or {})
+    cluster.run(wait_books_balance(api, cluster.app))
+
+
 async def _raw_exchange(url: str, request: bytes, *, read: bool = True) -> bytes:
     """Send raw bytes; the first answer bytes, or nothing when ``read`` is false (hang up)."""
     host, port = url.removeprefix("http://").split(":")
@@ -420,7 +456,7 @@ def _good_pod_still_schedules(cache: UsageCache, nodes: list[str]) -> None:
     cache.remove_pod("victim-uid")
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=2 * EXAMPLES)
 @given(text=allocation_text, node=st.sampled_from(["good", "bad", "", "ghost"]),
        phase=st.sampled_from(["Pending", "Running", "Succeeded", "", "Weird"]),
        init=st.integers(0, 3), rv=st.one_of(st.sampled_from(["5", "", "x", "-3", "99999999999999999999"])))
@@ -443,7 +479,7 @@ def test_garbled_pod_allocation_never_breaks_the_cache(text, node, phase, init, 
     _good_pod_still_schedules(cache, ["good"])
 
 
-@settings(deadline=None, max_examples=300)
+@settings(deadline=None, max_examples=2 * EXAMPLES)
 @given(text=registration_text, score=st.one_of(st.none(), st.text(max_size=30)),
        handshake=st.one_of(st.none(), st.sampled_from(["Requesting_2020-01-01 00:00:00", "Requesting_", "Requesting_x",
                                                        "Reported 2026-01-01 00:00:00", "Deleted_9999-99-99"])))
@@ -461,10 +497,10 @@ def test_garbled_node_registration_never_breaks_the_cache_or_other_nodes(text, s
     _good_pod_still_schedules(cache, ["bad", "good"])
     entry = cache.nodes["bad"]
     if entry.decode_error is None:
-        # Accepted: every device is within what the kernel's int32 arrays hold, and a pod
-        # placed there fits what the device registered.
+        # Accepted (negative capacities included, as upstream): every field fits the kernel's
+        # int32 arrays, and a pod placed there fits what the device registered.
         for dev in entry.devices:
-            assert 0 <= dev.count < 1 << 31 and -(1 << 31) <= dev.devmem < 1 << 31
+            assert all(-(1 << 31) <= v < 1 << 31 for v in (dev.count, dev.devmem, dev.devcore, dev.numa))
         pod = gpu_pod("probe", gpumem=1000, gpucores=5)
         pod["metadata"]["uid"] = "probe-uid"
         decision = Filterer(cache, VENDORS).decide(pod, ["bad"], parse_pod_requests(pod, VENDORS, cache.vendor_ids))

@@ -203,3 +203,17 @@ def test_more_instances_than_gpus_only_for_mig_requests():
         assert (best == 0) == fits
         if not fits:
             assert out["status"] == [R.NODE_INSUFFICIENT_DEVICE]
+
+
+@settings(max_examples=400, deadline=None)
+@given(nodes=st.lists(st.tuples(st.sampled_from([R.NODE_FIT, R.NODE_FIT, R.NODE_DEVICE_REASONS, R.NODE_UNREGISTERED]),
+                                st.sampled_from([0.0, 0.5, 1.0, 1.0, 2.25, -3.0, 1e9])), max_size=60),
+       k=st.integers(0, 25), spread=st.booleans())
+def test_best_fit_nodes_matches_the_reference(nodes, k, spread):
+    """The FilteringSucceed event lists the k best fitting nodes; ties (common: identical nodes
+    score alike) go to the earlier candidate, as the kernel's choice of winner does."""
+    status = array("i", [s for s, _ in nodes])
+    score = array("d", [v for _, v in nodes])
+    fit, best = _kernel.best_fit_nodes(status, score, k, spread)
+    assert (fit, best) == kernel_ref.best_fit_nodes(status, score, k, spread)
+    assert fit == sum(s == R.NODE_FIT for s, _ in nodes) and len(best) == min(k, fit)

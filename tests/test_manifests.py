@@ -35,7 +35,7 @@ from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.http.server import build_app
-from hami_py.http.webhook import WEBHOOK_PATH
+from hami_py.http.webhook import WEBHOOK_PATH, build_webhook_app
 from hami_py.metrics import Metrics
 from hami_py.scheduling.admission import SUPPORTED_VERSIONS
 
@@ -69,6 +69,15 @@ def container_of(deployment: dict, name: str) -> dict:
 
 def port_of(container: dict, name: str) -> int:
     return next(p["containerPort"] for p in container["ports"] if p["name"] == name)
+
+
+def container_port(container: dict, target) -> int:
+    """The port number a Service targetPort or a probe port (a name or a number) leads to."""
+    return port_of(container, target) if isinstance(target, str) else int(target)
+
+
+def bind_port(address: str) -> int:
+    return int(address.rpartition(":")[2])
 
 
 def mount_of(container: dict, path: str) -> tuple[dict, str]:
@@ -132,6 +141,7 @@ def test_kubectl_kustomize_builds_the_same_objects():
 
 def test_hami_flags_are_what_the_cli_accepts_and_expects():
     assert OPTIONS.cert_file and OPTIONS.key_file                   # HTTPS: the webhook needs it
+    assert OPTIONS.webhook_bind_address                              # the webhook has its own listener
     assert OPTIONS.scheduler_name == "hami-scheduler"
     assert OPTIONS.force_overwrite_default_scheduler is True
     assert OPTIONS.leader_elect is True
@@ -142,12 +152,18 @@ def test_hami_flags_are_what_the_cli_accepts_and_expects():
 
 
 def test_server_ports_match_container_ports_and_service():
-    host, _, port = OPTIONS.http_bind.rpartition(":")
-    assert host == "0.0.0.0" and int(port) == port_of(HAMI, "https")
-    assert int(OPTIONS.metrics_bind_address.rpartition(":")[2]) == port_of(HAMI, "metrics")
+    # The extender's listener is loopback only: no pod port and no Service port lead to it.
+    extender_port = bind_port(OPTIONS.http_bind)
+    assert OPTIONS.http_bind.rpartition(":")[0] == "127.0.0.1"
+    assert extender_port not in {p["containerPort"] for p in HAMI["ports"]}
+    # The webhook's listener takes every address of the pod, on the port the Service targets.
+    assert OPTIONS.webhook_bind_address.rpartition(":")[0] in ("0.0.0.0", "")
+    assert bind_port(OPTIONS.webhook_bind_address) == port_of(HAMI, "webhook") != extender_port
+    assert bind_port(OPTIONS.metrics_bind_address) == port_of(HAMI, "metrics")
     service = find("Service", "hami-scheduler")
     ports = {p["name"]: p for p in service["spec"]["ports"]}
-    assert ports["https"]["targetPort"] == "https" and ports["metrics"]["targetPort"] == "metrics"
+    assert ports["webhook"]["targetPort"] == "webhook" and ports["metrics"]["targetPort"] == "metrics"
+    assert all(container_port(HAMI, p["targetPort"]) != extender_port for p in service["spec"]["ports"])
     labels = DEPLOYMENT["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
     assert DEPLOYMENT["spec"]["selector"]["matchLabels"].items() <= labels.items()
@@ -171,13 +187,26 @@ def test_device_config_is_mounted_and_is_the_chart_default():
     assert parse_device_config(configmap["data"][file_name]) == DeviceConfig.default()
 
 
-def test_probes_use_routes_the_server_has():
-    routes = {(r.method, r.resource.canonical) for r in
-              build_app(service=None, metrics=Metrics(), ready=lambda: True).router.routes()}
+def routes_of(app: web.Application) -> set[tuple[str, str]]:
+    return {(r.method, r.resource.canonical) for r in app.router.routes()}
+
+
+async def _never(_: web.Request) -> web.Response:
+    raise AssertionError
+
+
+EXTENDER_ROUTES = routes_of(build_app(service=None, metrics=Metrics(), ready=lambda: True))
+WEBHOOK_ROUTES = routes_of(build_webhook_app(("POST", WEBHOOK_PATH, _never), ready=lambda: True))
+
+
+def test_probes_reach_the_webhook_listener_and_routes_it_has():
+    """The kubelet probes the pod IP: the loopback extender listener is out of its reach, so the
+    probes go to the webhook listener, over HTTPS, on routes that listener serves."""
     for probe in ("livenessProbe", "readinessProbe"):
         get = HAMI[probe]["httpGet"]
-        assert ("GET", get["path"]) in routes
-        assert (get["port"], get["scheme"]) == ("https", "HTTPS")
+        assert ("GET", get["path"]) in WEBHOOK_ROUTES
+        assert get["scheme"] == "HTTPS"
+        assert container_port(HAMI, get["port"]) == bind_port(OPTIONS.webhook_bind_address)
     assert KUBE_SCHEDULER["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
 
 
@@ -228,9 +257,8 @@ def test_extender_points_at_hami_on_loopback():
     assert set(extender) <= EXTENDER_FIELDS
     assert extender["urlPrefix"] == f"https://127.0.0.1:{OPTIONS.http_bind.rpartition(':')[2]}"
     assert extender["enableHTTPS"] is True and set(extender["tlsConfig"]) == {"insecure"}
-    routes = {(r.method, r.resource.canonical) for r in
-              build_app(service=None, metrics=Metrics(), ready=lambda: True).router.routes()}
-    assert ("POST", "/" + extender["filterVerb"]) in routes and ("POST", "/" + extender["bindVerb"]) in routes
+    for verb in (extender["filterVerb"], extender["bindVerb"]):
+        assert ("POST", "/" + verb) in EXTENDER_ROUTES and ("POST", "/" + verb) not in WEBHOOK_ROUTES
     assert extender["nodeCacheCapable"] is True
     # A bind may wait --node-lock-retry-timeout for a node lock; kube-scheduler must wait longer.
     assert OPTIONS.node_lock_retry_timeout_s < _duration(extender["httpTimeout"]) <= 60
@@ -254,7 +282,11 @@ def test_webhook_reaches_the_server_route():
     target = hook["clientConfig"]["service"]
     assert (target["name"], target["namespace"]) == (service["metadata"]["name"], NAMESPACE)
     assert target["path"] == WEBHOOK_PATH
-    assert target["port"] in {p["port"] for p in service["spec"]["ports"] if p["targetPort"] == "https"}
+    # API server -> Service port -> container port -> the webhook listener's port, which serves
+    # the path; the extender's listener does not, once the webhook has its own.
+    [port] = [p for p in service["spec"]["ports"] if p["port"] == target["port"]]
+    assert container_port(HAMI, port["targetPort"]) == bind_port(OPTIONS.webhook_bind_address)
+    assert ("POST", WEBHOOK_PATH) in WEBHOOK_ROUTES
     assert set(hook["admissionReviewVersions"]) <= {v.rsplit("/", 1)[1] for v in SUPPORTED_VERSIONS}
     assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
                               "resources": ["pods"], "scope": "Namespaced"}]
@@ -450,8 +482,10 @@ def test_fake_gpu_nodes_script_writes_what_the_device_plugin_would(tmp_path):
 
 
 def test_route_table_includes_the_webhook():
-    """The route the MutatingWebhookConfiguration calls is served by the running app."""
-    async def _never(_: web.Request) -> web.Response:
-        raise AssertionError
-    app = build_app(service=None, metrics=Metrics(), ready=lambda: True, extra_routes=[("POST", WEBHOOK_PATH, _never)])
-    assert ("POST", WEBHOOK_PATH) in {(r.method, r.resource.canonical) for r in app.router.routes()}
+    """The route the MutatingWebhookConfiguration calls is served by the running app: on the
+    webhook's own listener, or on the extender's listener when there is none (upstream's layout)."""
+    single = build_app(service=None, metrics=Metrics(), ready=lambda: True,
+                       extra_routes=[("POST", WEBHOOK_PATH, _never)])
+    assert ("POST", WEBHOOK_PATH) in routes_of(single)
+    assert WEBHOOK_ROUTES == {("POST", WEBHOOK_PATH), ("GET", "/healthz"), ("HEAD", "/healthz"),
+                              ("GET", "/readyz"), ("HEAD", "/readyz")}

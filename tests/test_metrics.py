@@ -6,6 +6,7 @@ is a broken dashboard. The values follow the usage cache: a bind shows up, a del
 from __future__ import annotations
 
 import aiohttp
+import orjson
 from prometheus_client.parser import text_string_to_metric_families
 
 from hami_py.allocation_metrics import AllocationMetrics, QuotaSample
@@ -15,7 +16,8 @@ from hami_py.devices.registry import build_vendors
 from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import H200, gpu_node, gpu_pod, gpu_uuid, registration
-from tests.conftest import wait_until
+from tests.conftest import assert_books_balance, wait_until
+from tests.test_mig import H200_MIG_PROFILES, _mig_node
 
 MIB = 1048576
 
@@ -93,6 +95,31 @@ async def test_request_histograms_for_filter_and_bind(api, app, extender):
         assert samples[("hami_extender_request_duration_seconds_sum", labels(verb=verb))] > 0
 
 
+async def test_api_call_histogram_splits_filter_and_bind_into_their_api_calls(api, app, extender):
+    """How long the scheduler waits on the API server, per call kind: the filter's pod patch,
+    the bind's pod read and Binding, the node lock. Failed calls count too."""
+    await _placed_pod(api, app, extender)
+    api.faults.add(method="PATCH", path=r"/pods/broken$", status=500)
+    broken = api.create("pods", gpu_pod("broken", gpumem=1000))
+    assert (await extender.filter(broken, ["n1"]))["Error"]
+    samples = await scrape(app)
+    count = series(samples, "hami_kube_api_request_duration_seconds_count")
+    assert count[labels(method="PATCH", resource="pods")] == 2        # p's patch and the failed one
+    assert count[labels(method="GET", resource="pods")] >= 1          # bind reads the pod
+    assert count[labels(method="POST", resource="pods/binding")] == 1
+    assert count[labels(method="PATCH", resource="nodes")] >= 1       # the node lock
+
+
+def test_api_resource_names_the_resource_and_subresource():
+    from hami_py.k8s.client import api_resource
+    assert api_resource("/api/v1/namespaces/ns/pods/p") == "pods"
+    assert api_resource("/api/v1/namespaces/ns/pods/p/binding") == "pods/binding"
+    assert api_resource("/api/v1/nodes/n1") == "nodes"
+    assert api_resource("/api/v1/namespaces/ns/events") == "events"
+    assert api_resource("/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/hami") == "leases"
+    assert api_resource("/api/v1/pods?watch=1") == "pods"
+
+
 async def test_gauges_follow_the_cache_when_the_pod_goes_away(api, app, extender):
     _, uuid, index = await _placed_pod(api, app, extender)
     assert series(await scrape(app), "hami_vgpu_memory_allocated_bytes")   # rendered (and cached) once
@@ -147,7 +174,35 @@ async def test_legacy_metrics_flag_adds_the_old_names(api):
     assert series(samples, "hami_gpu_shared_count")   # the new names stay
 
 
-# -- the renderer on its own: AMD normalisation, label escaping, the quota hook ----------------
+async def test_mig_instance_line_appears_once_the_plugin_created_it_and_goes_with_the_pod(api, app, extender):
+    api.create("nodes", _mig_node())
+    await wait_until(lambda: "n1" in app.cache.nodes, "MIG node registered")
+    pod = api.create("pods", gpu_pod("m", namespace="team-a", gpumem=10000))
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    # Reserved but not created yet (no identity in the annotation): no line, as upstream.
+    assert series(await scrape(app), "hami_node_gpu_mig_instance_info") == {}
+    assert (await extender.bind(pod, "n1"))["Error"] == ""
+
+    def annotation():
+        text = api.get("pods", "m", namespace="team-a")["metadata"]["annotations"]["hami.io/vgpu-mig-allocations"]
+        return orjson.loads(text)
+    await wait_until(lambda: "migUUID" in annotation()[0], "the device plugin wrote the instance identity")
+    [inst] = annotation()
+    await wait_until(lambda: any(len(i) > 2 for p in app.cache.pods.values() for i in p.mig), "identity cached")
+    gpu = gpu_uuid("n1", 0)
+    assert series(await scrape(app), "hami_node_gpu_mig_instance_info") == {labels(
+        node="n1", device_uuid=gpu, device_index="0", mig_uuid=inst["migUUID"], profile="1g.18gb",
+        gpu_instance_id=str(inst["gpuInstanceID"]), compute_instance_id=str(inst["computeInstanceID"]),
+        placement_start="6", placement_size="1", zone="vGPU"): 1}
+    # Taking in the identity replaced the record without charging the pod twice.
+    assert_books_balance(app)
+    assert app.cache.mig_used[app.cache.nodes["n1"].offset] == 1 << 6
+    api.delete("pods", "m", namespace="team-a")
+    await wait_until(lambda: not app.cache.pods, "pod released")
+    assert series(await scrape(app), "hami_node_gpu_mig_instance_info") == {}
+
+
+# -- the renderer on its own: AMD normalisation, label escaping, the quota hook, MIG rules ------
 def _cache_with(node: dict) -> UsageCache:
     cache = UsageCache(build_vendors(DeviceConfig.default()))
     cache.upsert_node(node)
@@ -190,3 +245,53 @@ def test_quota_gauges_come_from_the_quota_hook():
         labels(namespace="ns", quota_name="nvidia.com/gpumem", zone="vGPU"): 10000}
     assert len(series(samples, "QuotaUsed")) == 2
     assert series(parse(AllocationMetrics(cache).render_now().decode()), "hami_resource_quota_used") == {}
+
+
+def _mig_pod(uid: str, node: str, instances: list[dict]) -> dict:
+    return {"metadata": {"uid": uid, "namespace": "ns", "name": uid, "annotations": {
+        "hami.io/vgpu-node": node, "hami.io/vgpu-mig-allocations": orjson.dumps(instances).decode()}},
+        "spec": {"nodeName": node}, "status": {"phase": "Running"}}
+
+
+def _instance(gpu: str, device: int, profile: str, start: int, size: int, **identity) -> dict:
+    return {"containerIndex": 0, "deviceIndex": device, "gpuUUID": gpu, "profile": profile,
+            "placement": {"start": start, "size": size}, **identity}
+
+
+def test_mig_instance_lines_only_for_created_instances_on_gpus_in_mig_mode():
+    devices = registration("a", gpus=2, model=H200, mode="mig")
+    for d in devices:
+        d["migProfiles"] = H200_MIG_PROFILES
+    devices[1]["mode"] = "hami-core"
+    cache = _cache_with(gpu_node("a", devices=devices))
+    mig_gpu, core_gpu = gpu_uuid("a", 0), gpu_uuid("a", 1)
+    created = dict(migUUID="MIG-aaaa", gpuInstanceID=13, computeInstanceID=0)
+    cache.on_pod_event("ADDED", _mig_pod("p1", "a", [
+        _instance(mig_gpu, 0, "1g.18gb", 6, 1, **created),
+        _instance(mig_gpu, 1, "3g.71gb", 0, 4),                                   # not created yet
+        _instance(core_gpu, 2, "1g.18gb", 6, 1, migUUID="MIG-bbbb", gpuInstanceID=9, computeInstanceID=0)]))
+    # An identity given in part makes the whole annotation untrustworthy, as upstream's decoder says.
+    cache.on_pod_event("ADDED", _mig_pod("p2", "a", [
+        _instance(mig_gpu, 0, "1g.18gb", 5, 1, migUUID="MIG-cccc", gpuInstanceID=11)]))
+    metrics = AllocationMetrics(cache, legacy=True)
+    samples = parse(metrics.render_now().decode())
+    line = dict(node="a", device_uuid=mig_gpu, device_index="0", zone="vGPU")
+    assert series(samples, "hami_node_gpu_mig_instance_info") == {labels(
+        **line, mig_uuid="MIG-aaaa", profile="1g.18gb", gpu_instance_id="13", compute_instance_id="0",
+        placement_start="6", placement_size="1"): 1}
+    assert series(samples, "nodeGPUMigInstance") == {
+        labels(nodeid="a", deviceuuid=mig_gpu, deviceidx="0", migname="1g.18gb-13", zone="vGPU"): 1}
+    # The plugin creates the second instance: its line joins (the pod's cached lines are redone).
+    cache.on_pod_event("MODIFIED", _mig_pod("p1", "a", [
+        _instance(mig_gpu, 0, "1g.18gb", 6, 1, **created),
+        _instance(mig_gpu, 1, "3g.71gb", 0, 4, migUUID="MIG-dddd", gpuInstanceID=1, computeInstanceID=0)]))
+    samples = parse(metrics.render_now().decode())
+    assert series(samples, "hami_node_gpu_mig_instance_info")[labels(
+        **line, mig_uuid="MIG-dddd", profile="3g.71gb", gpu_instance_id="1", compute_instance_id="0",
+        placement_start="0", placement_size="4")] == 1
+    assert len(series(samples, "hami_node_gpu_mig_instance_info")) == len(series(samples, "nodeGPUMigInstance")) == 2
+    assert series(parse(AllocationMetrics(cache).render_now().decode()), "nodeGPUMigInstance") == {}
+    # The GPU re-registered out of mig mode: no instance lines on it any more.
+    devices[0]["mode"] = "hami-core"
+    cache.upsert_node(gpu_node("a", devices=devices))
+    assert series(parse(metrics.render_now().decode()), "hami_node_gpu_mig_instance_info") == {}

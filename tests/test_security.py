@@ -3,31 +3,38 @@ webhook is reached.
 
 The extender's verbs change the cluster (/filter patches pods, /bind binds them with the
 scheduler's own credentials), so whoever can reach them can schedule around every policy. The
-default is therefore loopback, where only the kube-scheduler next to it can call; requests are
-bounded in size and depth; names that end up in API URLs must be Kubernetes names; and the
-credentials the scheduler holds never reach its logs. RBAC least privilege is checked against the
-code's real API calls by tests/test_manifests.py::test_rbac_grants_exactly_what_a_run_uses.
+default is therefore loopback, where only the kube-scheduler next to it can call; the webhook,
+which the API server must reach from outside the pod, gets a TLS listener of its own
+(``--webhook-bind-address``) that serves nothing else but the probes; requests are bounded in
+size and depth; names that end up in API URLs must be Kubernetes names; and the credentials the
+scheduler holds never reach its logs. RBAC least privilege is checked against the code's real API
+calls by tests/test_manifests.py::test_rbac_grants_exactly_what_a_run_uses.
 """
 from __future__ import annotations
 
+import base64
 import logging
+import ssl
 from pathlib import Path
 
+import aiohttp
 import orjson
 import pytest
 import structlog
+import trustme
 import yaml
 
 from hami_py.app import Options, SchedulerApp
-from hami_py.cli import build_parser, options_from_args
+from hami_py.cli import build_parser, main as cli_main, options_from_args
 from hami_py.config import DeviceConfig
-from hami_py.embedded import embedded_options, wait_for
+from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.http.args import MAX_JSON_DEPTH, nesting_error
 from hami_py.http.server import DEFAULT_BODY_LIMIT
 from hami_py.k8s.client import load_configuration
 from hami_py.logs import configure_logging
+from tests.test_webhook import apply_json_patch, container, envelope, make_pod
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -178,6 +185,8 @@ def test_webhook_is_reached_over_tls_only():
     container = _hami_container(docs)
     args = dict(a.split("=", 1) for a in container["args"] if "=" in a)
     assert args.get("--cert_file") and args.get("--key_file"), "the webhook's listener serves plain HTTP"
+    # The webhook's own listener when it has one, else the extender's (upstream's layout).
+    webhook_listener = args.get("--webhook-bind-address") or args["--http_bind"]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     services = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Service"}
     for hook in hooks:
@@ -189,17 +198,109 @@ def test_webhook_is_reached_over_tls_only():
         service = services[config["service"]["name"]]
         port = next(p for p in service["spec"]["ports"] if p["port"] == config["service"].get("port", 443))
         target = port["targetPort"]
-        assert (ports[target] if isinstance(target, str) else target) == int(args["--http_bind"].rpartition(":")[2])
+        assert (ports[target] if isinstance(target, str) else target) == int(webhook_listener.rpartition(":")[2])
 
 
 @pytest.mark.skipif(not (MANIFESTS / "kustomization.yaml").exists(), reason="no manifests in this tree")
-@pytest.mark.xfail(strict=True, reason=(
-    "the webhook shares the extender's listener, which the manifests bind to 0.0.0.0 so that the API "
-    "server can reach /webhook: /filter and /bind are then reachable from the whole cluster network "
-    "(TLS, no client authentication), as upstream HAMi's are. Fix: a separate webhook listener, "
-    "the extender on 127.0.0.1 for the kube-scheduler sidecar (or a NetworkPolicy)."))
 def test_extender_verbs_are_not_reachable_from_outside_the_pod():
+    """The manifests bind the extender (/filter, /bind) to the pod's loopback, where only the
+    kube-scheduler sidecar calls it; what the pod exposes (its container ports, and so the Service)
+    is the webhook's own listener, which serves no extender verb (shown end to end below)."""
     docs = _manifest_docs()
-    args = dict(a.split("=", 1) for a in _hami_container(docs)["args"] if "=" in a)
+    container = _hami_container(docs)
+    options = options_from_args(build_parser().parse_args(container["args"]))
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
-    assert args["--http_bind"].startswith("127.0.0.1:") or policies
+    assert options.http_bind.startswith("127.0.0.1:") or policies
+    assert options.webhook_bind_address, "/webhook would be served on the extender's listener"
+    exposed = {p["containerPort"] for p in container["ports"]}
+    assert int(options.http_bind.rpartition(":")[2]) not in exposed
+    assert int(options.webhook_bind_address.rpartition(":")[2]) in exposed
+
+
+# -- the webhook's own listener -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ca():
+    return trustme.CA()
+
+
+@pytest.fixture
+def split_options(ca, tmp_path):
+    """Both listeners on loopback with ephemeral ports, TLS with a throwaway certificate."""
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    cert_file, key_file = tmp_path / "tls.crt", tmp_path / "tls.key"
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    return embedded_options(cert_file=str(cert_file), key_file=str(key_file),
+                            webhook_bind_address="127.0.0.1:0", scheduler_name="hami-scheduler")
+
+
+@pytest.fixture
+async def https(ca):
+    """A client that verifies the server against the test CA, as the API server does."""
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+        yield session
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, bytes]:
+    async with session.post(url, data=orjson.dumps(body), headers={"Content-Type": "application/json"}) as r:
+        return r.status, await r.read()
+
+
+async def test_the_webhook_listener_serves_the_webhook_and_probes_and_no_extender_verb(api, split_options, https):
+    api.create("nodes", gpu_node("n1", gpus=1))
+    async with running_scheduler(api, options=split_options, device_plugin=False) as app:
+        await wait_for(lambda: "n1" in app.cache.nodes, what="node")
+        assert app.webhook_url.startswith("https://") and app.url.startswith("https://")
+        assert app.webhook_url != app.url
+        # The webhook listener answers AdmissionReviews and the kubelet's probes...
+        pod = make_pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}), namespace="default")
+        status, raw = await _post(https, f"{app.webhook_url}/webhook", envelope(pod, uid="r1"))
+        answer = orjson.loads(raw)["response"]
+        assert status == 200 and (answer["uid"], answer["allowed"]) == ("r1", True)
+        admitted = apply_json_patch(pod, orjson.loads(base64.b64decode(answer["patch"])))
+        assert admitted["spec"]["schedulerName"] == "hami-scheduler"
+        for probe in ("healthz", "readyz"):
+            async with https.get(f"{app.webhook_url}/{probe}") as r:
+                assert r.status == 200, probe
+        # ...and nothing that changes the cluster, however well-formed the request.
+        created = api.create("pods", admitted)
+        before = len(api.requests)
+        meta = created["metadata"]
+        status, _ = await _post(https, f"{app.webhook_url}/filter", {"Pod": created, "NodeNames": ["n1"]})
+        assert status == 404
+        status, _ = await _post(https, f"{app.webhook_url}/bind", {
+            "PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": "n1"})
+        assert status == 404
+        # Not one call about the pod (no patch, no Binding), and no reservation.
+        assert not [r for r in list(api.requests)[before:] if "/pods/" in r[1]] and not app.cache.pods
+        # The extender's listener has the verbs, and no longer the webhook.
+        status, _ = await _post(https, f"{app.url}/webhook", envelope(pod, uid="r2"))
+        assert status == 404
+        extender = ExtenderClient(app.url, session=https)
+        placement = await extender.schedule(created, ["n1"])
+        assert (placement.node, placement.error) == ("n1", "")
+        assert api.get("pods", meta["name"], namespace="default")["spec"]["nodeName"] == "n1"
+
+
+async def test_the_webhook_listener_is_tls_only(api, split_options):
+    async with running_scheduler(api, options=split_options, device_plugin=False) as app:
+        async with aiohttp.ClientSession() as plain:
+            with pytest.raises(aiohttp.ClientError):
+                async with plain.post(app.webhook_url.replace("https://", "http://") + "/webhook",
+                                      data=orjson.dumps(envelope(make_pod(container()))),
+                                      headers={"Content-Type": "application/json"}) as r:
+                    await r.read()
+
+
+def test_a_webhook_listener_without_a_certificate_is_refused(capsys):
+    """The API server calls webhooks over HTTPS only: a plain webhook listener is a mistake."""
+    assert cli_main(["--webhook-bind-address", "0.0.0.0:9443"]) == 2
+    assert capsys.readouterr().err == ("hami-scheduler: --webhook-bind-address needs --cert_file and "
+                                       "--key_file: the API server calls webhooks over HTTPS only\n")
+    defaults = options_from_args(build_parser().parse_args([]))
+    assert defaults.webhook_bind_address == ""                    # upstream's layout unless asked
+    parsed = options_from_args(build_parser().parse_args(["--webhook-bind-address=:9443"]))
+    assert parsed.webhook_bind_address == ":9443"

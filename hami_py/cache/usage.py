@@ -13,6 +13,7 @@ last share of a GPU.
 """
 from __future__ import annotations
 
+import sys
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -50,7 +51,10 @@ class PodUsage:
     node: str
     entries: list[UsageEntry]
     resolved: list[int] = field(default_factory=list)   # device slot per entry, -1 if unknown
-    mig: list[tuple[str, int]] = field(default_factory=list)  # MIG instances: (GPU UUID, slice mask)
+    # MIG instances: (GPU UUID, slice mask), and once the device plugin has created the instance
+    # (profile, MIG UUID, GPU instance id, compute instance id) appended to that tuple. Only MIG
+    # pods carry any of it; a change of the identity replaces the record like any other change.
+    mig: list[tuple] = field(default_factory=list)
     fingerprint: tuple | None = None   # the annotations it was decoded from (skip re-decoding)
     resource_version: int | None = None                  # events older than this are stale
     reserved: bool = False                               # made by our own /filter
@@ -518,10 +522,10 @@ class UsageCache:
             if entry is None:
                 return
             if sign > 0:
-                for uuid, mask in pod.mig:
-                    j = entry.uuid_to_slot.get(uuid, -1)
+                for inst in pod.mig:
+                    j = entry.uuid_to_slot.get(inst[0], -1)
                     if j >= 0:
-                        self.mig_used[j] |= mask
+                        self.mig_used[j] |= inst[1]
             else:
                 self._refresh_mig(entry, pod.uid)
 
@@ -529,7 +533,7 @@ class UsageCache:
         """Upstream's MIG fail-closed rule: a pod on a MIG GPU without a placement record, or a
         placement record on a GPU that is not in MIG mode, means the books cannot say which
         slices are free, so that GPU is offered to nobody until the pod is gone."""
-        mig_uuids = {uuid for uuid, _ in pod.mig}
+        mig_uuids = {inst[0] for inst in pod.mig}
         doubtful = set()
         for e in pod.entries:
             j = entry.uuid_to_slot.get(e.uuid, -1)
@@ -563,10 +567,10 @@ class UsageCache:
         for uid in self.node_pods.get(entry.name, ()):
             if uid == leaving:
                 continue
-            for uuid, mask in self.pods[uid].mig:
-                j = entry.uuid_to_slot.get(uuid, -1)
+            for inst in self.pods[uid].mig:
+                j = entry.uuid_to_slot.get(inst[0], -1)
                 if j in slots:
-                    self.mig_used[j] |= mask
+                    self.mig_used[j] |= inst[1]
 
     def add_pod_usage(self, pod: PodUsage) -> None:
         """Charge a pod's usage; a pod already charged is replaced (add is idempotent per UID)."""
@@ -595,6 +599,19 @@ class UsageCache:
             self.released[uid] = (pod.node, pod.entries)
         return pod
 
+    def forget_decision(self, pod: dict) -> None:
+        """The decision an unbound pod object carries holds nothing any more (the pod was filtered
+        again and fits nowhere; scheduling/stale.py clears it from the pod): uncharge it and, as
+        after release_pod, ignore events that still carry it unless the pod is bound."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        self.remove_pod(uid)
+        try:
+            usage = self.pod_usage_from_object(pod)
+        except AllocationDecodeError:
+            return  # a garbled allocation was never charged
+        if usage is not None:
+            self.released[uid] = (usage.node, usage.entries)
+
     def remove_pod(self, uid: str) -> PodUsage | None:
         pod = self.pods.pop(uid, None)
         if pod is None:
@@ -619,15 +636,18 @@ class UsageCache:
         num_init = len(spec.get("initContainers") or [])
         init_done = num_init > 0 and init_containers_done(pod)
         entries: list[UsageEntry] = []
-        mig: list[tuple[str, int]] = []
+        mig: list[tuple] = []
         for key, vendor in self.vendors.items():
             devices = vendor.decode_allocation(annotations)
             if devices:
                 entries.extend(collapse(devices, key, num_init, init_done))
             decode_mig = getattr(vendor, "decode_mig_allocations", None)
             if decode_mig is not None:
-                mig.extend((uuid, ((1 << size) - 1) << start) for uuid, start, size in decode_mig(annotations)
-                           if start + size <= 62)
+                for uuid, start, size, runtime in decode_mig(annotations):
+                    if start + size <= 62:
+                        mask = ((1 << size) - 1) << start
+                        mig.append((uuid, mask) if runtime is None else
+                                   (uuid, mask, sys.intern(runtime[0]), *runtime[1:]))
         return PodUsage(uid=meta.get("uid", ""), namespace=meta.get("namespace", ""),
                         name=meta.get("name", ""), node=node, entries=entries,
                         resource_version=_rv(pod), mig=mig)

@@ -141,6 +141,11 @@ def _attach_pair_scores(devices: list[DeviceInfo], text: str) -> None:
             device.custom[PAIR_SCORES_KEY] = pairs
 
 
+def _is_uint32(value) -> bool:
+    """A GPU or compute instance id as NVML numbers them (upstream decodes them as uint32)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 32
+
+
 # ---------------------------------------------------------------------------------------------
 # Device selection (type, mode, UUID, cordon)
 # ---------------------------------------------------------------------------------------------
@@ -516,9 +521,11 @@ class NvidiaVendor:
             return {}
         return {MIG_ALLOCATIONS_ANNOTATION: orjson.dumps(instances).decode()}
 
-    def decode_mig_allocations(self, annotations: dict[str, str]) -> list[tuple[str, int, int]]:
-        """(gpuUUID, placement start, size) per instance; [] when absent or invalid, as upstream
-        treats an annotation it cannot trust."""
+    def decode_mig_allocations(self, annotations: dict[str, str]) -> list[tuple[str, int, int, tuple | None]]:
+        """(gpuUUID, placement start, size, runtime) per instance; [] when absent or invalid, as
+        upstream treats an annotation it cannot trust. ``runtime`` is None until the device plugin
+        has created the instance and written its identity, then (profile, migUUID,
+        gpuInstanceID, computeInstanceID). An identity given in part is invalid."""
         text = annotations.get(MIG_ALLOCATIONS_ANNOTATION)
         if not text:
             return []
@@ -535,15 +542,20 @@ class NvidiaVendor:
             place = item.get("placement")
             ci, di, uuid, profile = (item.get("containerIndex"), item.get("deviceIndex"),
                                      item.get("gpuUUID"), item.get("profile"))
-            runtime = [item.get(k) is not None for k in ("migUUID", "gpuInstanceID", "computeInstanceID")]
+            mig_uuid, gi_id, ci_id = item.get("migUUID"), item.get("gpuInstanceID"), item.get("computeInstanceID")
+            runtime = (bool(mig_uuid), gi_id is not None, ci_id is not None)
             if (not isinstance(ci, int) or not isinstance(di, int) or ci < 0 or di < 0
                     or not isinstance(uuid, str) or not uuid or not isinstance(profile, str) or not profile
                     or not isinstance(place, dict) or not isinstance(place.get("start"), int)
                     or not isinstance(place.get("size"), int) or place["start"] < 0 or place["size"] <= 0
+                    or (mig_uuid is not None and not isinstance(mig_uuid, str))
+                    or (gi_id is not None and not _is_uint32(gi_id))
+                    or (ci_id is not None and not _is_uint32(ci_id))
                     or (any(runtime) and not all(runtime)) or (ci, di) in seen):
                 return []
             seen.add((ci, di))
-            out.append((uuid, place["start"], place["size"]))
+            out.append((uuid, place["start"], place["size"],
+                        (profile, mig_uuid, gi_id, ci_id) if all(runtime) else None))
         return out
 
     def decode_allocation(self, annotations: dict[str, str]) -> PodDevices | None:

@@ -1,7 +1,9 @@
 """The device plugin's half of the bind handshake, for clusters without real GPUs.
 
 On a real node, HAMi's device plugin sees the bound pod (``hami.io/bind-phase: allocating``),
-hands it the devices named in ``hami.io/vgpu-devices-to-allocate``, marks it ``success`` and
+hands it the devices named in ``hami.io/vgpu-devices-to-allocate``, creates the MIG instances
+reserved in ``hami.io/vgpu-mig-allocations`` and writes their identity (``migUUID``,
+``gpuInstanceID``, ``computeInstanceID``) back into that annotation, marks it ``success`` and
 releases the node lock. Without it the first bind would hold the node lock for its whole
 five-minute expiry. This stand-in does the same over the API, through a watch, as the plugin does;
 the demo, the simulator, the benchmarks and the end-to-end tests run it beside the scheduler.
@@ -9,14 +11,41 @@ the demo, the simulator, the benchmarks and the end-to-end tests run it beside t
 from __future__ import annotations
 
 import asyncio
+import uuid
 
+import orjson
 import structlog
 
+from hami_py.devices.nvidia import MIG_ALLOCATIONS_ANNOTATION
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
 from hami_py.k8s.informer import Informer
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
 
 log = structlog.get_logger(__name__)
+
+
+def realise_mig_instances(text: str) -> str | None:
+    """The MIG allocation annotation with every reserved instance given the identity the plugin
+    would read back from NVML once it has created it: a MIG UUID, a GPU instance id (here the
+    placement start, unique on its GPU while the instance lives) and compute instance 0. None
+    when the text is not a list of instances: it is then left as it is."""
+    try:
+        items = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        return None
+    for item in items:
+        place = item.get("placement") if isinstance(item.get("placement"), dict) else {}
+        start, size = place.get("start"), place.get("size")
+        key = f"{item.get('gpuUUID')}/{item.get('profile')}/{start}/{size}"
+        if item.get("migUUID") and item.get("gpuInstanceID") is not None \
+                and item.get("computeInstanceID") is not None:
+            continue    # created earlier (a repeated allocation): keep its identity
+        item["migUUID"] = f"MIG-{uuid.uuid5(uuid.NAMESPACE_OID, key)}"
+        item["gpuInstanceID"] = start if isinstance(start, int) else 0
+        item["computeInstanceID"] = 0
+    return orjson.dumps(items).decode()
 
 
 class SimulatedDevicePlugin:
@@ -44,14 +73,19 @@ class SimulatedDevicePlugin:
         if kind == "DELETED" or not node or ann.get("hami.io/bind-phase") != "allocating" or uid in self._done:
             return
         self._done.add(uid)
-        task = asyncio.create_task(self._allocate(meta.get("namespace", ""), meta.get("name", ""), node))
+        mig = ann.get(MIG_ALLOCATIONS_ANNOTATION)
+        task = asyncio.create_task(self._allocate(meta.get("namespace", ""), meta.get("name", ""), node,
+                                                  realise_mig_instances(mig) if mig else None))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _allocate(self, namespace: str, name: str, node: str) -> None:
+    async def _allocate(self, namespace: str, name: str, node: str, mig: str | None) -> None:
         try:
-            await self.client.patch(pod_path(namespace, name),
-                                    {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}})
+            # The real plugin writes the MIG identity just before it marks success; one patch here.
+            annotations = {"hami.io/bind-phase": "success"}
+            if mig is not None:
+                annotations[MIG_ALLOCATIONS_ANNOTATION] = mig
+            await self.client.patch(pod_path(namespace, name), {"metadata": {"annotations": annotations}})
             for _ in range(10):  # the node may change under us (a handshake stamp): read again
                 current = await self.client.get(node_path(node))
                 meta = current.get("metadata") or {}

@@ -19,6 +19,7 @@ MAX_JSON_DEPTH = 100    # a real ExtenderArgs nests about 15 deep; orjson writes
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+_CONTAINERS = frozenset((dict, list))   # orjson makes exactly these types, never subclasses
 _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number",
                type(None): "null"}
 
@@ -37,6 +38,9 @@ def nesting_error(value: Any, *, limit: int = MAX_JSON_DEPTH) -> str | None:
         if isinstance(node, dict):
             stack.extend((v, depth + 1) for v in node.values() if isinstance(v, (dict, list)))
         elif isinstance(node, list):
+            # Long flat lists (NodeNames: thousands of names) are checked at C speed.
+            if len(node) > 16 and _CONTAINERS.isdisjoint(set(map(type, node))):
+                continue
             stack.extend((v, depth + 1) for v in node if isinstance(v, (dict, list)))
     return None
 

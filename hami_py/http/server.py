@@ -1,5 +1,7 @@
 """The extender's HTTP surface: /filter, /bind, /healthz, /readyz, and /metrics on its own port.
 
+The webhook's own listener (``--webhook-bind-address``) is built in :mod:`hami_py.http.webhook`.
+
 kube-scheduler treats any answer that is not a well-formed result as an extender failure, and
 upstream's contract is that errors travel inside an HTTP 200 body with ``Error`` set. So every
 way a request can be wrong (oversized, not JSON, nested too deep, missing fields) ends in such a
@@ -102,6 +104,19 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
         metrics.request_seconds.labels("bind").observe(time.perf_counter() - t0)
         return response
 
+    app = web.Application(client_max_size=body_limit)
+    app.router.add_post("/filter", filter_handler)
+    app.router.add_post("/bind", bind_handler)
+    add_probes(app, ready)
+    for method, path, handler in extra_routes or ():
+        app.router.add_route(method, path, handler)
+    return app
+
+
+def add_probes(app: web.Application, ready) -> None:
+    """``GET /healthz`` (always 200) and ``GET /readyz`` (200 once ``ready()``, else 503): served
+    on the extender listener and on the webhook listener (where the kubelet's probes reach)."""
+
     async def healthz(_: web.Request) -> web.Response:
         return web.Response(status=200)
 
@@ -110,14 +125,8 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
             return web.Response(status=200)
         return web.Response(status=503, text="usage cache not synced yet")
 
-    app = web.Application(client_max_size=body_limit)
-    app.router.add_post("/filter", filter_handler)
-    app.router.add_post("/bind", bind_handler)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    for method, path, handler in extra_routes or ():
-        app.router.add_route(method, path, handler)
-    return app
 
 
 def build_metrics_app(metrics: Metrics, *, extra=None) -> web.Application:

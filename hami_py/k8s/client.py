@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
+from typing import Any, Callable
 from urllib.parse import urlencode, urlsplit
 from urllib.request import getproxies, proxy_bypass
 
@@ -96,7 +96,10 @@ class KubeClient:
     """JSON in, JSON out, over the configured kubernetes-asyncio ApiClient."""
 
     def __init__(self, configuration: k8s_client.Configuration, *, qps: float = 5.0, burst: int = 10,
-                 timeout: float = 0.0):
+                 timeout: float = 0.0, observe: Callable[[str, str, float], None] | None = None):
+        """``observe(method, resource, seconds)`` is called after every request-response call
+        (not watch streams), answered or failed: the scheduler's API latency histogram."""
+        self.observe = observe
         configuration.connection_pool_maxsize = max(getattr(configuration, "connection_pool_maxsize", 0) or 0, 64)
         self.api = k8s_client.ApiClient(configuration)
         self.bucket = TokenBucket(qps, burst)
@@ -155,15 +158,19 @@ class KubeClient:
                       body: Any = None, content_type: str = "application/json",
                       timeout: float | None = None) -> dict:
         """One API call; the decoded JSON body, or KubeApiError with the server's own message."""
-        response = await self.open(method, path, query=query, body=body, content_type=content_type,
-                                   timeout=timeout)
+        t0 = time.perf_counter()
         try:
+            response = await self.open(method, path, query=query, body=body, content_type=content_type,
+                                       timeout=timeout)
             async with response:
                 data = await response.read()
         except asyncio.TimeoutError as exc:
             raise KubeApiError(0, "Timeout", f"{method} {path}: timed out") from exc
         except aiohttp.ClientError as exc:
             raise KubeApiError(0, "ConnectionError", f"{method} {path}: {exc}") from exc
+        finally:
+            if self.observe is not None:
+                self.observe(method, api_resource(path), time.perf_counter() - t0)
         if 200 <= response.status < 300:
             return orjson.loads(data) if data else {}
         raise error_from_response(response.status, data, response.headers.get("Retry-After"),
@@ -210,6 +217,19 @@ def error_from_response(status: int, data: bytes, retry_after: str | None, *, wh
     except ValueError:
         ra = None
     return KubeApiError(status, reason, message or f"{what}: HTTP {status}", retry_after=ra)
+
+
+def api_resource(path: str) -> str:
+    """The resource (and subresource) a request path addresses, for metric labels:
+    ``/api/v1/namespaces/ns/pods/p/binding`` → ``pods/binding``, ``/api/v1/nodes/n`` → ``nodes``."""
+    parts = path.split("?", 1)[0].strip("/").split("/")
+    # /api/v1/... or /apis/<group>/<version>/...; then optionally namespaces/<ns>/
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:]
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        rest = rest[2:]
+    if not rest:
+        return "namespaces" if len(parts) > 2 else "unknown"
+    return rest[0] + (f"/{rest[2]}" if len(rest) >= 3 else "")
 
 
 def pod_path(namespace: str, name: str) -> str:

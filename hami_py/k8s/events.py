@@ -20,7 +20,6 @@ failure message that lists hundreds of nodes would be rejected.
 from __future__ import annotations
 
 import asyncio
-import heapq
 import re
 import socket
 import time
@@ -43,7 +42,6 @@ WARNING = "Warning"
 DEFAULT_COMPONENT = "hami-scheduler"
 DEFAULT_QUEUE_SIZE = 1000      # client-go's broadcaster queue length
 RETRY_ATTEMPTS = 3
-SPREAD = "spread"
 
 # Upstream re-parses each node's reason text with Sscanf("%d/%d %s"): only "<int>/<int> <Word>"
 # tokens count, so fixed texts such as "node unregistered" produce no per-reason event.
@@ -75,31 +73,17 @@ def filtering_failed_messages(*, failed: dict[str, str], total_nodes: int) -> li
     return messages
 
 
-MAX_LISTED_NODES = 20
-
-
-def filtering_succeeded_message(*, node: str, scores: dict[str, float], total_nodes: int,
-                                spread: bool) -> str:
-    """``find fit node(n), <k> nodes not fit, <m> nodes fit(n1:s1,...)`` in the node policy's
-    order (binpack: ascending score, spread: descending), so the winner comes last.
+def filtering_succeeded_message(*, node: str, best: list[tuple[str, float]], fit: int, total_nodes: int) -> str:
+    """``find fit node(n), <k> nodes not fit, <m> nodes fit(n1:s1,...)``, the listed nodes in
+    reverse of ``best`` (which is best first), so the winner comes last: binpack ascending scores,
+    spread descending, as upstream orders its list.
 
     Upstream lists every fitting node; at thousands of nodes that is a 100 KB message whose
-    sorting and formatting cost more than the decision. Only the MAX_LISTED_NODES best (the
-    winner last) are listed, after ``…<n> more,`` when some are left out."""
-    if spread:
-        key = lambda item: (-item[1], item[0])  # noqa: E731
-    else:
-        key = lambda item: (item[1], item[0])  # noqa: E731
-    if len(scores) > MAX_LISTED_NODES:
-        best = heapq.nlargest(MAX_LISTED_NODES, scores.items(), key=key)
-        best.reverse()
-        prefix = f"…{len(scores) - MAX_LISTED_NODES} more,"
-    else:
-        best = sorted(scores.items(), key=key)
-        prefix = ""
-    listed = ",".join(f"{name}:{score:.2f}" for name, score in best)
-    return (f"find fit node({node}), {total_nodes - len(scores)} nodes not fit, "
-            f"{len(scores)} nodes fit({prefix}{listed})")
+    sorting and formatting cost more than the decision. The decision keeps only the best few
+    (``hami_py.scheduling.filter.LISTED_NODE_SCORES``); ``…<n> more,`` says how many are left out."""
+    prefix = f"…{fit - len(best)} more," if fit > len(best) else ""
+    listed = ",".join(f"{name}:{score:.2f}" for name, score in reversed(best))
+    return f"find fit node({node}), {total_nodes - fit} nodes not fit, {fit} nodes fit({prefix}{listed})"
 
 
 def binding_succeeded_message(*, node: str, namespace: str, name: str) -> str:
@@ -137,8 +121,7 @@ class EventRecorder:
 
     def __init__(self, client: KubeClient, *, component: str = "", metrics=None,
                  queue_size: int = DEFAULT_QUEUE_SIZE, workers: int = 2, qps: float = 5.0,
-                 burst: int = 10, node_policy: Callable[[dict], str] | None = None,
-                 drain_timeout_s: float = 2.0, retry_backoff_s: float = 0.5):
+                 burst: int = 10, drain_timeout_s: float = 2.0, retry_backoff_s: float = 0.5):
         if queue_size < 1:
             raise ValueError(f"event queue size must be at least 1, got {queue_size}")
         self.client = client
@@ -147,9 +130,6 @@ class EventRecorder:
         self.metrics = metrics
         self.queue: asyncio.Queue[_Job] = asyncio.Queue(maxsize=queue_size)
         self.bucket = TokenBucket(qps, burst)
-        # The pod's effective node policy (annotation, else --node-scheduler-policy): it orders
-        # the scores in the success message. Called by the writers, never on the request path.
-        self.node_policy = node_policy or (lambda pod: "binpack")
         self.drain_timeout_s = drain_timeout_s
         self.retry_backoff_s = retry_backoff_s
         self._n_workers = max(1, workers)
@@ -173,14 +153,14 @@ class EventRecorder:
     def on_filter(self, pod: dict, what: str, detail) -> None:
         """SchedulerService's hook: ``filter_succeeded`` / ``filter_failed`` with the
         FilterDecision, or ``filter_error`` with the error text."""
-        # The decision is read by the writer, not here: its scores are computed on first access.
+        # The messages are formatted by the writer, not here, off the request path.
         if what == "filter_succeeded":
             self.record(pod, lambda: [(NORMAL, FILTERING_SUCCEED, filtering_succeeded_message(
-                node=detail.node, scores=detail.scores, total_nodes=len(detail.failed) + len(detail.scores),
-                spread=self.node_policy(pod) == SPREAD))])
+                node=detail.node, best=detail.best, fit=detail.fit_count,
+                total_nodes=len(detail.failed) + detail.fit_count))])
         elif what == "filter_failed":
             self.record(pod, lambda: [(WARNING, FILTERING_FAILED, m) for m in filtering_failed_messages(
-                failed=detail.failed, total_nodes=len(detail.failed) + len(detail.scores))])
+                failed=detail.failed, total_nodes=len(detail.failed) + detail.fit_count)])
         elif what == "filter_error":
             message = str(detail)
             self.record(pod, lambda: [(WARNING, FILTERING_FAILED, message)])

@@ -293,8 +293,11 @@ class RegistrationKeeper:
                 last_sweep = time.monotonic()
             await self.run_pass(full=full)
             try:
-                await asyncio.wait_for(self._wake.wait(), self._sleep_s())
-            except asyncio.TimeoutError:
+                # Not asyncio.wait_for: on Python 3.11 it returns a wake-up that lands in the same
+                # turn as stop()'s cancel and swallows the cancel, and stop() then waits forever.
+                async with asyncio.timeout(self._sleep_s()):
+                    await self._wake.wait()
+            except TimeoutError:
                 pass
             self._wake.clear()
             # Events only ask for their own nodes; a due stamp or the interval sweeps everything.

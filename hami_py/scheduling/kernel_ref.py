@@ -363,3 +363,12 @@ def _mig_select(j, occupied, mem, mig_prof_off, mig_prof_len, prof_mem, prof_pla
             if not place_mask[q] & occupied:
                 return p, q
     return -1, -1
+
+
+def best_fit_nodes(status, score, k, spread):
+    """``(fitting nodes, indexes of the k best of them, best first)``. Best: the highest score
+    under binpack, the lowest under spread (as the kernel chooses its winner), and on equal scores
+    the earlier candidate, so the winner is always the first listed."""
+    fit = [c for c in range(len(status)) if status[c] == R.NODE_FIT]
+    fit.sort(key=lambda c: (score[c] if spread else -score[c], c))
+    return len(fit), fit[:max(k, 0)]

@@ -13,6 +13,10 @@ from dataclasses import dataclass
 from hami_py.devices.base import ContainerRequest, DeviceVendor, RequestError
 from hami_py.scheduling.kernel_ref import ROW_WIDTH
 
+# Far beyond what any node offers (a few hundred device instances at most), and it bounds what a
+# filter allocates for one pod: its output arrays and the kernel's scratch grow with the count.
+MAX_DEVICES_PER_POD = 4096
+
 
 @dataclass(slots=True)
 class PodRequest:
@@ -62,5 +66,7 @@ def parse_pod_requests(pod: dict, vendors: dict[str, DeviceVendor],
         per_container.append(found)
     if not row_vendor:
         return None
+    if total > MAX_DEVICES_PER_POD:
+        raise RequestError(f"asks for {total} devices in all; a pod may ask for at most {MAX_DEVICES_PER_POD}")
     assert len(rows) == ROW_WIDTH * len(row_vendor)
     return PodRequest(rows, row_vendor, row_container, names, len(init), total, per_container)

@@ -19,8 +19,10 @@ from hami_py.scheduling.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.scheduling.stale import clear_stale_decision, may_carry_decision
 
 log = structlog.get_logger(__name__)
+_STR_ONLY = frozenset((str,))   # NodeNames from orjson: exact str, checked at C speed
 
 
 def filter_result(*, nodes: Any = None, node_names: Any = None, failed: Any = None, error: str = "") -> dict:
@@ -70,13 +72,18 @@ class SchedulerService:
         if node_names is None and nodes is None:
             return filter_result(error="extender args have neither NodeNames nor Nodes")
         if node_names is not None and (not isinstance(node_names, list)
-                                       or not all(isinstance(n, str) for n in node_names)):
+                                       or not set(map(type, node_names)) <= _STR_ONLY):
             return filter_result(error="extender args NodeNames must be a list of node names")
         if node_names is None:
             return self._filter_nodes_path(pod, nodes, request)
         if not await self._wait_synced():
             return filter_result(error="scheduler cache is not synced yet")
-        uid = (pod.get("metadata") or {}).get("uid") or ""
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid") or ""
+        if not uid or not meta.get("name"):
+            # The reservation is keyed by UID and the patch preconditioned on it: without one a
+            # reservation could never be matched to the pod's watch events, and would leak.
+            return filter_result(error=f"pod {_pod_key(pod)}: extender args pod has no metadata.name or metadata.uid")
         lock = self._pod_locks.setdefault(uid, asyncio.Lock())
         self._pod_lock_users[uid] = self._pod_lock_users.get(uid, 0) + 1
         try:
@@ -90,6 +97,8 @@ class SchedulerService:
                 del self._pod_lock_users[uid], self._pod_locks[uid]
 
     async def _filter_live(self, pod: dict, node_names: list[str], request) -> dict:
+        meta = pod.get("metadata") or {}
+        stale = may_carry_decision(self.cache, pod, meta.get("uid") or "")   # before decide drops the charge
         try:
             decision = self.filterer.decide(pod, node_names, request)
         except PolicyError as exc:
@@ -99,14 +108,17 @@ class SchedulerService:
             return filter_result(error=message)
         if decision.node is None:
             self._event(pod, "filter_failed", decision)
+            if stale:
+                # Still under the pod's lock: no newer decision of ours can be in flight.
+                await clear_stale_decision(client=self.client, cache=self.cache, vendors=self.vendors,
+                                           namespace=meta.get("namespace") or "default",
+                                           name=meta.get("name", ""), uid=meta.get("uid") or "")
             return filter_result(failed=decision.failed)
-        meta = pod.get("metadata") or {}
         body = {"metadata": {"annotations": decision.annotations,
                              "labels": {"hami.io/vgpu-node": decision.node}}}
-        if meta.get("uid"):
-            # A UID in a patch is a precondition: a pod re-created under the same name since
-            # kube-scheduler read this one refuses the decision made (and reserved) for the old.
-            body["metadata"]["uid"] = meta["uid"]
+        # A UID in a patch is a precondition: a pod re-created under the same name since
+        # kube-scheduler read this one refuses the decision made (and reserved) for the old.
+        body["metadata"]["uid"] = meta["uid"]
         try:
             patched = await self.client.patch(pod_path(meta.get("namespace", "default"), meta.get("name", "")), body)
         except KubeApiError as exc:
