@@ -266,12 +266,14 @@ class ClusterControl:
         self.stream: EventStream | None = None
         self.heartbeats: PluginHeartbeats | None = None
         self.serial = 0          # churn pod names, shared by bursts and streams
+        self.replay: dict | None = None
 
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/seed", self.seed), web.post("/pending", self.pending),
                 web.post("/allocate", self.allocate), web.post("/delete", self.delete),
                 web.post("/blocker", self.blocker), web.post("/cleanup", self.cleanup), web.post("/burst", self.burst),
                 web.post("/load", self.start_load), web.get("/load", self.load_status),
+                web.post("/replay", self.start_replay), web.get("/replay", self.replay_status),
                 web.get("/stats", self.stats)]
 
     async def seed(self, request: web.Request) -> web.Response:
@@ -403,6 +405,67 @@ class ClusterControl:
         self.serial += 10_000_000   # more than any stream creates: the next one starts clear of it
         self.stream.start()
         return _json({"started": True})
+
+    async def start_replay(self, request: web.Request) -> web.Response:
+        """``{rate, seconds, nodes, sentinels}``: the steady stream's events (add, update, delete
+        cycles), ``rate × seconds`` of them with a sentinel delete spread evenly among them, all
+        committed while the scheduler's pod watch is held, then released at ``rate`` lines a
+        second. This process cannot commit 20 000 events a second live (about 85 µs each); this
+        measures the scheduler receiving them at that rate. Answers once the release has begun."""
+        args = await _args(request)
+        nodes, sentinels = args.get("nodes"), args.get("sentinels")
+        rate, seconds = args.get("rate"), args.get("seconds")
+        if not isinstance(nodes, list) or not nodes or not isinstance(sentinels, list):
+            raise _bad_request("nodes must be a non-empty list of node names, sentinels a list")
+        if not isinstance(rate, (int, float)) or rate <= 0 or not isinstance(seconds, (int, float)) or seconds <= 0:
+            raise _bad_request("rate and seconds must be positive numbers")
+        fake = self.api.api
+        watchers = fake.pace_watches("pods", rate=0)
+        if len(watchers) != 1:
+            fake.pace_watches("pods", rate=None)
+            raise _bad_request(f"expected exactly one pod watch (the scheduler's), found {len(watchers)}")
+        [watcher] = watchers
+        stream = EventStream(self.api, pods=ChurnPods(nodes), rate=float(rate), seconds=float(seconds),
+                             first_serial=self.serial)
+        self.serial += 10_000_000
+        total = int(rate * seconds)
+        every = max(1, total // (len(sentinels) + 1))
+        positions = []
+        t_commit = time.monotonic()
+        already = len(watcher.pending)
+        for i in range(total):
+            stream.step()
+            if (i + 1) % every == 0 and len(positions) < len(sentinels):
+                blocker = sentinels[len(positions)]
+                self.api.delete("pods", blocker.get("name", ""), namespace=blocker.get("namespace"))
+                positions.append(len(watcher.pending))      # its line's position in the release
+            if i % 2000 == 0:
+                await asyncio.sleep(0)                      # the control port and node watches go on
+        stream.drain()
+        queued = len(watcher.pending)
+        t_commit = time.monotonic() - t_commit
+        fake.pace_watches("pods", rate=float(rate))
+        self.replay = {"watcher": watcher, "positions": positions, "queued": queued, "already": already,
+                       "rate": float(rate), "commit_s": t_commit}
+        return _json({"queued": queued, "sentinels": len(positions), "commit_s": t_commit, "t0": watcher.t0})
+
+    async def replay_status(self, _: web.Request) -> web.Response:
+        """How far the release got; once done, when each sentinel's line was written."""
+        replay = self.replay
+        if replay is None:
+            raise _bad_request("no replay has run")
+        watcher = replay["watcher"]
+        done = watcher.sent >= replay["queued"] or watcher.cut
+        out = {"sent": watcher.sent, "queued": replay["queued"], "done": done, "cut": watcher.cut,
+               "t0": watcher.t0, "commit_s": replay["commit_s"], "rate": replay["rate"]}
+        if done:
+            marks = watcher.marks
+            out["t_end"] = marks[-1][1] if marks else watcher.t0
+            # A line at position p went out in the first write whose running count reached p.
+            out["sentinel_written"] = [next((t for count, t in marks if count >= p), None)
+                                       for p in replay["positions"]]
+            self.api.api.pace_watches("pods", rate=None)
+        return _json(out)
 
     async def load_status(self, _: web.Request) -> web.Response:
         if self.stream is None:

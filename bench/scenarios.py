@@ -53,6 +53,7 @@ class EventsPlan:
     load_rate: float         # pod events a second in the steady stream
     load_seconds: float
     idle_probes: int         # lag samples before the stream starts; the rest run under it
+    replay_seconds: float = 0.0   # then the same stream committed in advance and delivered at load_rate
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,8 @@ FULL = Plan(
     kernel_seconds=1.0,
     clusters=_sweep(1000, 500, limit=40.0) + (
         ClusterPlan("n5000", ClusterShape(5000, 40000, probe_nodes=16), 1000, 500,
-                    EventsPlan(burst_pods=10_000, load_rate=20_000, load_seconds=10.0, idle_probes=20),
+                    EventsPlan(burst_pods=10_000, load_rate=20_000, load_seconds=10.0, idle_probes=20,
+                               replay_seconds=5.0),
                     phase_time_limit_s=40.0),
     ),
 )
@@ -100,7 +102,8 @@ QUICK = Plan(
     kernel_seconds=0.2,
     clusters=(
         ClusterPlan("n100", ClusterShape(100, 800, probe_nodes=4), 100, 50,
-                    EventsPlan(burst_pods=1000, load_rate=20_000, load_seconds=1.5, idle_probes=5),
+                    EventsPlan(burst_pods=1000, load_rate=20_000, load_seconds=1.5, idle_probes=5,
+                               replay_seconds=0.5),
                     phase_time_limit_s=5.0),
     ),
 )
@@ -380,13 +383,44 @@ async def phase_lag(ctx: Context) -> dict:
         t_caught_up = await catch_up.seen()
     await catch_up.rearm()
     stream_s = status["t_end"] - status["t_start"]
-    return {"idle_ms": summarize_ms(idle), "loaded_ms": summarize_ms(loaded),
+    replay = await _replay(ctx) if events.replay_seconds else None
+    return {"replay": replay, "idle_ms": summarize_ms(idle), "loaded_ms": summarize_ms(loaded),
             "stream_events": status["events"], "stream_target_rate": events.load_rate,
             "stream_rate": status["events"] / stream_s if stream_s else 0.0,
             "applied_rate": status["events"] / (t_caught_up - status["t_start"]),
             "behind_at_end_s": max(0.0, t_caught_up - status["t_end"]),
             "server_cpu_share": used["cpu_s"] / (t_caught_up - t_load),
             "api_cpu_share": used["api_cpu_s"] / (t_caught_up - t_load)}
+
+
+async def _replay(ctx: Context) -> dict:
+    """The delete-to-free lag with the stream delivered at the asked rate: the cluster commits
+    ``load_rate × replay_seconds`` events (and one sentinel delete per probe node, spread among
+    them) while the scheduler's pod watch is held, then releases them at ``load_rate`` lines a
+    second and records when each sentinel's line was written. Each lag is from that write to the
+    first /filter that finds the sentinel's GPU free (polled every POLL_S), so it is the
+    scheduler's own delay at that event rate, without the stand-in's commit cost in it."""
+    events = ctx.plan.events
+    await ctx.settle()
+    sentinels = ctx.sentinels
+    for sentinel in sentinels:
+        await sentinel.armed()
+    async with ctx.window() as used:
+        started = await ctx.cluster.call("POST", "/replay", {
+            "rate": events.load_rate, "seconds": events.replay_seconds,
+            "nodes": _regular_nodes(ctx.plan.shape), "sentinels": [s.blocker for s in sentinels]})
+        seen = [await s.seen() for s in sentinels[:started["sentinels"]]]
+        while not (status := await ctx.cluster.call("GET", "/replay"))["done"]:
+            await asyncio.sleep(0.05)
+    for sentinel in sentinels:
+        await sentinel.rearm()
+    lags = [t_seen - t_written for t_seen, t_written in zip(seen, status["sentinel_written"])
+            if t_written is not None]
+    release_s = status["t_end"] - status["t0"]
+    return {"events": status["queued"], "commit_s": status["commit_s"], "rate": status["rate"],
+            "delivered_rate": status["queued"] / release_s if release_s > 0 else 0.0,
+            "lag_ms": summarize_ms(lags), "cut": status["cut"],
+            "server_cpu_share": used["cpu_s"] / max(release_s, 1e-9)}
 
 
 async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdir: Path,

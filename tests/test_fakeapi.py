@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 from typing import Any, Callable
 
 import aiohttp
@@ -16,6 +17,7 @@ import pytest
 from kubernetes_asyncio import client, config, watch
 from kubernetes_asyncio.client.rest import ApiException
 
+from hami_py.embedded import wait_for
 from hami_py.fakeapi import ApiError, FakeApiServer, write_kubeconfig
 
 DEADLINE = 5.0   # generous per-wait ceiling; every wait returns as soon as its condition holds
@@ -366,6 +368,30 @@ async def test_watch_through_kubernetes_client(server, core):
             else:
                 stream.stop()
     assert seen == [("ADDED", "a"), ("MODIFIED", "a")]
+
+
+async def test_held_watch_delivers_nothing_then_a_paced_one_releases_in_order_and_records_when(server, http):
+    """The benchmarks commit a long stream while the pod watch is held, then release it at a set
+    rate: nothing may leak out while held, order must be kept, and ``marks`` says when each
+    paced line went out."""
+    async with http.get(watch_url(server), params={"watch": "true", "resourceVersion": "1"}) as resp:
+        await wait_for(lambda: server.open_watches == 1, what="watch open")
+        [watcher] = server.pace_watches("pods", rate=0)
+        for i in range(30):
+            server.create("pods", make_pod(f"p{i}"))
+        sentinel = server.create("pods", make_pod("last"))
+        assert len(watcher.pending) == 31          # all held, none written
+        start = time.monotonic()
+        server.pace_watches("pods", rate=200)      # 31 lines: about 0.15 s
+        events = await read_events(resp, 31)
+        assert [e["object"]["metadata"]["name"] for e in events] == [f"p{i}" for i in range(30)] + ["last"]
+        assert events[-1]["object"]["metadata"]["resourceVersion"] == sentinel["metadata"]["resourceVersion"]
+        assert watcher.sent == 31 and watcher.marks[-1][0] == 31
+        assert all(t >= start for _, t in watcher.marks) and len(watcher.marks) > 1   # released in steps
+        server.pace_watches("pods", rate=None)
+        server.create("pods", make_pod("free"))
+        [free] = await read_events(resp, 1)
+        assert free["object"]["metadata"]["name"] == "free"
 
 
 async def test_bookmarks_on_an_interval(http):

@@ -40,6 +40,7 @@ log = structlog.get_logger()
 
 _SNAPSHOT_TTL = 300.0      # seconds a continue token stays valid (a real server: until compaction)
 _MAX_SNAPSHOTS = 256       # bounds memory when callers abandon paged lists
+_PACE_TICK_S = 0.002      # a paced watch writes what is due this often
 _WRITE_CHUNK = 1 << 20     # batch watch lines into ~1 MiB writes so replay is not one write per line
 _VERSION = orjson.dumps({
     "major": "1", "minor": "31", "gitVersion": "v1.31.0", "gitTreeState": "clean",
@@ -341,8 +342,13 @@ def _event_line(type_: str, raw: bytes) -> bytes:
 
 
 class _Watcher:
-    """One open watch stream: filters events and buffers their lines for the writer task."""
-    __slots__ = ("namespace", "match", "bookmarks", "pending", "wake", "cut", "transport")
+    """One open watch stream: filters events and buffers their lines for the writer task.
+
+    Delivery can be held or paced (``FakeApiServer.pace_watches``): ``rate`` None streams lines
+    as they come, 0 holds them, a positive rate releases that many lines a second from ``t0``
+    and records, after each write, how many paced lines have gone out (``marks``)."""
+    __slots__ = ("namespace", "match", "bookmarks", "pending", "wake", "cut", "transport",
+                 "rate", "t0", "sent", "marks")
 
     def __init__(self, *, namespace: str | None, match: Matcher | None, bookmarks: bool) -> None:
         self.namespace, self.match, self.bookmarks = namespace, match, bookmarks
@@ -350,6 +356,21 @@ class _Watcher:
         self.wake = asyncio.Event()
         self.cut = False
         self.transport: asyncio.BaseTransport | None = None
+        self.rate: float | None = None
+        self.t0 = 0.0
+        self.sent = 0
+        self.marks: list[tuple[int, float]] = []
+
+    def next_lines(self) -> list[bytes]:
+        """The lines to write now (maybe none while held or ahead of the pace)."""
+        if self.rate is None:
+            lines = list(self.pending)
+            self.pending.clear()
+            return lines
+        if self.rate <= 0:
+            return []
+        due = min(int(self.rate * (time.monotonic() - self.t0)) - self.sent, len(self.pending))
+        return [self.pending.popleft() for _ in range(max(due, 0))]
 
     def push(self, line: bytes) -> None:
         self.pending.append(line)
@@ -878,6 +899,19 @@ class FakeApiServer:
         """Send a BOOKMARK at the current resourceVersion to watches that allow them."""
         self._store.bookmark()
 
+    def pace_watches(self, kind_plural: str, *, rate: float | None) -> list[_Watcher]:
+        """Hold (``rate`` 0), pace (``rate`` lines a second from now) or free (None) the delivery
+        of the open watches of one resource type; the watchers, for their queues and ``marks``.
+
+        For benchmarks: commit a long stream while held, then release it at a set rate, to
+        measure a client at an event rate this Python stand-in could not commit live."""
+        watchers = list(self._store.watchers[self._resource(kind_plural).plural])
+        now = time.monotonic()
+        for watcher in watchers:
+            watcher.rate, watcher.t0, watcher.sent, watcher.marks = rate, now, 0, []
+            watcher.wake.set()
+        return watchers
+
     def drop_watches(self) -> None:
         """Abruptly cut every open watch connection, as a network failure would."""
         self._store.abort_watchers()
@@ -1033,14 +1067,19 @@ class FakeApiServer:
     async def _pump(response: web.StreamResponse, watcher: _Watcher, deadline: float | None) -> bool:
         """Stream queued lines until timed out (True) or cut (False)."""
         while not watcher.cut:
-            if watcher.pending:
-                lines = list(watcher.pending)
-                watcher.pending.clear()
+            if watcher.pending and (lines := watcher.next_lines()):
                 await _write_lines(response, lines)
+                if watcher.rate is not None:
+                    watcher.sent += len(lines)
+                    watcher.marks.append((watcher.sent, time.monotonic()))
+                continue
+            if watcher.pending and watcher.rate:
+                await asyncio.sleep(_PACE_TICK_S)      # paced, and ahead of the pace
                 continue
             watcher.wake.clear()
             try:
-                async with asyncio.timeout_at(deadline):
+                # A held or paced watch does not time out: the measurement it serves would be lost.
+                async with asyncio.timeout_at(deadline if watcher.rate is None else None):
                     await watcher.wake.wait()
             except TimeoutError:
                 return True
