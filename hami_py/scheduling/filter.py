@@ -116,6 +116,7 @@ class Filterer:
             out_prof, out_place)
 
         failed: dict[str, str] = {}
+        texts: dict[tuple[bytes, int], str] = {}
         for c in compress(range(n), out_status):   # the failing ones only (NODE_FIT is 0)
             status = out_status[c]
             name = node_names[c]
@@ -124,8 +125,13 @@ class Filterer:
             elif status == R.NODE_INSUFFICIENT_DEVICE:
                 failed[name] = R.NODE_INSUFFICIENT_DEVICE_TEXT
             else:
-                counts = {r: out_reasons[c * nr + r] for r in range(nr) if out_reasons[c * nr + r]}
-                failed[name] = R.gen_reason(counts, out_total[c])
+                # Failing nodes mostly fail alike ("8/8 CardTimeSlicingExhausted" on a full
+                # cluster): format each distinct count vector once.
+                key = (out_reasons[c * nr:(c + 1) * nr].tobytes(), out_total[c])
+                if (text := texts.get(key)) is None:
+                    counts = {r: out_reasons[c * nr + r] for r in range(nr) if out_reasons[c * nr + r]}
+                    text = texts[key] = R.gen_reason(counts, out_total[c])
+                failed[name] = text
         if best < 0:
             return FilterDecision(None, failed)
         spread = policies.node == POLICY_SPREAD
