@@ -115,44 +115,76 @@ class ScheduleRun:
     bind_latencies: list[float] = field(default_factory=list)
 
 
+BINDS_IN_FLIGHT = 16    # kube-scheduler starts a binding goroutine per pod; bounded here
+
+
 async def run_schedule(session: aiohttp.ClientSession, url: str, cluster: ClusterProcess, pods: list[dict],
-                       node_names_raw: bytes, *, concurrency: int, time_limit_s: float) -> ScheduleRun:
-    """Filter then bind each pod, ``concurrency`` pods in flight; the cluster frees each node lock."""
+                       node_names_raw: bytes, *, concurrency: int, time_limit_s: float,
+                       async_binds: bool = False) -> ScheduleRun:
+    """Filter then bind each pod, ``concurrency`` pods in flight; the cluster frees each node lock.
+
+    ``async_binds`` drives the extender the way kube-scheduler does: one scheduling cycle (the
+    /filter) at a time, each pod's binding cycle (the /bind) started in the background while the
+    next pod is filtered, up to BINDS_IN_FLIGHT at once."""
     run = ScheduleRun()
     bodies = [(pod, filter_body(orjson.dumps(pod), node_names_raw)) for pod in pods]
     pending = iter(bodies)
     allocations: set[asyncio.Task] = set()
     deadline = time.perf_counter() + time_limit_s
 
+    async def filter_one(body: bytes) -> str | None:
+        run.attempted += 1
+        elapsed, result = await post(session, f"{url}/filter", body)
+        run.filter_latencies.append(elapsed)
+        outcome = filter_outcome(result)
+        if outcome != "placed":
+            run.outcomes[f"filter {outcome}"] += 1
+            if outcome == "error":
+                run.errors[str(result.get("Error"))[:120]] += 1
+            return None
+        return result["NodeNames"][0]
+
+    async def bind_one(pod: dict, node: str) -> None:
+        elapsed, bound = await post(session, f"{url}/bind", bind_body(pod, node))
+        run.bind_latencies.append(elapsed)
+        if bound.get("Error"):
+            run.outcomes["bind error"] += 1
+            run.errors[str(bound["Error"])[:120]] += 1
+            return
+        run.bound += 1
+        meta = pod["metadata"]
+        task = asyncio.create_task(cluster.call("POST", "/allocate", {
+            "namespace": meta["namespace"], "name": meta["name"], "node": node}))
+        allocations.add(task)
+        task.add_done_callback(allocations.discard)
+
     async def worker() -> None:
         for pod, body in pending:
             if time.perf_counter() > deadline:
                 return
-            run.attempted += 1
-            elapsed, result = await post(session, f"{url}/filter", body)
-            run.filter_latencies.append(elapsed)
-            outcome = filter_outcome(result)
-            if outcome != "placed":
-                run.outcomes[f"filter {outcome}"] += 1
-                if outcome == "error":
-                    run.errors[str(result.get("Error"))[:120]] += 1
+            if (node := await filter_one(body)) is not None:
+                await bind_one(pod, node)
+
+    async def scheduling_loop() -> None:
+        slots = asyncio.Semaphore(BINDS_IN_FLIGHT)
+        binds: set[asyncio.Task] = set()
+        for pod, body in pending:
+            if time.perf_counter() > deadline:
+                break
+            if (node := await filter_one(body)) is None:
                 continue
-            node = result["NodeNames"][0]
-            elapsed, bound = await post(session, f"{url}/bind", bind_body(pod, node))
-            run.bind_latencies.append(elapsed)
-            if bound.get("Error"):
-                run.outcomes["bind error"] += 1
-                run.errors[str(bound["Error"])[:120]] += 1
-                continue
-            run.bound += 1
-            meta = pod["metadata"]
-            task = asyncio.create_task(cluster.call("POST", "/allocate", {
-                "namespace": meta["namespace"], "name": meta["name"], "node": node}))
-            allocations.add(task)
-            task.add_done_callback(allocations.discard)
+            await slots.acquire()
+            task = asyncio.create_task(bind_one(pod, node))
+            binds.add(task)
+            task.add_done_callback(lambda t: (binds.discard(t), slots.release()))
+        if binds:
+            await asyncio.gather(*binds)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    if async_binds:
+        await scheduling_loop()
+    else:
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
     run.wall_s = time.perf_counter() - t0
     run.outcomes["bound"] = run.bound
     if allocations:

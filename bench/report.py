@@ -94,7 +94,8 @@ def _errors(results: dict, phase: str) -> list[str]:
     for c in _clusters(results):
         for r in c.get(phase, []):
             for message, count in r.get("errors", {}).items():
-                lines.append(f"- N={c['nodes']:,} P={c['pods']:,} c={r['concurrency']}: {count} × {message}")
+                mode = " (binds async)" if r.get("mode") == "kube-scheduler" else ""
+                lines.append(f"- N={c['nodes']:,} P={c['pods']:,} c={r['concurrency']}{mode}: {count} × {message}")
     return ["", "Errors:", *lines] if lines else []
 
 
@@ -140,15 +141,20 @@ def render_tables(results: dict) -> list[str]:
     rows = []
     for c in _clusters(results):
         for r in c.get("schedule", []):
-            target = c["nodes"] == 1000
-            rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", str(r["concurrency"]), _num(r["pods_per_s"]),
+            # Judged as kube-scheduler drives an extender (older results have no mode: every row).
+            target = c["nodes"] == 1000 and r.get("mode", "kube-scheduler") == "kube-scheduler"
+            mode = ("1 filter at a time, binds async" if r.get("mode") == "kube-scheduler"
+                    else f"{r['concurrency']} whole pods")
+            rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", mode, _num(r["pods_per_s"]),
                          f"{r['bound']}/{r['attempted']}", _num(r["filter"]["p99"], 2), _num(r["bind"]["p99"], 2),
                          _num(r["server_cpu_ms_per_pod"], 2),
                          f"≥ {SCHEDULE_TARGET_PER_S:g}/s {_verdict(r['pods_per_s'] >= SCHEDULE_TARGET_PER_S)}"
                          if target else ""])
     if rows:
-        out += ["**filter+bind throughput** (pods bound per second; device plugin releases node locks)", ""]
-        out += _table(["N", "P", "conc", "pods/s", "bound", "filter p99 ms", "bind p99 ms", "server CPU ms/pod",
+        out += ["**filter+bind throughput** (pods bound per second; device plugin releases node locks; "
+                "the target is judged as kube-scheduler drives an extender: one scheduling cycle, so one "
+                "/filter, at a time, each /bind in its own binding cycle in the background)", ""]
+        out += _table(["N", "P", "in flight", "pods/s", "bound", "filter p99 ms", "bind p99 ms", "server CPU ms/pod",
                        "target"], rows)
         out += _errors(results, "schedule")
         out.append("")

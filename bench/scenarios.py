@@ -333,14 +333,20 @@ async def _filter_round(ctx: Context, concurrency: int) -> dict:
 
 
 async def phase_schedule(ctx: Context) -> list[dict]:
+    """Filter+bind at each concurrency (whole pods in flight), then as kube-scheduler drives an
+    extender: one filter at a time, binds in the background (``mode`` "kube-scheduler")."""
     rows = []
-    for concurrency in ctx.plan.concurrencies:
-        pods = await ctx.pending(ctx.plan.schedule_pods, what=f"bind-c{concurrency}",
+    modes = [(c, False) for c in ctx.plan.concurrencies] + [(1, True)]
+    for concurrency, async_binds in modes:
+        mode = "kube-scheduler" if async_binds else "whole pods"
+        pods = await ctx.pending(ctx.plan.schedule_pods, what=f"bind-c{concurrency}{'-ks' if async_binds else ''}",
                                  annotations={"hami.io/node-scheduler-policy": "spread"})
         async with ctx.window() as used:
             run = await run_schedule(ctx.session, ctx.scheduler.url, ctx.cluster, pods, ctx.names_raw,
-                                     concurrency=concurrency, time_limit_s=ctx.plan.phase_time_limit_s)
-        rows.append({"concurrency": concurrency, "pods_per_s": run.bound / run.wall_s if run.wall_s else 0.0,
+                                     concurrency=concurrency, time_limit_s=ctx.plan.phase_time_limit_s,
+                                     async_binds=async_binds)
+        rows.append({"concurrency": concurrency, "mode": mode,
+                     "pods_per_s": run.bound / run.wall_s if run.wall_s else 0.0,
                      "bound": run.bound, "attempted": run.attempted,
                      "filter": summarize_ms(run.filter_latencies), "bind": summarize_ms(run.bind_latencies),
                      "server_cpu_ms_per_pod": 1000 * used["cpu_s"] / run.bound if run.bound else float("nan"),
