@@ -52,7 +52,9 @@ async def test_smallest_quick_scenario_yields_well_formed_numbers(tmp_path):
         assert _positive(row["requests_per_s"]) and _positive(row["server_mean_ms"])
         assert row["server_cpu_ms"] >= 0
 
-    assert [row["concurrency"] for row in result["schedule"]] == list(plan.concurrencies)
+    # Each concurrency with whole pods in flight, then kube-scheduler's way (serial filters, async binds).
+    assert [(row["concurrency"], row["mode"]) for row in result["schedule"]] == \
+        [(c, "whole pods") for c in plan.concurrencies] + [(1, "kube-scheduler")]
     for row in result["schedule"]:
         assert 0 < row["bound"] <= row["attempted"] == plan.schedule_pods
         assert _positive(row["pods_per_s"])
