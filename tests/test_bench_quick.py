@@ -22,7 +22,7 @@ def _smallest_quick_scenario():
     n100 = min(QUICK.clusters, key=lambda c: c.shape.nodes)
     return dataclasses.replace(
         n100, filter_samples=10, schedule_pods=8, phase_time_limit_s=5.0,
-        events=EventsPlan(burst_pods=100, load_rate=2000, load_seconds=0.6, idle_probes=2))
+        events=EventsPlan(burst_pods=100, load_rate=2000, load_seconds=0.6, idle_probes=2, replay_seconds=0.5))
 
 
 def _positive(value) -> bool:
@@ -68,6 +68,10 @@ async def test_smallest_quick_scenario_yields_well_formed_numbers(tmp_path):
     _check_latencies(lag["idle_ms"], n=plan.events.idle_probes)
     assert lag["loaded_ms"]["n"] >= 1
     assert lag["stream_events"] > 0 and _positive(lag["applied_rate"]) and _positive(lag["stream_rate"])
+    # The replay: every event held, then released at the asked rate; one lag per probe node.
+    replay = lag["replay"]
+    assert replay["events"] >= 2000 * 0.5 and not replay["cut"] and _positive(replay["delivered_rate"])
+    _check_latencies(replay["lag_ms"], n=plan.shape.probe_nodes)
 
     for key in ("memory_ready", "memory_end", "memory_after_scrape"):
         assert _positive(result[key]["rss_mb"]) and result[key]["peak_mb"] >= result[key]["rss_mb"]
