@@ -5,8 +5,12 @@ kubernetes-asyncio, and the test (playing kube-scheduler) to the scheduler's ext
 """
 from __future__ import annotations
 
+import ssl
+
+import aiohttp
 import pytest
 import structlog
+import trustme
 
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
@@ -71,3 +75,18 @@ def assert_books_balance(app) -> None:
 
 async def wait_until(predicate, what="condition", timeout=10.0):
     await wait_for(predicate, timeout=timeout, what=what)
+
+
+@pytest.fixture(scope="module")
+def ca():
+    """A throwaway certificate authority for the TLS tests."""
+    return trustme.CA()
+
+
+@pytest.fixture
+async def https(ca):
+    """A client session that trusts only the test CA (verification on, as the API server does)."""
+    context = ssl.create_default_context()
+    ca.configure_trust(context)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
+        yield session

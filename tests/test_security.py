@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import base64
 import logging
-import ssl
 from pathlib import Path
 
 import aiohttp
 import orjson
 import pytest
 import structlog
-import trustme
 import yaml
 
 from hami_py.app import Options, SchedulerApp
@@ -219,11 +217,6 @@ def test_extender_verbs_are_not_reachable_from_outside_the_pod():
 
 # -- the webhook's own listener -----------------------------------------------------------------
 
-@pytest.fixture(scope="module")
-def ca():
-    return trustme.CA()
-
-
 @pytest.fixture
 def split_options(ca, tmp_path):
     """Both listeners on loopback with ephemeral ports, TLS with a throwaway certificate."""
@@ -233,15 +226,6 @@ def split_options(ca, tmp_path):
     cert.private_key_pem.write_to_path(str(key_file))
     return embedded_options(cert_file=str(cert_file), key_file=str(key_file),
                             webhook_bind_address="127.0.0.1:0", scheduler_name="hami-scheduler")
-
-
-@pytest.fixture
-async def https(ca):
-    """A client that verifies the server against the test CA, as the API server does."""
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
-        yield session
 
 
 async def _post(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, bytes]:

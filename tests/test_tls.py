@@ -20,11 +20,6 @@ from hami_py.http.tls import ReloadingTLS, TLSConfigError
 HOSTS = ("127.0.0.1", "localhost")
 
 
-@pytest.fixture(scope="module")
-def ca():
-    return trustme.CA()
-
-
 def der_of(cert: trustme.LeafCert) -> bytes:
     return ssl.PEM_cert_to_DER_cert(cert.cert_chain_pems[0].bytes().decode())
 

@@ -8,12 +8,10 @@ the same HTTPS port.
 from __future__ import annotations
 
 import base64
-import ssl
 
 import aiohttp
 import orjson
 import pytest
-import trustme
 
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.embedded import embedded_options
@@ -21,11 +19,6 @@ from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node
 from tests.conftest import assert_books_balance, wait_until
 from tests.test_webhook import apply_json_patch, container, envelope, make_pod
-
-
-@pytest.fixture(scope="module")
-def ca():
-    return trustme.CA()
 
 
 @pytest.fixture
@@ -41,15 +34,6 @@ def tls_files(ca, tmp_path):
 def scheduler_options(tls_files):
     cert_file, key_file = tls_files
     return embedded_options(cert_file=cert_file, key_file=key_file, scheduler_name="hami-scheduler")
-
-
-@pytest.fixture
-async def https(ca):
-    """A client session that trusts only the test CA (verification on, as the API server does)."""
-    context = ssl.create_default_context()
-    ca.configure_trust(context)
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
-        yield session
 
 
 async def _post_review(https, app, body, *, content_type="application/json"):
