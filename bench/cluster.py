@@ -42,6 +42,7 @@ from aiohttp import web
 from bench.seed import (
     ClusterShape, blocker_pod, build_nodes, build_placed_pods, node_name, pending_pod, place, realistic_pod,
 )
+from hami_py.aio import cancel_and_wait
 from hami_py.devices.base import ContainerDevice
 from hami_py.fakeapi import ApiError, FakeApiServer
 from hami_py.fakeapi.objects import gpu_uuid
@@ -148,12 +149,7 @@ class PluginHeartbeats:
             await asyncio.sleep(0.1)
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-            try:
-                await self.task
-            except asyncio.CancelledError:
-                pass
+        await cancel_and_wait(self.task)
 
 
 class ChurnPods:

@@ -24,6 +24,7 @@ import aiohttp
 import orjson
 import structlog
 
+from hami_py.aio import cancel_and_wait
 from hami_py.k8s.client import KubeApiError, KubeClient, error_from_response
 
 log = structlog.get_logger(__name__)
@@ -82,13 +83,8 @@ class Informer:
         self._task = asyncio.create_task(self._run(), name=f"informer {self.path}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _run(self) -> None:
         failures = 0

@@ -40,6 +40,7 @@ from typing import Protocol
 
 import structlog
 
+from hami_py.aio import cancel_and_wait
 from hami_py.cache.usage import UsageCache, parse_handshake_deadline
 from hami_py.devices.base import DeviceVendor
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
@@ -158,13 +159,8 @@ class RegistrationKeeper:
             self._task = asyncio.create_task(self._run(), name="registration keeper")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     def leadership_changed(self, leading: bool) -> None:
         """A new leader sweeps everything at once (upstream's immediate pass on election)."""

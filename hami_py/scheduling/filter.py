@@ -21,6 +21,7 @@ from hami_py.scheduling.policies import Policies, pod_policies
 from hami_py.scheduling.requests import PodRequest
 
 VGPU_TIME_ANNOTATION = "hami.io/vgpu-time"
+VGPU_NODE_LABEL = "hami.io/vgpu-node"     # the decision's node, also as a label (upstream's)
 # How many of the fitting nodes a decision keeps scores for (the FilteringSucceed event lists
 # them). Upstream lists all; at thousands of nodes that message cost more than the decision.
 LISTED_NODE_SCORES = 20
@@ -34,11 +35,11 @@ class FilterDecision:
     It holds nothing sized by the candidate list beyond ``failed``: decisions wait in the event
     queue, and one that kept the request's node names and score arrays held ~0.4 MB at N=5000."""
 
-    __slots__ = ("node", "failed", "annotations", "reservation", "allocation", "fit_count", "best", "spread")
+    __slots__ = ("node", "failed", "annotations", "reservation", "allocation", "fit_count", "best")
 
     def __init__(self, node: str | None, failed: dict[str, str], annotations: dict[str, str] | None = None,
                  reservation: PodUsage | None = None, allocation: dict[str, PodDevices] | None = None,
-                 fit_count: int = 0, best: list[tuple[str, float]] | None = None, spread: bool = False):
+                 fit_count: int = 0, best: list[tuple[str, float]] | None = None):
         self.node = node
         self.failed = failed
         self.annotations = annotations or {}
@@ -46,7 +47,6 @@ class FilterDecision:
         self.allocation = allocation or {}
         self.fit_count = fit_count
         self.best = best or []
-        self.spread = spread
 
 
 class Filterer:
@@ -134,8 +134,8 @@ class Filterer:
                 failed[name] = text
         if best < 0:
             return FilterDecision(None, failed)
-        spread = policies.node == POLICY_SPREAD
-        fit_count, listed = _kernel.best_fit_nodes(out_status, out_score, LISTED_NODE_SCORES, spread)
+        fit_count, listed = _kernel.best_fit_nodes(out_status, out_score, LISTED_NODE_SCORES,
+                                                   policies.node == POLICY_SPREAD)
         best_scored = [(node_names[c], out_score[c]) for c in listed]
 
         winner = node_names[best]
@@ -156,8 +156,7 @@ class Filterer:
             reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
                                    node=winner, entries=entries, reserved=True, mig=masks)
             cache.add_pod_usage(reservation)
-        return FilterDecision(winner, failed, pod_annotations, reservation, allocation,
-                              fit_count, best_scored, spread)
+        return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
 
     def _allocation(self, request: PodRequest, out_row, out_dev, out_mem, out_cores, out_prof,
                     out_place) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:

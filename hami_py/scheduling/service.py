@@ -16,7 +16,7 @@ from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.scheduling.bind import BindError, Binder, BindRequest
-from hami_py.scheduling.filter import FilterDecision, Filterer
+from hami_py.scheduling.filter import VGPU_NODE_LABEL, FilterDecision, Filterer
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.requests import parse_pod_requests
 from hami_py.scheduling.stale import clear_stale_decision, may_carry_decision
@@ -115,7 +115,7 @@ class SchedulerService:
                                            name=meta.get("name", ""), uid=meta.get("uid") or "")
             return filter_result(failed=decision.failed)
         body = {"metadata": {"annotations": decision.annotations,
-                             "labels": {"hami.io/vgpu-node": decision.node}}}
+                             "labels": {VGPU_NODE_LABEL: decision.node}}}
         # A UID in a patch is a precondition: a pod re-created under the same name since
         # kube-scheduler read this one refuses the decision made (and reserved) for the old.
         body["metadata"]["uid"] = meta["uid"]

@@ -32,11 +32,9 @@ from hami_py.cache.usage import VGPU_NODE_ANNOTATION, UsageCache
 from hami_py.devices.base import DeviceVendor
 from hami_py.devices.nvidia import MIG_ALLOCATIONS_ANNOTATION
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
-from hami_py.scheduling.filter import VGPU_TIME_ANNOTATION
+from hami_py.scheduling.filter import VGPU_NODE_LABEL, VGPU_TIME_ANNOTATION
 
 log = structlog.get_logger(__name__)
-
-VGPU_NODE_LABEL = "hami.io/vgpu-node"
 
 
 def decision_keys(vendors: Mapping[str, DeviceVendor]) -> list[str]:
