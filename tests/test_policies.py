@@ -1,7 +1,12 @@
 """GPU policies beyond binpack/spread: mutex, numa chains, NUMA binding, scoring weights."""
 from __future__ import annotations
 
+import orjson
+
+from hami_py.cache.usage import UsageCache
+from hami_py.config import DeviceConfig
 from hami_py.devices.codec import decode_pod_devices
+from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
 from hami_py.scheduling.kernel_ref import KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX
 from hami_py.scheduling.policies import gpu_policy_code
@@ -88,7 +93,6 @@ async def test_scoring_weights_change_which_gpu_binpack_prefers(api, app, extend
 
 
 async def test_topology_aware_takes_the_best_connected_pair_and_a_loner_for_one(api, app, extender):
-    import orjson
     devices = registration("n1", gpus=4, numa_nodes=1)
     ids = [d["id"] for d in devices]
     # GPUs 1 and 2 share many NVLinks; the rest are plain PCIe.
@@ -107,3 +111,31 @@ async def test_topology_aware_takes_the_best_connected_pair_and_a_loner_for_one(
     one = api.create("pods", gpu_pod("one", gpus=1, gpumem=1000, annotations=ann))
     await extender.filter(one, ["n1"])
     assert _devices_of(api, "one")[0] in (ids[0], ids[3])  # keeps the NVLink pair free
+
+
+def test_pair_score_blocks_never_overlap_when_a_node_grows_or_an_index_is_reused():
+    """Each node's NVLink scores sit in a block of the cache's pair_score array. A node whose
+    plugin reports more GPUs, or a new node given a removed node's index, once wrote its bigger
+    block over the next node's: topology-aware placement there then followed another node's links."""
+    def scored_node(name: str, gpus: int, score: int) -> dict:
+        ids = [d["id"] for d in registration(name, gpus=gpus)]
+        scores = [{"uuid": a, "score": {b: score for b in ids if b != a}} for a in ids]
+        return gpu_node(name, devices=registration(name, gpus=gpus),
+                        annotations={"hami.io/node-nvidia-score": orjson.dumps(scores).decode()})
+
+    cache = UsageCache(build_vendors(DeviceConfig.default()))
+
+    def block(name: str) -> list[int]:
+        entry = cache.nodes[name]
+        offset, n = cache.node_pair_offset[entry.index], entry.length
+        return list(cache.pair_score[offset:offset + n * n])
+
+    for name, score in (("a", 11), ("b", 22), ("c", 33)):
+        cache.upsert_node(scored_node(name, 2, score))
+    cache.upsert_node(scored_node("a", 3, 44))               # a's plugin now reports 3 GPUs
+    assert block("a") == [0, 44, 44, 44, 0, 44, 44, 44, 0]
+    assert block("b") == [0, 22, 22, 0] and block("c") == [0, 33, 33, 0]
+    cache.remove_node("c")
+    cache.upsert_node(scored_node("z", 3, 9))                # takes c's index
+    assert block("z") == [0, 9, 9, 9, 0, 9, 9, 9, 0]
+    assert block("a") == [0, 44, 44, 44, 0, 44, 44, 44, 0] and block("b") == [0, 22, 22, 0]

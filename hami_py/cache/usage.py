@@ -387,8 +387,9 @@ class UsageCache:
                 b = position.get(other)
                 if b is not None:
                     block[a * n + b] = int(value)
+        # A block is reused only by the same slice (same device count): _kill_slice drops it.
         offset = self.node_pair_offset[entry.index]
-        if offset < 0 or offset + n * n > len(self.pair_score):
+        if offset < 0:
             offset = len(self.pair_score)
             self.pair_score.extend(block)
         else:
@@ -437,6 +438,9 @@ class UsageCache:
         entry.length = 0
         entry.uuid_to_slot = {}
         self.node_len[entry.index] = 0
+        # Its pair-score block was sized for this slice: a bigger one (or the next node given
+        # this index) must not write over the blocks behind it.
+        self.node_pair_offset[entry.index] = -1
 
     def _recount_node(self, entry: NodeEntry) -> None:
         """Rebuild one node's usage from the pods charged to it (after its inventory changed)."""
