@@ -156,12 +156,13 @@ class KubeClient:
 
     async def request(self, method: str, path: str, *, query: list[tuple[str, str]] | None = None,
                       body: Any = None, content_type: str = "application/json",
-                      timeout: float | None = None) -> dict:
-        """One API call; the decoded JSON body, or KubeApiError with the server's own message."""
+                      timeout: float | None = None, limited: bool = True) -> dict:
+        """One API call; the decoded JSON body, or KubeApiError with the server's own message.
+        ``limited=False`` skips the client's --kube-qps bucket (a caller with a budget of its own)."""
         t0 = time.perf_counter()
         try:
             response = await self.open(method, path, query=query, body=body, content_type=content_type,
-                                       timeout=timeout)
+                                       timeout=timeout, limited=limited)
             async with response:
                 data = await response.read()
         except asyncio.TimeoutError as exc:

@@ -29,7 +29,7 @@ from typing import Callable
 
 import structlog
 
-from hami_py.k8s.client import KubeApiError, KubeClient, TokenBucket, error_from_response
+from hami_py.k8s.client import KubeApiError, KubeClient, TokenBucket
 
 log = structlog.get_logger(__name__)
 
@@ -239,7 +239,8 @@ class EventRecorder:
         for attempt in range(RETRY_ATTEMPTS):
             await self.bucket.acquire()
             try:
-                await self._post(path, body)
+                # Not on the shared --kube-qps bucket: events have their own (self.bucket).
+                await self.client.post(path, body, limited=False)
                 self._count_written()
                 return
             except KubeApiError as exc:
@@ -253,15 +254,6 @@ class EventRecorder:
                     self._count_dropped("api_error")
                     return
                 await asyncio.sleep(exc.retry_after or self.retry_backoff_s * (2 ** attempt))
-
-    async def _post(self, path: str, body: dict) -> None:
-        # Not KubeClient.post: that would draw on the shared --kube-qps bucket.
-        response = await self.client.open("POST", path, body=body, limited=False)
-        async with response:
-            data = await response.read()
-        if not 200 <= response.status < 300:
-            raise error_from_response(response.status, data, response.headers.get("Retry-After"),
-                                      what=f"POST {path}")
 
     def _count_written(self) -> None:
         if self.metrics is not None:

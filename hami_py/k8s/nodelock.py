@@ -120,7 +120,8 @@ class NodeLocker:
             except KubeApiError as exc:
                 if not exc.conflict:
                     raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
-            await asyncio.sleep(0.1 * (2 ** attempt) * random.uniform(0.5, 1.0))
+            if attempt < CAS_ATTEMPTS - 1:   # no wait after the last: the answer is known
+                await asyncio.sleep(0.1 * (2 ** attempt) * random.uniform(0.5, 1.0))
         raise NodeLockError(f"node {node} is locked: node lock contention", contention=True)
 
     async def _owner_gone(self, namespace: str | None, name: str | None) -> bool:
@@ -148,4 +149,5 @@ class NodeLocker:
                 if exc.not_found:
                     return
                 log.warning("node lock release failed", node=node, error=str(exc), attempt=attempt + 1)
-            await asyncio.sleep(0.05 * (2 ** attempt) * random.uniform(0.5, 1.0))
+            if attempt < CAS_ATTEMPTS - 1:
+                await asyncio.sleep(0.05 * (2 ** attempt) * random.uniform(0.5, 1.0))
