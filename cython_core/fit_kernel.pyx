@@ -12,6 +12,7 @@ from libc.string cimport memset
 DEF ROW_WIDTH = 7
 DEF N_REASONS = 16
 DEF MEMPCT_UNSET = 101
+DEF MAX_TOPOLOGY_COMBOS = 20000
 DEF POLICY_BINPACK = 0
 DEF POLICY_SPREAD = 1
 DEF ORDER_MUTEX = 2
@@ -142,7 +143,7 @@ cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, int *picked_pr
                               Py_ssize_t npicked, int nums, const int[:] pair_score, int poff,
                               Py_ssize_t n, int *combo, int *best_combo) noexcept nogil:
     """kernel_ref._topology_pick: keep the best-connected ``nums`` of the picked devices, in place."""
-    cdef Py_ssize_t i, j, best_i = 0
+    cdef Py_ssize_t i, j, best_i = 0, weighed = 0
     cdef long long total, best_total = 0
     cdef bint found = False
     if nums == 1:
@@ -170,6 +171,9 @@ cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, int *picked_pr
                 best_total = total
                 for i in range(nums):
                     best_combo[i] = combo[i]
+            weighed += 1
+            if weighed == MAX_TOPOLOGY_COMBOS:
+                break
             i = nums - 1
             while i >= 0 and combo[i] == npicked - nums + i:
                 i -= 1

@@ -87,3 +87,60 @@ async def test_a_pod_on_a_mig_gpu_without_a_placement_record_withholds_the_gpu(a
     api.delete("pods", "stray", namespace="default")
     await wait_until(lambda: app.cache.device_usage("n1")[0]["health"], "GPU offered again")
     assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+
+
+class _CountingScores(list):
+    """A pair-score table that counts how often the kernel reference reads it, and stops a
+    search that reads more than ``limit`` entries (instead of running for hours)."""
+    reads = 0
+    limit = 0
+
+    def __getitem__(self, index):
+        type(self).reads += 1
+        if self.reads > self.limit:
+            raise AssertionError(f"more than {self.limit} pair scores read")
+        return super().__getitem__(index)
+
+
+def test_topology_aware_on_a_mig_node_weighs_a_bounded_number_of_combinations():
+    """A MIG GPU offers an instance per free slice, so 8 MIG GPUs give ~56 candidate picks, and a
+    topology-aware pod asking 6 would make C(56, 6) = 32 million combinations (seconds on the
+    event loop per node; any user can set the annotation). Only MAX_TOPOLOGY_COMBOS are weighed,
+    and the Cython kernel stops at the same one as the reference."""
+    from array import array
+    from hami_py.cache.usage import UsageCache
+    from hami_py.config import DeviceConfig
+    from hami_py.devices.registry import build_vendors
+    from hami_py.scheduling import kernel_ref
+    from hami_py.scheduling.filter import Filterer
+    from hami_py.scheduling.requests import parse_pod_requests
+    from hami_py import _kernel
+
+    vendors = build_vendors(DeviceConfig.default())
+    cache = UsageCache(vendors)
+    devices = registration("n1", gpus=8, model=H200, mode="mig")
+    for d in devices:
+        d["migProfiles"] = H200_MIG_PROFILES
+    ids = [d["id"] for d in devices]
+    scores = [{"uuid": a, "score": {b: 10 + i for i, b in enumerate(ids) if b != a}} for a in ids]
+    cache.upsert_node(gpu_node("n1", devices=devices,
+                               annotations={"hami.io/node-nvidia-score": orjson.dumps(scores).decode()}))
+    pod = gpu_pod("topo", gpus=6, gpumem=10000, annotations={"hami.io/gpu-scheduler-policy": "topology-aware"})
+    request = parse_pod_requests(pod, vendors, cache.vendor_ids)
+    calls = []
+    Filterer(cache, vendors, kernel=lambda *args: calls.append(args) or -1).decide(pod, ["n1"], request, reserve=False)
+    [args] = calls
+
+    def run(kernel, pair_score):
+        call = list(args)
+        call[next(i for i, a in enumerate(args) if a is cache.pair_score)] = pair_score
+        outputs = [array(a.typecode, a) for a in call[-10:]]
+        best = kernel(*call[:-10], *outputs)
+        return best, [list(o) for o in outputs]
+
+    pairs = 6 * 5 // 2
+    _CountingScores.reads, _CountingScores.limit = 0, kernel_ref.MAX_TOPOLOGY_COMBOS * pairs
+    reference = run(kernel_ref.filter_nodes, _CountingScores(cache.pair_score))
+    assert reference[0] == 0                                   # it fits, on six instances
+    assert _CountingScores.reads == _CountingScores.limit      # the cap was reached: many more existed
+    assert run(_kernel.filter_nodes, cache.pair_score) == reference

@@ -17,7 +17,7 @@ being placed (upstream's exact-type comparison makes that term vanish for NVIDIA
 """
 from __future__ import annotations
 
-from itertools import combinations
+from itertools import combinations, islice
 
 from hami_py.cache.quota import UNLIMITED
 from hami_py.scheduling import reasons as R
@@ -37,6 +37,7 @@ ORDER_CHAIN = 64
 KEY_BINPACK, KEY_SPREAD, KEY_NUMA = 1, 2, 3
 
 MEMPCT_UNSET = 101
+MAX_TOPOLOGY_COMBOS = 20000   # device combinations weighed for one topology-aware pick
 
 # Mask reason codes that upstream checks before the NUMA regrouping step, and the one after it.
 _PRE_NUMA_MASK = (R.CARD_CORDONED, R.CARD_TYPE_MISMATCH)
@@ -333,7 +334,9 @@ def _pod_total(cands, off, vendor, v, is_init, picked, k_extra, mem_extra, cores
 def _topology_pick(picked, nums, pair_score, poff, n):
     """Upstream's topology-aware choice among all fitting devices: for one device, the one worst
     connected to the others (keeping good groups free); for several, the combination (in walk
-    order) with the highest sum of pair scores. Ties go to the first found."""
+    order) with the highest sum of pair scores. Ties go to the first found. Only the first
+    MAX_TOPOLOGY_COMBOS combinations are weighed: a MIG node offers an instance per free slice,
+    and C(56, 6) combinations would hold the event loop for seconds."""
     def score(a, b):
         return pair_score[poff + a * n + b] if poff >= 0 else 0
 
@@ -345,7 +348,7 @@ def _topology_pick(picked, nums, pair_score, poff, n):
                 best, best_total = entry, total
         return [best]
     best, best_total = None, 0
-    for combo in combinations(picked, nums):
+    for combo in islice(combinations(picked, nums), MAX_TOPOLOGY_COMBOS):
         total = sum(score(combo[i][0], combo[j][0]) for i in range(nums) for j in range(i + 1, nums))
         if best is None or total > best_total:
             best, best_total = list(combo), total
