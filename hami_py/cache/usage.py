@@ -150,6 +150,17 @@ def _rv(obj: dict) -> int | None:
         return None
 
 
+# Per-device columns of the cache: (attribute, array typecode, value of a new slot). Most are the
+# kernel's inputs; MIG ones are a flag, the slices taken (bit mask) and the device's slice of the
+# profile table; ``kind`` is the device kind's id (UsageCache.kind_ids).
+_DEVICE_COLUMNS = (
+    ("total_mem", "i", 0), ("total_cores", "i", 0), ("count", "i", 0), ("numa", "i", 0),
+    ("health", "b", 0), ("vendor", "i", -1), ("used_mem", "q", 0), ("used_cores", "q", 0),
+    ("used", "q", 0), ("dev_mig", "b", 0), ("mig_used", "q", 0), ("mig_prof_off", "i", 0),
+    ("mig_prof_len", "i", 0), ("kind", "B", 0),
+)
+
+
 class UsageCache:
     """The scheduler's books: what every registered device has and what is taken of it."""
 
@@ -159,17 +170,14 @@ class UsageCache:
         self.vendor_ids = {key: i for i, key in enumerate(vendors)}
         self.node_selector = node_selector or {}
         self.handshake_timeout_s = handshake_timeout_s
-        # Per-device arrays (the kernel's inputs).
-        self.total_mem = array("i")
-        self.total_cores = array("i")
-        self.count = array("i")
-        self.numa = array("i")
-        self.health = array("b")
-        self.vendor = array("i")
-        self.used_mem = array("q")
-        self.used_cores = array("q")
-        self.used = array("q")
+        # Per-device columns (_DEVICE_COLUMNS), one slot per registered device.
+        for name, typecode, _ in _DEVICE_COLUMNS:
+            setattr(self, name, array(typecode))
         self.device_ids: list[str] = []
+        # Device kinds: (vendor id, model, mode) → the small id kept per device in ``kind``, and
+        # one device of each kind, so a pod's model and mode gates are judged once per kind.
+        self.kind_ids: dict[tuple[int, str, str], int] = {}
+        self.kind_samples: list[tuple[int, DeviceInfo] | None] = [None]   # id 0: kinds beyond 255
         # Per-node-index arrays.
         self.node_offset = array("i")
         self.node_len = array("i")
@@ -177,12 +185,7 @@ class UsageCache:
         # (score of device a towards device b at [offset + a*n + b]), offset -1 when none.
         self.pair_score = array("i")
         self.node_pair_offset = array("i")
-        # MIG: per device a flag, the slices taken (bit mask) and its slice of the profile table;
-        # profiles sorted by (memory, slices), each with its placements as masks in try order.
-        self.dev_mig = array("b")
-        self.mig_used = array("q")
-        self.mig_prof_off = array("i")
-        self.mig_prof_len = array("i")
+        # MIG profiles, sorted by (memory, slices), each with its placements as masks in try order.
         self.prof_mem = array("i")
         self.prof_core = array("i")
         self.prof_place_off = array("i")
@@ -362,6 +365,7 @@ class UsageCache:
             is_mig = dev.mode == "mig"
             self.dev_mig[j] = 1 if is_mig else 0
             self.mig_prof_off[j], self.mig_prof_len[j] = self._profile_table(dev) if is_mig else (0, 0)
+            self.kind[j] = self._kind_id(vid, dev)
             entry.uuid_to_slot.setdefault(dev.id, j)
         self.node_offset[entry.index] = entry.offset
         self.node_len[entry.index] = entry.length
@@ -397,10 +401,17 @@ class UsageCache:
         self.node_pair_offset[entry.index] = offset
 
     def _arrays_with_fill(self):
-        return ((self.total_mem, 0), (self.total_cores, 0), (self.count, 0), (self.numa, 0),
-                (self.health, 0), (self.vendor, -1), (self.used_mem, 0), (self.used_cores, 0),
-                (self.used, 0), (self.dev_mig, 0), (self.mig_used, 0), (self.mig_prof_off, 0),
-                (self.mig_prof_len, 0))
+        return [(getattr(self, name), fill) for name, _, fill in _DEVICE_COLUMNS]
+
+    def _kind_id(self, vendor_id: int, dev: DeviceInfo) -> int:
+        key = (vendor_id, dev.type, dev.mode)
+        kind = self.kind_ids.get(key)
+        if kind is None:
+            kind = len(self.kind_samples) if len(self.kind_samples) < 256 else 0
+            self.kind_ids[key] = kind
+            if kind:
+                self.kind_samples.append((vendor_id, dev))
+        return kind
 
     def _profile_table(self, dev: DeviceInfo) -> tuple[int, int]:
         """Where a MIG GPU's profiles sit in the profile table (shared by identical GPUs)."""
@@ -458,23 +469,21 @@ class UsageCache:
 
     def _compact(self) -> None:
         live = sorted((e for e in self.nodes.values() if e.length), key=lambda e: e.offset)
-        moves = []
-        for e in live:
-            moves.append((e, e.offset))
-        new_cols = [array(a.typecode) for a, _ in self._arrays_with_fill()]
+        columns = [getattr(self, name) for name, _, _ in _DEVICE_COLUMNS]
+        new_cols = [array(a.typecode) for a in columns]
         new_ids: list[str] = []
         pos = 0
-        for e, old in moves:
-            for col, (arr, _) in zip(new_cols, self._arrays_with_fill()):
+        for e in live:
+            old = e.offset
+            for col, arr in zip(new_cols, columns):
                 col.extend(arr[old:old + e.length])
             new_ids.extend(self.device_ids[old:old + e.length])
             e.offset = pos
             self.node_offset[e.index] = pos
             e.uuid_to_slot = {uuid: pos + (slot - old) for uuid, slot in e.uuid_to_slot.items()}
             pos += e.length
-        (self.total_mem, self.total_cores, self.count, self.numa, self.health, self.vendor,
-         self.used_mem, self.used_cores, self.used, self.dev_mig, self.mig_used, self.mig_prof_off,
-         self.mig_prof_len) = new_cols
+        for (name, _, _), col in zip(_DEVICE_COLUMNS, new_cols):
+            setattr(self, name, col)
         self.device_ids = new_ids
         self._dead_slots = 0
         for pod in self.pods.values():

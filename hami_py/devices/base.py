@@ -63,6 +63,8 @@ class ContainerDevice:
 PodDevices = list[list[ContainerDevice]]
 
 # Reason code (see hami_py.scheduling.reasons) for a device a pod may not use, 0 when it may.
+# A selector with a true ``per_kind`` attribute answers from the device's type and mode alone,
+# so the filter asks it once per kind of device instead of once per device.
 DeviceSelector = Callable[[DeviceInfo], int]
 
 

@@ -204,6 +204,8 @@ def _make_selector(cordoned: frozenset[str] | None, type_allowed,
             return CARD_UUID_MISMATCH
         return OK
 
+    # Without cordons and UUID lists the answer depends on the device's model and mode alone.
+    select.per_kind = cordoned is None and use_uuids is None and nouse_uuids is None
     return select
 
 

@@ -13,7 +13,7 @@ from itertools import compress, repeat
 
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
-from hami_py.devices.base import ContainerDevice, DeviceVendor, PodDevices
+from hami_py.devices.base import ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
 from hami_py.devices.nvidia import VGPU_MODE_ANNOTATION
 from hami_py.scheduling import reasons as R
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
@@ -189,22 +189,44 @@ class Filterer:
         Only pods that pick or avoid devices, and nodes that cordon some, pay for this."""
         cache = self.cache
         vendors = [self.vendors[k] for k in request.vendors]
-        pod_wide = any(v.device_selector(pod_annotations, {}) is not None for v in vendors)
-        if pod_wide:
+        # The pod's own gates are parsed once; only nodes that cordon devices need their own.
+        pod_selectors = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, {}) for v in vendors}
+        annotated = cache.annotated_nodes
+        pod_wide = any(sel is not None for sel in pod_selectors.values())
+        # Model and mode gates are judged kind by kind over all devices at once; what is left
+        # (cordons, UUID lists) device by device on the nodes concerned.
+        mask = self._kind_mask(pod_selectors) if pod_wide else None
+        if pod_wide and mask is None:
             marked = [n for c, n in enumerate(node_names) if cand_idx[c] >= 0]
         else:
-            annotated = cache.annotated_nodes
             marked = [n for n in node_names if n in annotated] if annotated else []
-        if not marked:
-            return array("b")
-        mask = array("b", bytes(len(cache.total_mem)))
+        if mask is None:
+            if not marked:
+                return array("b")
+            mask = array("b", bytes(len(cache.total_mem)))
         for name in marked:
             entry = cache.nodes[name]
-            selectors = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations)
-                         for v in vendors}
+            selectors = pod_selectors if name not in annotated else {
+                cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations) for v in vendors}
             for k, dev in enumerate(entry.devices):
                 j = entry.offset + k
                 sel = selectors.get(cache.vendor[j])
                 if sel is not None:
                     mask[j] = sel(dev)
+        return mask
+
+    def _kind_mask(self, pod_selectors: dict[int, DeviceSelector | None]) -> array | None:
+        """The mask of every device from the pod's model and mode gates, judged once per device
+        kind and spread over the devices by one bytes.translate; None when a gate needs each
+        device (UUID lists) or there are more kinds than a byte holds."""
+        cache = self.cache
+        if len(cache.kind_ids) >= 256 or not all(
+                sel is None or getattr(sel, "per_kind", False) for sel in pod_selectors.values()):
+            return None
+        table = bytearray(256)
+        for kind, sample in enumerate(cache.kind_samples):
+            if sample is not None and (sel := pod_selectors.get(sample[0])) is not None:
+                table[kind] = sel(sample[1])
+        mask = array("b")
+        mask.frombytes(cache.kind.tobytes().translate(table))
         return mask
