@@ -44,20 +44,23 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _decode(request: web.Request, limit: int):
-    """(args, None) or (None, error message)."""
+async def read_json(request: web.Request, limit: int, *, empty: str = "empty request body: EOF",
+                    invalid: str = "invalid JSON request body"):
+    """(decoded body, None) or (None, error message): size-limited, JSON, nesting bounded (so
+    whatever is echoed back can be written out again and never recurses too deep). ``empty``
+    and ``invalid`` word the errors for the verb's callers."""
     try:
         body = await read_body(request, limit)
     except BodyTooLarge:
         return None, f"request body exceeds the limit of {limit} bytes"
     if not body.strip():
-        return None, "empty request body: EOF"
+        return None, empty
     try:
-        args = orjson.loads(body)
+        value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        return None, f"invalid JSON request body: {exc}"
-    error = nesting_error(args)
-    return (None, error) if error else (args, None)
+        return None, f"{invalid}: {exc}"
+    error = nesting_error(value)
+    return (None, error) if error else (value, None)
 
 
 def _respond(result: dict, what: str) -> web.Response:
@@ -84,7 +87,7 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
 
     async def filter_handler(request: web.Request) -> web.Response:
         t0 = time.perf_counter()
-        args, error = await _decode(request, body_limit)
+        args, error = await read_json(request, body_limit)
         error = error or extender_args_error(args)
         result = filter_result(error=error) if error else await _answer(service.filter(args), "filter")
         if result.get("Error"):
@@ -95,7 +98,7 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
 
     async def bind_handler(request: web.Request) -> web.Response:
         t0 = time.perf_counter()
-        args, error = await _decode(request, body_limit)
+        args, error = await read_json(request, body_limit)
         error = error or binding_args_error(args)
         result = {"Error": error} if error else await _answer(service.bind(args), "bind")
         if result.get("Error"):

@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 
 from hami_py.devices.base import DeviceVendor
-from hami_py.http.server import DEFAULT_BODY_LIMIT, BodyTooLarge, add_probes, read_body
+from hami_py.http.server import DEFAULT_BODY_LIMIT, add_probes, read_json
 from hami_py.metrics import Metrics
 from hami_py.scheduling.admission import (
     ADMISSION_V1, AdmissionSettings, FitQuota, Verdict, review, review_response,
@@ -73,13 +73,4 @@ async def _read_review(request: web.Request, limit: int) -> tuple[object, str | 
     if request.content_type != _JSON:
         shown = request.headers.get("Content-Type", "")
         return None, f"contentType={shown}, expected {_JSON}"
-    try:
-        raw = await read_body(request, limit)
-    except BodyTooLarge:
-        return None, f"request body exceeds the limit of {limit} bytes"
-    if not raw.strip():
-        return None, "request body is empty"
-    try:
-        return orjson.loads(raw), None
-    except orjson.JSONDecodeError as exc:
-        return None, f"invalid JSON in AdmissionReview: {exc}"
+    return await read_json(request, limit, empty="request body is empty", invalid="invalid JSON in AdmissionReview")

@@ -109,7 +109,11 @@ class SchedulerService:
         if decision.node is None:
             self._event(pod, "filter_failed", decision)
             if stale:
-                # Still under the pod's lock: no newer decision of ours can be in flight.
+                # Uncharged now, from kube-scheduler's copy, before any await: the pod's next event
+                # (kube-scheduler's Unschedulable status, typically) must not charge it again even
+                # if the cleanup below cannot read the pod. Still under the pod's lock: no newer
+                # decision of ours can be in flight.
+                self.cache.forget_decision(pod)
                 await clear_stale_decision(client=self.client, cache=self.cache, vendors=self.vendors,
                                            namespace=meta.get("namespace") or "default",
                                            name=meta.get("name", ""), uid=meta.get("uid") or "")

@@ -14,8 +14,10 @@ nothing. The write is a merge patch that nulls the decision's annotations and la
 on the pod's UID and on the resourceVersion just read: it lands only on the unbound pod that was
 read, never on a pod bound or given a newer decision meanwhile (the API server answers 409). Filters
 of one pod are serialised (scheduling/service.py), so no newer decision of ours is in flight
-while it runs. A failed read or write is logged and changes nothing: the live books already do
-not charge the decision, and the pod's next filter tries again.
+while it runs. A failed read or write is logged and changes nothing more: the caller has already
+uncharged the decision (``UsageCache.forget_decision`` on kube-scheduler's copy, so later events
+still carrying it do not charge it again unless the pod is bound), and the pod's next filter tries
+again.
 
 HAMi's device plugin reads ``hami.io/vgpu-devices-to-allocate`` and ``hami.io/bind-phase`` only
 of pods bound to its node with bind-phase ``allocating``; a cleared pod is unbound and carries no
