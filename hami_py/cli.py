@@ -9,15 +9,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
+import re
 import signal
 import sys
 
 from hami_py import __version__
 from hami_py.app import Options, SchedulerApp, split_host_port
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
-from hami_py.k8s.leader import check_leader_options, leader_identity
+from hami_py.devices.codec import parse_go_bool
 from hami_py.http.tls import TLSConfigError
+from hami_py.k8s.leader import check_leader_options, leader_identity
 from hami_py.logs import configure_logging
+from hami_py.scheduling.policies import GPU_POLICY_TOKENS, policy_tokens
 
 EXIT_USAGE = 2
 
@@ -31,40 +35,30 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+_DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
+_DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+
+
 def _duration(text: str) -> float:
-    """Go-style durations as upstream's flags take them: 5m, 28s, 1h30m, 500ms, or plain seconds."""
-    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    """Go-style durations as upstream's flags take them: 5m, 28s, 1h30m, 500ms, or plain seconds.
+    Never negative, NaN or infinite: ``--node-lock-timeout nan`` would make every lock look expired."""
     s = text.strip()
-    try:
-        return float(s)
-    except ValueError:
-        pass
-    total, num, i = 0.0, "", 0
-    if not s:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
-    while i < len(s):
-        ch = s[i]
-        if ch.isdigit() or ch == ".":
-            num += ch
-            i += 1
-            continue
-        unit = next((u for u in ("ms", "us", "µs", "ns", "h", "m", "s") if s.startswith(u, i)), None)
-        if unit is None or not num:
-            raise argparse.ArgumentTypeError(f"invalid duration {text!r}")
-        total += float(num) * units[unit]
-        num = ""
-        i += len(unit)
-    if num:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (missing unit)")
+    if re.fullmatch(r"\d+(?:\.\d*)?|\.\d+", s):
+        total = float(s)
+    elif s and re.fullmatch(f"(?:{_DURATION.pattern})+", s):
+        total = sum(float(num) * _DURATION_UNITS[unit] for num, unit in _DURATION.findall(s))
+    else:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (e.g. 5m, 28s, 1h30m, 500ms)")
+    if not math.isfinite(total):
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (too large)")
     return total
 
 
 def _bool(text: str) -> bool:
-    if text in ("1", "t", "T", "true", "TRUE", "True"):
-        return True
-    if text in ("0", "f", "F", "false", "FALSE", "False"):
-        return False
-    raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
+    value = parse_go_bool(text)   # Go's strconv.ParseBool spellings, as upstream's flags take
+    if value is None:
+        raise argparse.ArgumentTypeError(f"invalid boolean {text!r}")
+    return value
 
 
 def _selector(text: str) -> dict[str, str]:
@@ -158,6 +152,10 @@ def main(argv: list[str] | None = None) -> int:
         ns = build_parser().parse_args(argv)
         if ns.node_scheduler_policy not in ("binpack", "spread"):
             raise UsageError(f"--node-scheduler-policy must be binpack or spread, not {ns.node_scheduler_policy!r}")
+        unknown = policy_tokens(ns.gpu_scheduler_policy) - GPU_POLICY_TOKENS
+        if unknown:
+            raise UsageError(f"--gpu-scheduler-policy {ns.gpu_scheduler_policy!r}: unknown "
+                             f"{', '.join(sorted(unknown))} (tokens: {', '.join(sorted(GPU_POLICY_TOKENS))})")
         if bool(ns.cert_file) != bool(ns.key_file):
             raise UsageError("--cert_file and --key_file must be given together")
         if ns.webhook_bind_address and not ns.cert_file:

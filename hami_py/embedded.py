@@ -55,8 +55,8 @@ async def running_scheduler(api: FakeApiServer, *, options: Options | None = Non
             plugin = SimulatedDevicePlugin(plugin_client)
             plugin.start()
         app.device_plugin = plugin
-        await app.start()
         try:
+            await app.start()     # inside: a start that fails half-way (a port taken) is stopped too
             if wait_ready:
                 await wait_for(lambda: app.ready, timeout=60, what="the usage cache to sync")
             yield app

@@ -70,6 +70,10 @@ def gpu_policy_code(name: str, *, numa_bind: bool = False) -> int:
     return POLICY_BINPACK if name == BINPACK else POLICY_SPREAD
 
 
+# Every token a GPU policy string may hold (one, or a comma chain of binpack/spread/numa).
+GPU_POLICY_TOKENS = frozenset({"binpack", "spread", "numa", "mutex", "topology-aware"})
+
+
 def policy_tokens(name: str) -> set[str]:
     return {t.strip() for t in name.split(",")}
 
