@@ -205,6 +205,23 @@ async def test_kubernetes_snapshot_and_manifests_are_accepted():
     assert result.summary()["existingPods"] == 2
 
 
+def test_a_pod_copied_from_a_live_cluster_loses_its_whole_earlier_decision(tmp_path):
+    """A MIG record left on a template would be charged as MIG slices taken by every replica."""
+    decision = {
+        "hami.io/vgpu-node": "gpu-node-9", "hami.io/vgpu-time": "1700000000",
+        "hami.io/vgpu-devices-to-allocate": "GPU-x,NVIDIA,1000,0:;", "hami.io/vgpu-devices-allocated": "GPU-x,NVIDIA,1000,0:;",
+        "hami.io/vgpu-mig-allocations": "[]", "hami.io/bind-phase": "success", "hami.io/bind-time": "1700000001",
+    }
+    workload = _write(tmp_path, "w.yaml", json.dumps({"pods": [{"name": "copy", "template": {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "copy", "annotations": {**decision, "team": "a"},
+                     "labels": {"hami.io/vgpu-node": "gpu-node-9", "app": "x"}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}}]}))
+    _, loaded, _ = _load(_write(tmp_path, "c.yaml", _one_gpu_cluster()), workload)
+    meta = loaded.templates[0].pod["metadata"]
+    assert meta["annotations"] == {"team": "a"} and meta["labels"] == {"app": "x"}
+
+
 def test_every_example_loads():
     for cluster_file, workload_file in [("small/cluster.yaml", "small/workload.yaml"),
                                         ("realistic/cluster.yaml", "realistic/workload.yaml"),

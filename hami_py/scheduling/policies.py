@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hami_py.devices.codec import go_quote
+from hami_py.devices.nvidia import parse_numa_bind
 from hami_py.scheduling.kernel_ref import (
     KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK, POLICY_SPREAD,
 )
@@ -16,7 +17,6 @@ from hami_py.scheduling.kernel_ref import (
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
 GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 WEIGHTS_ANNOTATION = "hami.io/device-scoring-weights"
-NUMA_BIND_ANNOTATION = "nvidia.com/numa-bind"
 
 BINPACK = "binpack"
 SPREAD = "spread"
@@ -78,14 +78,6 @@ def policy_tokens(name: str) -> set[str]:
     return {t.strip() for t in name.split(",")}
 
 
-_TRUE = {"1", "t", "T", "TRUE", "true", "True"}
-
-
-def parse_bool(value: str | None) -> bool:
-    """Go's strconv.ParseBool, with anything unparsable meaning false (as upstream treats it)."""
-    return value in _TRUE
-
-
 def scoring_weights(annotations: dict[str, str]) -> tuple[float, float, float]:
     raw = annotations.get(WEIGHTS_ANNOTATION)
     if raw is None:
@@ -122,7 +114,7 @@ def scoring_weights(annotations: dict[str, str]) -> tuple[float, float, float]:
 def pod_policies(annotations: dict[str, str], *, default_node: str, default_gpu: str) -> Policies:
     node_name = annotations.get(NODE_POLICY_ANNOTATION) or default_node
     gpu_name = annotations.get(GPU_POLICY_ANNOTATION) or default_gpu
-    numa_bind = parse_bool(annotations.get(NUMA_BIND_ANNOTATION))
+    numa_bind = parse_numa_bind(annotations)
     return Policies(
         node=node_policy_code(node_name),
         gpu=gpu_policy_code(gpu_name, numa_bind=numa_bind),

@@ -232,7 +232,7 @@ def _add_node(cluster: Cluster, node: dict, where: Where, *, vendors: dict[str, 
               annotation_where: dict[str, Where] | None = None) -> bool:
     """Decode the node's registrations with the scheduler's vendors; add it if it has devices."""
     name = node["metadata"]["name"]
-    if name in cluster.devices or any(n["metadata"]["name"] == name for n in cluster.nodes):
+    if name in cluster.devices:      # every node added is in both, at once
         raise where.error(f'node "{name}" is defined twice')
     annotations = node["metadata"].get("annotations") or {}
     devices: list[DeviceInfo] = []

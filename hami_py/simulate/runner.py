@@ -21,6 +21,7 @@ import queue
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from itertools import compress
 from typing import Callable
 
 import aiohttp
@@ -178,6 +179,7 @@ class _Run:
         self.pending: list[PodOutcome] = []
         self.expiries: dict[int, list[PodOutcome]] = {}
         self.binds = 0
+        self._counted: list[bool] | None = None    # devices that count towards peak usage
         self.peak_memory_percent = 0.0
 
     async def close(self) -> None:
@@ -193,7 +195,6 @@ class _Run:
             created = self.api.create("pods", arrival.manifest())
             outcome.uid = created["metadata"]["uid"]
             await self._attempt(outcome, created, arrival.step)
-            self._sample_usage()
             if self.progress is not None:
                 self.progress(arrival.step + 1, len(arrivals), self.binds, len(self.pending))
         await self._allocations_done()
@@ -248,6 +249,7 @@ class _Run:
             self._still_pending(outcome, f"bind to {node} failed: {bound['Error']}", None)
             return
         self.binds += 1
+        self._sample_usage()     # the peak can only rise with a bind
         outcome.node, outcome.placed_at = node, step
         outcome.reason, outcome.failed_nodes = "", None
         outcome.devices = self._devices(outcome)
@@ -300,11 +302,11 @@ class _Run:
 
     def _sample_usage(self) -> None:
         cache = self.app.cache
-        used = total = 0
-        for j in range(len(cache.total_mem)):
-            if cache.vendor[j] >= 0 and cache.health[j]:
-                used += cache.used_mem[j]
-                total += cache.total_mem[j]
+        # The simulated cluster's devices never change once it runs: which count is fixed.
+        if self._counted is None or len(self._counted) != len(cache.vendor):
+            self._counted = [v >= 0 and h for v, h in zip(cache.vendor, cache.health)]
+        used = sum(compress(cache.used_mem, self._counted))
+        total = sum(compress(cache.total_mem, self._counted))
         self.peak_memory_percent = max(self.peak_memory_percent, percent(used, total))
 
 

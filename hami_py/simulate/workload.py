@@ -33,16 +33,16 @@ from typing import Any
 
 import orjson
 
-from hami_py.cache.usage import VGPU_NODE_ANNOTATION
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.devices.nvidia import USE_TYPE_ANNOTATION
 from hami_py.scheduling.bind import BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION
-from hami_py.scheduling.filter import VGPU_TIME_ANNOTATION
+from hami_py.scheduling.filter import VGPU_NODE_LABEL
 from hami_py.scheduling.policies import (
     GPU_POLICY_ANNOTATION, NODE_POLICY_ANNOTATION, PolicyError, pod_policies,
 )
 from hami_py.scheduling.requests import PodRequest, parse_pod_requests
+from hami_py.scheduling.stale import decision_keys
 from hami_py.simulate.source import (
     Where, check_keys, kind_of, kubernetes_objects, load_documents, optional, plain, read_int, read_list, read_map,
     read_mib, read_str, read_str_map, required,
@@ -55,7 +55,6 @@ _ENTRY_FIELDS = ("name", "namespace", "replicas", "lifetime", "gpus", "gpumem", 
                  "gpuType", "nodePolicy", "gpuPolicy", "annotations", "labels", "nodeSelector", "template")
 _SHORTHAND = ("gpus", "gpumem", "gpumemPercentage", "gpucores", "gpuType", "nodePolicy", "gpuPolicy",
               "annotations", "labels", "nodeSelector")
-_DECISION_ANNOTATIONS = (VGPU_NODE_ANNOTATION, VGPU_TIME_ANNOTATION, BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION)
 _CONTROLLERS = ("Deployment", "ReplicaSet", "StatefulSet", "Job")
 _MAX_PODS = 100_000
 
@@ -183,7 +182,7 @@ def _entry(where: Where, entry: dict, *, vendors: dict[str, DeviceVendor], devic
                 f'give either "template" (a Pod manifest) or "{clash[0]}", not both')
         template_where = where.at(entry, "template")
         template = read_map(template_where, entry["template"])
-        pod = _fresh_pod(template, template_where)
+        pod = _fresh_pod(template, template_where, vendors=vendors)
         name = optional(where, entry, "name", read_str, pod["metadata"].get("name"))
         if not name:
             raise where.error('missing required field "name" (or metadata.name in the template)')
@@ -248,7 +247,7 @@ def _template(where: Where, pod: dict, *, name: str, namespace: str, replicas: i
                     request=request, where=where)
 
 
-def _fresh_pod(obj: dict, where: Where) -> dict:
+def _fresh_pod(obj: dict, where: Where, *, vendors: dict[str, DeviceVendor]) -> dict:
     """A manifest ready to be created: no status, no node, no earlier scheduling decision."""
     pod = plain(obj)
     meta = pod.get("metadata")
@@ -263,11 +262,12 @@ def _fresh_pod(obj: dict, where: Where) -> dict:
     for key in ("uid", "resourceVersion", "creationTimestamp", "managedFields", "selfLink", "generation",
                 "ownerReferences", "deletionTimestamp", "generateName"):
         meta.pop(key, None)
-    annotations = meta.get("annotations") or {}
-    meta["annotations"] = {k: v for k, v in annotations.items() if k not in _DECISION_ANNOTATIONS
-                           and not k.endswith(("-devices-to-allocate", "-devices-allocated"))}
+    # A pod copied from a live cluster carries an earlier decision: none of it may survive
+    # (a MIG record left behind would be charged as slices taken).
+    drop = {*decision_keys(vendors), BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION}
+    meta["annotations"] = {k: v for k, v in (meta.get("annotations") or {}).items() if k not in drop}
     if meta.get("labels"):
-        meta["labels"].pop(VGPU_NODE_ANNOTATION, None)
+        meta["labels"].pop(VGPU_NODE_LABEL, None)
     spec = pod.get("spec")
     if not isinstance(spec, dict):
         raise where.at(obj, "spec").error(f"expected the pod spec (a mapping), got {kind_of(spec)}")
@@ -317,7 +317,7 @@ def _kubernetes_template(obj: dict, where: Where, pod_obj: dict, pod_where: Wher
     meta = read_map(meta_where, obj.get("metadata"))
     name = required(meta_where, meta, "name", read_str)
     namespace = optional(meta_where, meta, "namespace", read_str, "default")
-    pod = _fresh_pod(pod_obj, pod_where)
+    pod = _fresh_pod(pod_obj, pod_where, vendors=vendors)
     lifetime = None
     template_meta = pod_obj.get("metadata") or {}
     for source, source_where in ((meta, meta_where), (template_meta, pod_where.at(pod_obj, "metadata"))):
