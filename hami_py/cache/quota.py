@@ -32,7 +32,7 @@ class QuotaBook:
             if core_name:
                 self.resources[core_name] = (key, "cores")
             self.factors[key] = max(int(factor or 1), 1)
-        self.quotas: dict[tuple[str, str], dict[str, int]] = {}   # (namespace, name) → limits
+        self.quotas: dict[str, dict[str, dict[str, int]]] = {}    # namespace → quota name → limits
         self.limits: dict[str, dict[tuple[str, str], int]] = {}   # namespace → (vendor, kind) → limit
         self.used: dict[str, dict[tuple[str, str], int]] = {}     # namespace → (vendor, kind) → used
 
@@ -48,16 +48,19 @@ class QuotaBook:
             number = parse_exact_int(value)
             if number is not None:
                 limits[key[len(_LIMITS_PREFIX):]] = number
+        in_ns = self.quotas.get(ns, {})
+        if in_ns.get(name) == (limits or None):
+            return      # most quota events are status updates: nothing to recompute
         if limits:
-            self.quotas[(ns, name)] = limits
+            self.quotas.setdefault(ns, {})[name] = limits
         else:
-            self.quotas.pop((ns, name), None)
+            in_ns.pop(name, None)
         self._rebuild_limits(ns)
 
     def remove(self, quota: dict) -> None:
         meta = quota.get("metadata") or {}
         ns = meta.get("namespace", "")
-        if self.quotas.pop((ns, meta.get("name", "")), None) is not None:
+        if self.quotas.get(ns, {}).pop(meta.get("name", ""), None) is not None:
             self._rebuild_limits(ns)
 
     def replace(self, quotas: Iterable[dict]) -> None:
@@ -67,10 +70,9 @@ class QuotaBook:
             self.upsert(quota)
 
     def _rebuild_limits(self, ns: str) -> None:
+        """The namespace's limits: the smallest of its quotas' per resource (O(its quotas))."""
         merged: dict[tuple[str, str], int] = {}
-        for (qns, _), limits in self.quotas.items():
-            if qns != ns:
-                continue
+        for limits in self.quotas.get(ns, {}).values():
             for resource, limit in limits.items():
                 key = self.resources[resource]
                 merged[key] = min(limit, merged.get(key, limit))
@@ -78,6 +80,7 @@ class QuotaBook:
             self.limits[ns] = merged
         else:
             self.limits.pop(ns, None)
+            self.quotas.pop(ns, None)
 
     # ------------------------------------------------------------------ usage
     def charge(self, namespace: str, entries, sign: int) -> None:
@@ -117,13 +120,3 @@ class QuotaBook:
             if limit is not None and used.get((vendor, kind), 0) + amount > self._effective_limit(vendor, kind, limit):
                 return False
         return True
-
-    def snapshot(self) -> list[tuple[str, str, str, int, int]]:
-        """(namespace, resource, vendor, used, limit) rows, for metrics."""
-        rows = []
-        names = {v: k for k, v in self.resources.items()}
-        for ns, limits in self.limits.items():
-            used = self.used.get(ns, {})
-            for key, limit in limits.items():
-                rows.append((ns, names[key], key[0], used.get(key, 0), limit))
-        return rows

@@ -315,7 +315,7 @@ class NvidiaVendor:
         raw_count = self._lookup(limits, requests, self._count_name)
         if raw_count is _MISSING:
             return None
-        name = container.get("name", "")
+        name = container.get("name") or ""   # Go reads a null name as ""
         count = self._whole(name, self._count_name, raw_count, "a whole number")
         if count < 0:
             raise self._error(name, self._count_name, raw_count, "must not be negative")
@@ -403,7 +403,7 @@ class NvidiaVendor:
         Raises RequestError for an out-of-range percentage or a value that is no quantity.
         """
         config = self.config
-        name = container.get("name", "")
+        name = container.get("name") or ""
         limits, requests = self._resource_lists(container)
         self._check_memory_percent(name, limits, requests)
         if config.resource_priority_name and config.resource_priority_name in limits:
