@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import structlog
 from aiohttp import web
 
+from hami_py.aio import cancel_and_wait
 from hami_py.allocation_metrics import AllocationMetrics, quota_samples
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
@@ -96,12 +97,12 @@ def split_host_port(address: str, *, default_host: str) -> tuple[str, int]:
 class SchedulerApp:
     def __init__(self, options: Options, *, device_config: DeviceConfig, configuration):
         self.options = options
-        self.device_config = device_config
         self.configuration = configuration
         self.vendors = build_vendors(device_config)
         self.metrics = Metrics()
         self._pod_events_counter = self.metrics.watch_events.labels("pods")
         self._node_events_counter = self.metrics.watch_events.labels("nodes")
+        self._quota_events_counter = self.metrics.watch_events.labels("resourcequotas")
         self.cache = UsageCache(self.vendors, node_selector=options.node_label_selector,
                                 handshake_timeout_s=options.handshake_timeout_s)
         self.identity = leader_identity(options.hostname)
@@ -255,7 +256,7 @@ class SchedulerApp:
         self.keeper.observe_node(kind, node)
 
     def _on_quota_event(self, kind: str, quota: dict) -> None:
-        self.metrics.watch_events.labels("resourcequotas").inc()
+        self._quota_events_counter.inc()
         if kind == "DELETED":
             self.cache.quota.remove(quota)
         else:
@@ -279,8 +280,7 @@ class SchedulerApp:
         return f"{scheme}://{shown}:{bound}"
 
     async def stop(self) -> None:
-        if self._sync_task is not None:
-            self._sync_task.cancel()
+        await cancel_and_wait(self._sync_task)
         for informer in self.informers:
             await informer.stop()
         if self.keeper is not None:

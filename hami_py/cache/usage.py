@@ -72,8 +72,6 @@ class NodeEntry:
     register_text: dict[str, str | None] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
-    stale_after: float | None = None    # handshake deadline (wall clock), None = fresh
-    allocatable_positive: bool = False  # the kubelet still advertises devices
     plugin_gone: bool = False           # registration upkeep judged its device plugin gone
     decode_error: str | None = None
     lock_value: str | None = None       # hami.io/mutex.lock as last seen (a hint for the bind)
@@ -200,7 +198,8 @@ class UsageCache:
         self.node_index_of: dict[str, int] = {}
         # Nodes carrying per-device annotations (cordons): only they need a device mask.
         self.annotated_nodes: set[str] = set()
-        # Nodes whose handshake is pending: name → deadline (see node_usable).
+        # Nodes whose handshake is pending with nothing allocatable: name → the wall-clock time
+        # the stamp goes stale, when /filter leaves them out (upstream's handshake rule).
         self.handshake_deadlines: dict[str, float] = {}
         self._free_node_indexes: list[int] = []
         self._dead_slots = 0
@@ -223,12 +222,6 @@ class UsageCache:
     @property
     def synced(self) -> bool:
         return self.nodes_synced and self.pods_synced
-
-    def node_usable(self, entry: NodeEntry, now: float) -> bool:
-        """Registered, and its device plugin has not gone silent (upstream's handshake rule:
-        a ``Requesting_`` stamp older than 60 s with nothing allocatable means the plugin is gone)."""
-        return entry.length > 0 and (entry.stale_after is None or now < entry.stale_after
-                                     or entry.allocatable_positive) and not entry.plugin_gone
 
     def set_plugin_gone(self, name: str, gone: bool) -> None:
         """Registration upkeep (hami_py/k8s/registration.py) judged the node's device plugin gone,
@@ -301,8 +294,6 @@ class UsageCache:
             self.annotated_nodes.add(name)
         else:
             self.annotated_nodes.discard(name)
-        entry.allocatable_positive = allocatable_positive
-        entry.stale_after = handshake_deadline
         if handshake_deadline is not None and not allocatable_positive:
             self.handshake_deadlines[name] = handshake_deadline
         else:

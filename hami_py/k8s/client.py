@@ -24,8 +24,6 @@ from kubernetes_asyncio import client as k8s_client
 from kubernetes_asyncio import config as k8s_config
 
 MERGE_PATCH = "application/merge-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
 
 
 class KubeApiError(Exception):

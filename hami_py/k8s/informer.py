@@ -238,8 +238,3 @@ def _int_or_none(value: str | None) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
-
-
-async def wait_synced(informers: list[Informer]) -> None:
-    await asyncio.gather(*(i.synced.wait() for i in informers))
-

@@ -8,8 +8,8 @@ advertises none of the vendor's devices means the plugin is gone, so the node's 
 offered and the handshake annotation is removed (upstream's ``NodeCleanUp``). For NVIDIA a fall
 of the allocatable count from above zero to zero also means gone, at once.
 
-The usage cache already reads registrations from the node watch and judges an expired stamp
-at /filter time (``UsageCache.node_usable``); this module is what writes. It runs beside the
+The usage cache already reads registrations from the node watch and leaves a node whose stamp
+expired out of /filter (``UsageCache.handshake_deadlines``); this module is what writes. It runs beside the
 watch on the event loop and never on the /filter path:
 
 * it looks at each node only when the node's watch event arrives, or when a stamp it is waiting
