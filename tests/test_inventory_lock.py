@@ -124,3 +124,17 @@ async def test_lock_expiry_comes_from_the_flag_not_the_environment(api, monkeypa
             assert await extender.bind(pod, "n1") == {"Error": CONTENTION}
         finally:
             await extender.close()
+
+
+async def test_a_failed_bind_without_a_pod_uid_still_releases_the_reservation_and_the_lock(api, app, extender):
+    """ExtenderBindingArgs may come without PodUID (it is optional upstream). The reservation is
+    keyed by UID, so the rollback takes it from the pod it read: before, it released nothing and
+    the GPU share stayed booked for a pod that was never bound."""
+    await register(api, app, reference_node())
+    pod = await _filtered(api, extender, "p")
+    assert used_mem(app) == 1000
+    api.faults.add(method="POST", path="/binding$", status=500)
+    _, result = await extender.post("bind", {"PodName": "p", "PodNamespace": "default", "Node": "n1"})
+    assert result["Error"]
+    assert used_mem(app) == 0 and pod["metadata"]["uid"] in app.cache.released
+    assert _lock(api) is None

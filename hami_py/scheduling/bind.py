@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 
@@ -61,6 +61,10 @@ class Binder:
         if req.uid and (pod.get("metadata") or {}).get("uid") not in (None, req.uid):
             self.cache.release_pod(req.uid)
             raise BindError(f"pod {req.namespace}/{req.name} has uid {pod['metadata']['uid']}, not {req.uid}")
+        if not req.uid:
+            # Upstream's ExtenderBindingArgs may come without PodUID: the pod read names it, so a
+            # rollback below still releases the pod's reservation (keyed by UID).
+            req = replace(req, uid=(pod.get("metadata") or {}).get("uid") or "")
         bound_to = (pod.get("spec") or {}).get("nodeName")
         if bound_to == req.node:
             # A repeated bind (kube-scheduler lost our answer and asked again): it happened, and
@@ -133,12 +137,11 @@ class Binder:
         # bind-phase the device plugin waits for lands in the same write as spec.nodeName:
         # one call instead of upstream's patch-then-bind, and never one without the other.
         annotations = {BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: str(int(time.time()))}
-        body = {"apiVersion": "v1", "kind": "Binding",
-                "metadata": {"name": req.name, "namespace": req.namespace, "uid": req.uid or None,
-                             "annotations": annotations},
+        metadata = {"name": req.name, "namespace": req.namespace, "annotations": annotations}
+        if req.uid:
+            metadata["uid"] = req.uid
+        body = {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
                 "target": {"apiVersion": "v1", "kind": "Node", "name": req.node}}
-        if not req.uid:
-            del body["metadata"]["uid"]
         try:
             await self.client.post(pod_path(req.namespace, req.name) + "/binding", body)
         except KubeApiError as exc:

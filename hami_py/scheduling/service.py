@@ -98,12 +98,14 @@ class SchedulerService:
 
     async def _filter_live(self, pod: dict, node_names: list[str], request) -> dict:
         meta = pod.get("metadata") or {}
-        stale = may_carry_decision(self.cache, pod, meta.get("uid") or "")   # before decide drops the charge
+        uid, name = meta["uid"], meta["name"]            # both checked by filter()
+        namespace = meta.get("namespace") or "default"   # as decide() reserves it
+        stale = may_carry_decision(self.cache, pod, uid)   # before decide drops the charge
         try:
             decision = self.filterer.decide(pod, node_names, request)
         except PolicyError as exc:
             # Upstream's wording: the weights are parsed while scoring.
-            message = f"calcScore failed {exc} for pod {(pod.get('metadata') or {}).get('name', '')}"
+            message = f"calcScore failed {exc} for pod {name}"
             self._event(pod, "filter_error", message)
             return filter_result(error=message)
         if decision.node is None:
@@ -115,18 +117,17 @@ class SchedulerService:
                 # decision of ours can be in flight.
                 self.cache.forget_decision(pod)
                 await clear_stale_decision(client=self.client, cache=self.cache, vendors=self.vendors,
-                                           namespace=meta.get("namespace") or "default",
-                                           name=meta.get("name", ""), uid=meta.get("uid") or "")
+                                           namespace=namespace, name=name, uid=uid)
             return filter_result(failed=decision.failed)
         body = {"metadata": {"annotations": decision.annotations,
                              "labels": {VGPU_NODE_LABEL: decision.node}}}
         # A UID in a patch is a precondition: a pod re-created under the same name since
         # kube-scheduler read this one refuses the decision made (and reserved) for the old.
-        body["metadata"]["uid"] = meta["uid"]
+        body["metadata"]["uid"] = uid
         try:
-            patched = await self.client.patch(pod_path(meta.get("namespace", "default"), meta.get("name", "")), body)
+            patched = await self.client.patch(pod_path(namespace, name), body)
         except KubeApiError as exc:
-            self.cache.release_pod(meta.get("uid") or "")
+            self.cache.release_pod(uid)
             log.warning("pod patch failed, reservation rolled back", pod=_pod_key(pod), error=str(exc))
             error = f"patch pod {_pod_key(pod)}: {exc}"
             self._event(pod, "filter_error", error)
