@@ -15,6 +15,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from hami_py.scheduling.service import lower_keys
+
 MAX_JSON_DEPTH = 100    # a real ExtenderArgs nests about 15 deep; orjson writes at most 254
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -138,7 +140,7 @@ def extender_args_error(args: Any) -> str | None:
     """Checks an ExtenderArgs body (keys matched case-insensitively, as Go's decoder does)."""
     if not isinstance(args, dict):
         return None     # the service answers that itself
-    fields = {k.lower(): v for k, v in args.items() if isinstance(k, str)}
+    fields = lower_keys(args)
     if error := pod_error(fields.get("pod")):
         return error
     nodes = fields.get("nodes")
@@ -153,7 +155,7 @@ def binding_args_error(args: Any) -> str | None:
     """Checks an ExtenderBindingArgs body: strings, and names that are Kubernetes names."""
     if not isinstance(args, dict):
         return None
-    fields = {k.lower(): v for k, v in args.items() if isinstance(k, str)}
+    fields = lower_keys(args)
     return (_name(fields.get("podname"), "PodName", _DNS_SUBDOMAIN, "pod name")
             or _name(fields.get("podnamespace"), "PodNamespace", _DNS_LABEL, "namespace name")
             or _expect(fields.get("poduid"), (str,), "PodUID", "a string")
