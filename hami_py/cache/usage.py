@@ -120,9 +120,19 @@ def init_containers_done(pod: dict) -> bool:
     return True
 
 
+# The handshake annotation, as the scheduler writes it: "Requesting_" and a local time stamp.
+REQUESTING_PREFIX = "Requesting_"
+STAMP_FORMAT = "%Y-%m-%d %H:%M:%S"      # Go's time.DateTime, in the scheduler's local zone
+
+
+def is_requesting(value: str | None) -> bool:
+    """Upstream tests the handshake with strings.Contains(value, "Requesting")."""
+    return value is not None and "Requesting" in value
+
+
 def parse_handshake_deadline(value: str | None, *, timeout_s: float = HANDSHAKE_TIMEOUT_S) -> float | None:
     """When a ``Requesting_<local time>`` handshake goes stale; None when it cannot."""
-    if not value or "Requesting" not in value:
+    if not value or not is_requesting(value):
         return None
     _, sep, stamp = value.partition("_")
     if not sep:
@@ -136,7 +146,7 @@ def _parse_local_stamp(stamp: str) -> float | None:
     # strptime costs ~15 µs, and every node event (a lock taken or released, a heartbeat) carries
     # the same stamp until the next handshake: parse each one once.
     try:
-        return time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S"))
+        return time.mktime(time.strptime(stamp, STAMP_FORMAT))
     except (ValueError, OverflowError):
         return None
 

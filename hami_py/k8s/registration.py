@@ -41,15 +41,15 @@ from typing import Protocol
 import structlog
 
 from hami_py.aio import cancel_and_wait
-from hami_py.cache.usage import UsageCache, parse_handshake_deadline
+from hami_py.cache.usage import (
+    REQUESTING_PREFIX, STAMP_FORMAT, UsageCache, is_requesting, parse_handshake_deadline,
+)
 from hami_py.devices.base import DeviceVendor
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
 from hami_py.quantity import parse_quantity_ceil
 
 log = structlog.get_logger(__name__)
 
-REQUESTING_PREFIX = "Requesting_"
-STAMP_FORMAT = "%Y-%m-%d %H:%M:%S"      # Go's time.DateTime, in the scheduler's local zone
 ROLE_LABEL = "hami.io/scheduler-role"
 ROLE_LEADER = "leader"
 ROLE_FOLLOWER = "follower"
@@ -66,10 +66,6 @@ class Leadership(Protocol):
 def requesting_stamp(now: float | None = None) -> str:
     """``Requesting_<YYYY-MM-DD HH:MM:SS>`` in local time, as upstream writes it."""
     return REQUESTING_PREFIX + time.strftime(STAMP_FORMAT, time.localtime(now))
-
-
-def is_requesting(value: str | None) -> bool:
-    return value is not None and "Requesting" in value
 
 
 def is_plugin_answer(value: str | None) -> bool:
