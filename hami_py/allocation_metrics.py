@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Generator, Iterable, Iterator
 
 from hami_py.cache.usage import NodeEntry, PodUsage, UsageCache
+from hami_py.devices.base import MODE_MIG
 
 MIB = 1048576
 ZONE = "vGPU"
@@ -358,7 +359,7 @@ class AllocationMetrics:
             gpu, mask, profile, mig_uuid, gi_id, ci_id = inst
             j = node.uuid_to_slot.get(gpu, -1)
             k = j - node.offset
-            if j < 0 or not 0 <= k < len(node.devices) or node.devices[k].mode != "mig":
+            if j < 0 or not 0 <= k < len(node.devices) or node.devices[k].mode != MODE_MIG:
                 continue
             start, size = (mask & -mask).bit_length() - 1, mask.bit_count()
             dev_uuid, dev_index, prof = escape(gpu), str(node.devices[k].index), escape(profile)

@@ -24,7 +24,7 @@ import structlog
 
 from hami_py.cache.quota import QuotaBook
 from hami_py.devices.base import (
-    AllocationDecodeError, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices,
+    MODE_MIG, AllocationDecodeError, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices,
 )
 
 log = structlog.get_logger(__name__)
@@ -363,7 +363,7 @@ class UsageCache:
             self.health[j] = 1 if dev.health else 0
             self.vendor[j] = vid
             self.device_ids[j] = dev.id
-            is_mig = dev.mode == "mig"
+            is_mig = dev.mode == MODE_MIG
             self.dev_mig[j] = 1 if is_mig else 0
             self.mig_prof_off[j], self.mig_prof_len[j] = self._profile_table(dev) if is_mig else (0, 0)
             self.kind[j] = self._kind_id(vid, dev)

@@ -62,6 +62,9 @@ class ContainerDevice:
 # of devices. Empty inner lists keep the positions aligned with the containers.
 PodDevices = list[list[ContainerDevice]]
 
+# The registered mode of a device split into MIG instances: the cache keeps slice tables for it.
+MODE_MIG = "mig"
+
 # Reason code (see hami_py.scheduling.reasons) for a device a pod may not use, 0 when it may.
 # A selector with a true ``per_kind`` attribute answers from the device's type and mode alone,
 # so the filter asks it once per kind of device instead of once per device.

@@ -46,11 +46,8 @@ NOUSE_UUID_ANNOTATION = "nvidia.com/nouse-gpuuuid"
 VGPU_MODE_ANNOTATION = "nvidia.com/vgpu-mode"
 NUMA_BIND_ANNOTATION = "nvidia.com/numa-bind"
 
-# Device modes a plugin registers
-MODE_HAMI_CORE = "hami-core"
-MODE_MIG = "mig"
+# Device modes a plugin registers: "hami-core" (shared through HAMi-core), "mps", "mig" (base.MODE_MIG).
 MIG_ALLOCATIONS_ANNOTATION = "hami.io/vgpu-mig-allocations"
-MODE_MPS = "mps"
 
 # Key of DeviceInfo.custom holding {other_uuid: score} from the pair-score annotation.
 PAIR_SCORES_KEY = "pair_scores"
@@ -309,9 +306,7 @@ class NvidiaVendor:
 
         Raises RequestError for a present but malformed count, memory or cores value.
         """
-        resources = container.get("resources") or {}
-        limits = resources.get("limits") or {}
-        requests = resources.get("requests") or {}
+        limits, requests = self._resource_lists(container)
         raw_count = self._lookup(limits, requests, self._count_name)
         if raw_count is _MISSING:
             return None
