@@ -30,7 +30,7 @@ class UsageError(Exception):
     pass
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, no usage dump
         raise UsageError(message)
 
@@ -84,7 +84,7 @@ def _optional_address(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hami-scheduler", description="HAMi-compatible scheduler extender for shared GPUs.")
+    p = OneLineParser(prog="hami-scheduler", description="HAMi-compatible scheduler extender for shared GPUs.")
     flag = p.add_argument
     flag("--http_bind", default="127.0.0.1:8080", type=_address, help="extender server address")
     flag("--cert_file", default="", help="TLS certificate (TLS when both cert and key are set)")

@@ -43,9 +43,9 @@ class NvidiaConfig:
     """The ``nvidia`` section.
 
     Field defaults are the values of a *missing* key (Go zero values), as upstream: a file that
-    leaves out ``defaultGPUNum`` gets 0, not the chart's 1. :meth:`chart_defaults` gives the
-    values the Helm chart writes. The device-plugin-only keys are ``None`` when absent (they are
-    pointers upstream) and are kept so the whole file round-trips.
+    leaves out ``defaultGPUNum`` gets 0, not the chart's 1; ``DeviceConfig.default().nvidia``
+    holds the values the Helm chart writes. The device-plugin-only keys are ``None`` when absent
+    (they are pointers upstream) and are kept so the whole file round-trips.
     """
     resource_count_name: str = ""
     resource_memory_name: str = ""
@@ -68,12 +68,6 @@ class NvidiaConfig:
     pre_configured_device_memory: int | None = None
     lib_cuda_log_level: str | None = None
     enable_numa_topology: bool | None = None
-
-    @classmethod
-    def chart_defaults(cls) -> NvidiaConfig:
-        """The ``nvidia`` section as HAMi's Helm chart renders it by default."""
-        return DeviceConfig.default().nvidia
-
 
 # Vendor sections other than nvidia, and the keys upstream reads from each (used only to tell
 # an all-empty file, which upstream refuses, from a usable one).

@@ -64,6 +64,7 @@ class SimulatedDevicePlugin:
         await self.informer.stop()
         for task in list(self._pending):
             task.cancel()
+        await asyncio.gather(*self._pending, return_exceptions=True)   # before the client closes
 
     def _on_event(self, kind: str, pod: dict) -> None:
         meta = pod.get("metadata") or {}

@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+from hami_py.cli import OneLineParser, UsageError
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.devices.registry import build_vendors
 from hami_py.logs import configure_logging
@@ -28,17 +29,8 @@ EXIT_INTERRUPTED = 130
 DEFAULT_HTML_FILE = "simulation-report.html"
 
 
-class UsageError(Exception):
-    pass
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, no usage dump (as the main command)
-        raise UsageError(message)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="hami-scheduler simulate",
+    p = OneLineParser(prog="hami-scheduler simulate",
                 description="Place a workload on a described cluster with the real scheduler; no cluster needed.")
     p.add_argument("--cluster", required=True, help="cluster file: simulator nodes list or kubectl get nodes -o yaml")
     p.add_argument("--workload", required=True, help="workload file: simulator pods list or Pod manifests")
