@@ -64,6 +64,7 @@ class Informer:
 
     def __init__(self, *, client: KubeClient, path: str, on_event: EventHandler,
                  on_relist: RelistHandler | PagedRelist, label_selector: str | None = None,
+                 field_selector: str | None = None,
                  page_size: int = 500, watch_timeout: tuple[int, int] = (240, 360),
                  backoff: tuple[float, float] = (0.2, 10.0)):
         self.client = client
@@ -71,6 +72,7 @@ class Informer:
         self.on_event = on_event
         self.on_relist = on_relist
         self.label_selector = label_selector
+        self.field_selector = field_selector
         self.page_size = page_size
         self.watch_timeout = watch_timeout
         self.backoff = backoff
@@ -121,6 +123,8 @@ class Informer:
         q = [(k, v) for k, v in extra.items()]
         if self.label_selector:
             q.append(("labelSelector", self.label_selector))
+        if self.field_selector:
+            q.append(("fieldSelector", self.field_selector))
         return q
 
     async def _list(self) -> None:

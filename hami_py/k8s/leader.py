@@ -105,8 +105,9 @@ class LeaseLeadership:
         self._observed_rv: str | None = None
         self._observed_at: float | None = None   # loop.time() when the Lease last changed
         self._timer: asyncio.TimerHandle | None = None
+        # Only this Lease: kube-system holds many (the API servers' identity leases renew every 10 s).
         self.informer = Informer(client=client, path=lease_path(namespace), on_event=self._on_event,
-                                 on_relist=self._on_relist)
+                                 on_relist=self._on_relist, field_selector=f"metadata.name={name}")
         self.synced = self.informer.synced
 
     def start(self) -> None:
