@@ -20,11 +20,7 @@ from typing import Any
 
 import yaml
 
-INT32_MIN = -(1 << 31)
-INT32_MAX = (1 << 31) - 1
-INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
-UINT64_MAX = (1 << 64) - 1
+from hami_py.quantity import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, UINT64_MAX
 
 
 class ConfigError(ValueError):

@@ -18,8 +18,13 @@ from __future__ import annotations
 
 import re
 
+# Go's integer bounds, for the fields upstream declares as these types.
+INT32_MIN = -(1 << 31)
+INT32_MAX = (1 << 31) - 1
+UINT32_MAX = (1 << 32) - 1
 INT64_MIN = -(1 << 63)
 INT64_MAX = (1 << 63) - 1
+UINT64_MAX = (1 << 64) - 1
 
 # sign, integer digits, optional fraction, then whatever follows (the suffix).
 _NUMBER = re.compile(r"([+-]?)([0-9]*)(?:\.([0-9]*))?(.*)", re.ASCII | re.DOTALL)

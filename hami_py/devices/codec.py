@@ -21,13 +21,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from hami_py.devices.base import AllocationDecodeError, ContainerDevice, DeviceDecodeError, DeviceInfo, PodDevices
-
-INT32_MIN = -(1 << 31)
-INT32_MAX = (1 << 31) - 1
-INT64_MIN = -(1 << 63)
-INT64_MAX = (1 << 63) - 1
-UINT32_MAX = (1 << 32) - 1
-UINT64_MAX = (1 << 64) - 1
+from hami_py.quantity import INT32_MAX, INT32_MIN, INT64_MAX, INT64_MIN, UINT32_MAX, UINT64_MAX
 
 CONTAINER_SEPARATOR = ";"
 DEVICE_SEPARATOR = ":"

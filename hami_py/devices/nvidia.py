@@ -20,10 +20,10 @@ from hami_py.devices.base import (
     ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, PodDevices, RequestError,
 )
 from hami_py.devices.codec import (
-    INT32_MAX, INT64_MAX, decode_json_devices, decode_legacy_devices, decode_pod_devices,
+    decode_json_devices, decode_legacy_devices, decode_pod_devices,
     encode_pod_devices, go_quote, parse_go_bool,
 )
-from hami_py.quantity import parse_exact_int, parse_quantity_ceil
+from hami_py.quantity import INT32_MAX, INT64_MAX, parse_exact_int, parse_quantity_ceil
 from hami_py.scheduling.reasons import CARD_CORDONED, CARD_TYPE_MISMATCH, CARD_UUID_MISMATCH, OK
 
 VENDOR_KEY = "NVIDIA"
