@@ -113,3 +113,13 @@ class DeviceVendor(Protocol):
         """Read back an allocation written by a scheduler (ours or upstream's); None if absent.
 
         Raises AllocationDecodeError when the annotation is garbled."""
+
+    def encode_mig_allocations(self, instances: list[dict]) -> dict[str, str]:
+        """The annotation listing the MIG instances a decision reserved ({} for none, or for a
+        vendor without MIG)."""
+
+    # Optional, read with getattr (absent means "not this vendor's"):
+    #   score_annotation: str              node annotation with device pair scores (topology-aware)
+    #   count_resource_name: str           the device-count resource (registration upkeep)
+    #   health_follows_allocatable: bool   a count falling to 0 in allocatable means the plugin left
+    #   decode_mig_allocations(annotations) -> [(GPU uuid, slice start, size, runtime identity | None)]
