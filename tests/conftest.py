@@ -77,6 +77,71 @@ async def wait_until(predicate, what="condition", timeout=10.0):
     await wait_for(predicate, timeout=timeout, what=what)
 
 
+# -- scenario helpers shared by the end-to-end modules ------------------------------------------
+
+HANDSHAKE = "hami.io/node-handshake"
+
+
+async def register_nodes(api, app, *nodes: dict) -> list[str]:
+    """Create the nodes and wait until the scheduler has their devices; their names."""
+    for node in nodes:
+        api.create("nodes", node)
+    names = [n["metadata"]["name"] for n in nodes]
+    await wait_until(lambda: all(n in app.cache.node_index_of for n in names), f"nodes {names} registered")
+    return names
+
+
+async def place(api, extender, pod: dict, node_names: list[str]) -> tuple[dict, dict]:
+    """Create the pod in the API server and filter it: (stored pod, ExtenderFilterResult)."""
+    created = api.create("pods", pod)
+    return created, await extender.filter(created, node_names)
+
+
+def node_list(*nodes: dict) -> dict:
+    """A NodeList as kube-scheduler sends it on the ``Nodes`` path (``nodeCacheCapable: false``)."""
+    return {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": list(nodes)}
+
+
+def informer_of(app, resource: str):
+    """The running scheduler's (one) informer of ``/api/v1/<resource>``."""
+    informers = [i for i in app.informers if i.path == f"/api/v1/{resource}"]
+    assert len(informers) == 1, f"expected one {resource} informer, have {len(informers)}"
+    return informers[0]
+
+
+async def watch_applied(app, resource: str, rv) -> None:
+    """Wait until the scheduler's ``resource`` informer has handled every event up to the API
+    server's resourceVersion ``rv`` (of a write the test made): its handler has run for that write."""
+    informer, target = informer_of(app, resource), int(rv)
+    await wait_until(lambda: int(informer.resource_version or 0) >= target,
+                     f"the {resource} watch to reach resourceVersion {target}")
+
+
+async def pod_events_applied(app, written: dict) -> None:
+    """Wait until the scheduler has handled the pod event of ``written`` (what api.create/patch returned)."""
+    await watch_applied(app, "pods", written["metadata"]["resourceVersion"])
+
+
+async def create_quota(api, app, hard: dict, *, namespace: str = "team", name: str = "gpu") -> dict:
+    """Create a ResourceQuota with ``spec.hard`` and wait until the scheduler's quota book has it."""
+    created = api.create("resourcequotas", {"apiVersion": "v1", "kind": "ResourceQuota",
+                                            "metadata": {"name": name, "namespace": namespace},
+                                            "spec": {"hard": hard}})
+    await watch_applied(app, "resourcequotas", created["metadata"]["resourceVersion"])
+    return created
+
+
+def handshake_of(api, node: str = "n1") -> str | None:
+    """The node's ``hami.io/node-handshake`` annotation, None when absent."""
+    return (api.get("nodes", node)["metadata"].get("annotations") or {}).get(HANDSHAKE)
+
+
+async def keeper_passes(app, count: int) -> None:
+    """Let the registration keeper run ``count`` more passes of its own (proof that time went by for it)."""
+    target = app.keeper.stats.passes + count
+    await wait_until(lambda: app.keeper.stats.passes >= target, f"{count} keeper passes", timeout=20)
+
+
 @pytest.fixture(scope="module")
 def ca():
     """A throwaway certificate authority for the TLS tests."""

@@ -7,7 +7,7 @@ import pytest
 from hami_py.embedded import embedded_options
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
-from tests.conftest import assert_books_balance, wait_until
+from tests.conftest import assert_books_balance, pod_events_applied, register_nodes, wait_until
 
 
 @pytest.fixture
@@ -16,9 +16,7 @@ def scheduler_options():
 
 
 async def _node(api, app, name="n1", gpus=1):
-    api.create("nodes", gpu_node(name, gpus=gpus))
-    await wait_until(lambda: name in app.cache.nodes, "node registered")
-    return [name]
+    return await register_nodes(api, app, gpu_node(name, gpus=gpus))
 
 
 def _used_mem(app, node="n1"):
@@ -127,18 +125,26 @@ async def test_bind_args_missing_fields(app, extender):
     assert body == {"Error": "binding args missing PodNamespace, Node"}
 
 
-async def test_binding_rejected_releases_lock_and_reservation(api, app, extender):
+@pytest.mark.parametrize("status", [409, 503])
+async def test_binding_that_did_not_land_releases_lock_and_reservation(api, app, extender, status):
+    """A Binding refused (409) or failed before it was applied (503): the pod stays unbound and
+    its reservation and the node lock are released."""
     names = await _node(api, app)
     pod = api.create("pods", gpu_pod("p", gpumem=1000))
     await extender.filter(pod, names)
-    api.faults.add(method="POST", path="/binding$", status=409)
+    fault = api.faults.add(method="POST", path="/binding$", status=status)
     result = await extender.bind(pod, "n1")
+    assert fault.hits == 1
     assert result["Error"]
+    assert api.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
     assert _used_mem(app) == 0
     assert LOCK_ANNOTATION not in (api.get("nodes", "n1")["metadata"].get("annotations") or {})
-    # The rolled-back decision stays rolled back even as later events of the pod arrive.
-    api.patch("pods", "p", {"metadata": {"labels": {"touched": "yes"}}}, namespace="default")
-    await wait_until(lambda: app.cache.pods == {} and api.resource_version > 0, "event applied")
+    # The rolled-back decision stays rolled back even as later events of the pod arrive: the
+    # pod object still carries the decision's annotations, unbound.
+    touched = api.patch("pods", "p", {"metadata": {"labels": {"touched": "yes"}}}, namespace="default")
+    assert touched["metadata"]["annotations"]["hami.io/vgpu-node"] == "n1" and not touched["spec"].get("nodeName")
+    await pod_events_applied(app, touched)
+    assert app.cache.pods == {}
     assert _used_mem(app) == 0
 
 
@@ -152,17 +158,6 @@ async def test_binding_that_landed_despite_an_error_is_not_undone(api, app, exte
     assert _used_mem(app) == 1000
 
 
-async def test_binding_error_on_a_bind_that_did_not_land_rolls_back(api, app, extender):
-    names = await _node(api, app)
-    pod = api.create("pods", gpu_pod("p", gpumem=1000))
-    await extender.filter(pod, names)
-    api.faults.add(method="POST", path="/binding$", status=503)
-    result = await extender.bind(pod, "n1")
-    assert result["Error"]
-    assert api.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
-    assert _used_mem(app) == 0
-
-
 async def test_filter_waits_for_sync_and_reports_when_it_never_comes(api):
     from hami_py.embedded import running_scheduler
     from hami_py.fakeapi.kubescheduler import ExtenderClient
@@ -172,7 +167,8 @@ async def test_filter_waits_for_sync_and_reports_when_it_never_comes(api):
         client = ExtenderClient(app.url)
         try:
             pod = api.create("pods", gpu_pod("p", gpumem=1000))
-            status, _ = await client.post("filter", {"Pod": pod, "NodeNames": ["n1"]})
+            status, body = await client.post("filter", {"Pod": pod, "NodeNames": ["n1"]})
+            assert (status, body["Error"], body["NodeNames"]) == (200, "scheduler cache is not synced yet", None)
             result = await client.filter(pod, ["n1"])
             assert result["Error"] == "scheduler cache is not synced yet"
             async with client.session.get(f"{app.url}/readyz") as r:

@@ -14,15 +14,7 @@ from hami_py.embedded import running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import A100_40, H200, gpu_node, gpu_pod, registration
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
-from tests.conftest import assert_books_balance, wait_until
-
-
-async def _nodes(api, app, *nodes):
-    for node in nodes:
-        api.create("nodes", node)
-    names = [n["metadata"]["name"] for n in nodes]
-    await wait_until(lambda: all(n in app.cache.nodes for n in names), "nodes registered")
-    return names
+from tests.conftest import assert_books_balance, place, register_nodes, wait_until
 
 
 async def _bind_and_allocate(app, extender, pod, node):
@@ -34,15 +26,9 @@ async def _bind_and_allocate(app, extender, pod, node):
     return result
 
 
-async def _place(api, extender, pod, names):
-    created = api.create("pods", pod)
-    result = await extender.filter(created, names)
-    return created, result
-
-
 async def test_filter_writes_upstream_annotations_and_reserves(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=2))
-    pod, result = await _place(api, extender, gpu_pod("p", gpus=1, gpumem=3000, gpucores=30), names)
+    names = await register_nodes(api, app, gpu_node("n1", gpus=2))
+    pod, result = await place(api, extender, gpu_pod("p", gpus=1, gpumem=3000, gpucores=30), names)
     assert result == {"Nodes": None, "NodeNames": ["n1"], "FailedNodes": None,
                       "FailedAndUnresolvableNodes": None, "Error": ""}
     stored = api.get("pods", "p", namespace="default")
@@ -62,63 +48,70 @@ async def test_filter_writes_upstream_annotations_and_reserves(api, app, extende
 
 
 async def test_node_policy_binpack_prefers_busier_node_and_spread_the_idler(api, app, extender):
-    names = await _nodes(api, app, gpu_node("busy", gpus=2), gpu_node("idle", gpus=2))
-    first, result = await _place(api, extender, gpu_pod("seed", gpumem=10000, gpucores=10), ["busy"])
+    names = await register_nodes(api, app, gpu_node("busy", gpus=2), gpu_node("idle", gpus=2))
+    first, result = await place(api, extender, gpu_pod("seed", gpumem=10000, gpucores=10), ["busy"])
     assert result["NodeNames"] == ["busy"]
-    _, result = await _place(api, extender, gpu_pod("bp", gpumem=1000, gpucores=1), names)
+    _, result = await place(api, extender, gpu_pod("bp", gpumem=1000, gpucores=1), names)
     assert result["NodeNames"] == ["busy"]
-    _, result = await _place(api, extender, gpu_pod("sp", gpumem=1000, gpucores=1,
-                                                    annotations={"hami.io/node-scheduler-policy": "spread"}), names)
+    _, result = await place(api, extender, gpu_pod("sp", gpumem=1000, gpucores=1,
+                                                   annotations={"hami.io/node-scheduler-policy": "spread"}), names)
     assert result["NodeNames"] == ["idle"]
 
 
+def _gpu_of(api, pod_name: str) -> str:
+    """The UUID of the one GPU the pod was given."""
+    annotations = api.get("pods", pod_name, namespace="default")["metadata"]["annotations"]
+    return decode_pod_devices(annotations["hami.io/vgpu-devices-allocated"])[0][0].uuid
+
+
 async def test_gpu_policy_spread_uses_idle_gpu_and_binpack_shares(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=2, numa_nodes=1))
-    await _place(api, extender, gpu_pod("a", gpumem=1000, gpucores=10), names)
-    a = decode_pod_devices(api.get("pods", "a", namespace="default")["metadata"]["annotations"]
-                           ["hami.io/vgpu-devices-allocated"])[0][0].uuid
-    await _place(api, extender, gpu_pod("b", gpumem=1000, gpucores=10), names)  # default gpu policy: spread
-    b = decode_pod_devices(api.get("pods", "b", namespace="default")["metadata"]["annotations"]
-                           ["hami.io/vgpu-devices-allocated"])[0][0].uuid
+    names = await register_nodes(api, app, gpu_node("n1", gpus=2, numa_nodes=1))
+    await place(api, extender, gpu_pod("a", gpumem=1000, gpucores=10), names)
+    a = _gpu_of(api, "a")
+    await place(api, extender, gpu_pod("b", gpumem=3000, gpucores=30), names)  # default gpu policy: spread
+    b = _gpu_of(api, "b")
     assert a != b
-    await _place(api, extender, gpu_pod("c", gpumem=1000, gpucores=10,
-                                        annotations={"hami.io/gpu-scheduler-policy": "binpack"}), names)
-    c = decode_pod_devices(api.get("pods", "c", namespace="default")["metadata"]["annotations"]
-                           ["hami.io/vgpu-devices-allocated"])[0][0].uuid
-    assert c in (a, b)
+    # b's GPU is now the busier one: binpack must share it, spread must take the other.
+    await place(api, extender, gpu_pod("c", gpumem=1000, gpucores=10,
+                                       annotations={"hami.io/gpu-scheduler-policy": "binpack"}), names)
+    assert _gpu_of(api, "c") == b
+    await place(api, extender, gpu_pod("d", gpumem=1000, gpucores=10,
+                                       annotations={"hami.io/gpu-scheduler-policy": "spread"}), names)
+    assert _gpu_of(api, "d") == a
+    assert_books_balance(app)
 
 
 async def test_fill_a_gpu_then_delete_frees_it_through_the_watch(api, app, extender):
     devices = registration("solo", gpus=1, split=10)
-    names = await _nodes(api, app, gpu_node("solo", devices=devices))
+    names = await register_nodes(api, app, gpu_node("solo", devices=devices))
     total = devices[0]["devmem"]
     share = total // 4
     for i in range(4):
-        _, result = await _place(api, extender, gpu_pod(f"p{i}", gpumem=share, gpucores=20), names)
+        _, result = await place(api, extender, gpu_pod(f"p{i}", gpumem=share, gpucores=20), names)
         assert result["NodeNames"] == ["solo"], result
-    _, result = await _place(api, extender, gpu_pod("p4", gpumem=share, gpucores=20), names)
+    _, result = await place(api, extender, gpu_pod("p4", gpumem=share, gpucores=20), names)
     assert result["NodeNames"] is None
     assert result["FailedNodes"] == {"solo": "1/1 CardInsufficientMemory"}
     assert_books_balance(app)
     api.delete("pods", "p0", namespace="default")
     await wait_until(lambda: app.cache.device_usage("solo")[0]["usedmem"] == 3 * share, "delete freed")
-    _, result = await _place(api, extender, gpu_pod("p5", gpumem=share, gpucores=20), names)
+    _, result = await place(api, extender, gpu_pod("p5", gpumem=share, gpucores=20), names)
     assert result["NodeNames"] == ["solo"]
     assert_books_balance(app)
 
 
 async def test_terminated_pod_releases_its_share(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=1))
-    await _place(api, extender, gpu_pod("done", gpumem=5000, gpucores=5), names)
+    names = await register_nodes(api, app, gpu_node("n1", gpus=1))
+    await place(api, extender, gpu_pod("done", gpumem=5000, gpucores=5), names)
     await wait_until(lambda: app.cache.device_usage("n1")[0]["usedmem"] == 5000, "reserved")
     api.patch("pods", "done", {"status": {"phase": "Succeeded"}}, namespace="default")
     await wait_until(lambda: app.cache.device_usage("n1")[0]["usedmem"] == 0, "terminated pod released")
 
 
 async def test_restart_rebuilds_usage_from_annotations_without_double_counting(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=2))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=2))
     for i in range(3):
-        pod, result = await _place(api, extender, gpu_pod(f"p{i}", gpumem=7000, gpucores=15), names)
+        pod, result = await place(api, extender, gpu_pod(f"p{i}", gpumem=7000, gpucores=15), names)
         assert (await _bind_and_allocate(app, extender, pod, result["NodeNames"][0]))["Error"] == ""
     before = app.cache.device_usage("n1")
     # A second scheduler process starting from scratch must see exactly the same books.
@@ -130,33 +123,33 @@ async def test_restart_rebuilds_usage_from_annotations_without_double_counting(a
 
 
 async def test_unknown_and_unregistered_nodes_fail_with_upstream_reason(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=1))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     api.create("nodes", {"metadata": {"name": "cpu-only"}})
     await wait_until(lambda: "cpu-only" in app.cache.nodes, "cpu node seen")
-    _, result = await _place(api, extender, gpu_pod("p", gpumem=200000), names + ["cpu-only", "ghost"])
+    _, result = await place(api, extender, gpu_pod("p", gpumem=200000), names + ["cpu-only", "ghost"])
     assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientMemory", "cpu-only": "node unregistered",
                                      "ghost": "node unregistered"}
     assert result["Error"] == ""
 
 
 async def test_more_gpus_than_the_node_has_is_node_insufficient_device(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=2))
-    _, result = await _place(api, extender, gpu_pod("p", gpus=3), names)
+    names = await register_nodes(api, app, gpu_node("n1", gpus=2))
+    _, result = await place(api, extender, gpu_pod("p", gpus=3), names)
     assert result["FailedNodes"] == {"n1": "NodeInsufficientDevice"}
 
 
 async def test_gpu_type_selection_and_reason_strings(api, app, extender):
-    names = await _nodes(api, app, gpu_node("h", gpus=2, model=H200), gpu_node("a", gpus=2, model=A100_40))
-    _, result = await _place(api, extender, gpu_pod("want-a100", annotations={"nvidia.com/use-gputype": "A100"}),
-                             names)
+    names = await register_nodes(api, app, gpu_node("h", gpus=2, model=H200), gpu_node("a", gpus=2, model=A100_40))
+    _, result = await place(api, extender, gpu_pod("want-a100", annotations={"nvidia.com/use-gputype": "A100"}),
+                            names)
     assert result["NodeNames"] == ["a"]
-    _, result = await _place(api, extender, gpu_pod("no-such", annotations={"nvidia.com/use-gputype": "B200"}),
-                             names)
+    _, result = await place(api, extender, gpu_pod("no-such", annotations={"nvidia.com/use-gputype": "B200"}),
+                            names)
     assert result["FailedNodes"] == {"h": "2/2 CardTypeMismatch", "a": "2/2 CardTypeMismatch"}
 
 
 async def test_pod_without_device_request_passes_through_untouched(api, app, extender):
-    await _nodes(api, app, gpu_node("n1", gpus=1))
+    await register_nodes(api, app, gpu_node("n1", gpus=1))
     pod = api.create("pods", {"metadata": {"name": "cpu", "namespace": "default"},
                               "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
     _, body = await extender.post("filter", {"Pod": pod, "NodeNames": ["n1", "x"], "Nodes": None})
@@ -169,8 +162,8 @@ async def test_bind_takes_the_node_lock_sets_bind_phase_and_binds(api):
     async with running_scheduler(api, device_plugin=False) as app:
         extender = ExtenderClient(app.url)
         try:
-            names = await _nodes(api, app, gpu_node("n1", gpus=1))
-            pod, result = await _place(api, extender, gpu_pod("p", gpumem=1000), names)
+            names = await register_nodes(api, app, gpu_node("n1", gpus=1))
+            pod, result = await place(api, extender, gpu_pod("p", gpumem=1000), names)
             assert await extender.bind(pod, "n1") == {"Error": ""}
         finally:
             await extender.close()
@@ -184,11 +177,11 @@ async def test_bind_takes_the_node_lock_sets_bind_phase_and_binds(api):
 
 
 async def test_bind_on_a_node_locked_by_another_live_pod_fails_and_rolls_back(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=1))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     api.create("pods", gpu_pod("holder"))
     from hami_py.k8s.nodelock import lock_value
     api.patch("nodes", "n1", {"metadata": {"annotations": {LOCK_ANNOTATION: lock_value("default", "holder")}}})
-    pod, result = await _place(api, extender, gpu_pod("p", gpumem=1000), names)
+    pod, result = await place(api, extender, gpu_pod("p", gpumem=1000), names)
     assert app.cache.device_usage("n1")[0]["usedmem"] == 1000
     bound = await extender.bind(pod, "n1")
     assert bound["Error"] == "node n1 has been locked within 5m0s: node lock contention"
@@ -200,18 +193,18 @@ async def test_bind_on_a_node_locked_by_another_live_pod_fails_and_rolls_back(ap
 
 
 async def test_expired_or_orphaned_lock_is_taken_over(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=1), gpu_node("n2", gpus=1))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=1), gpu_node("n2", gpus=1))
     api.patch("nodes", "n1", {"metadata": {"annotations": {LOCK_ANNOTATION: "2020-01-01T00:00:00Z,default,old"}}})
     from hami_py.k8s.nodelock import lock_value
     api.patch("nodes", "n2", {"metadata": {"annotations": {LOCK_ANNOTATION: lock_value("default", "gone-pod")}}})
     for name, node in (("p1", "n1"), ("p2", "n2")):
-        pod, result = await _place(api, extender, gpu_pod(name, gpumem=1000), [node])
+        pod, result = await place(api, extender, gpu_pod(name, gpumem=1000), [node])
         assert (await _bind_and_allocate(app, extender, pod, node)) == {"Error": ""}
 
 
 async def test_concurrent_filters_never_oversubscribe(api, app, extender):
     devices = registration("n1", gpus=2, split=10)
-    names = await _nodes(api, app, gpu_node("n1", devices=devices))
+    names = await register_nodes(api, app, gpu_node("n1", devices=devices))
     per_gpu = 4
     share = devices[0]["devmem"] // per_gpu
     pods = [api.create("pods", gpu_pod(f"p{i}", gpumem=share, gpucores=5)) for i in range(20)]
@@ -232,7 +225,7 @@ async def test_concurrent_filters_never_oversubscribe(api, app, extender):
 
 
 async def test_refilter_of_the_same_pod_does_not_double_charge(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=1))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     pod = api.create("pods", gpu_pod("p", gpumem=1000, gpucores=10))
     for _ in range(3):
         result = await extender.filter(pod, names)
@@ -243,11 +236,11 @@ async def test_refilter_of_the_same_pod_does_not_double_charge(api, app, extende
 
 
 async def test_init_container_devices_are_reused_by_the_app(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=1, numa_nodes=1))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=1, numa_nodes=1))
     pod = gpu_pod("p", gpus=1, gpumem=2000, gpucores=10, init_gpus=1)
     pod["spec"]["initContainers"][0]["resources"]["limits"].update({"nvidia.com/gpumem": "5000",
                                                                      "nvidia.com/gpucores": "20"})
-    created, result = await _place(api, extender, pod, names)
+    created, result = await place(api, extender, pod, names)
     assert result["NodeNames"] == ["n1"]
     ann = api.get("pods", "p", namespace="default")["metadata"]["annotations"]
     slots = decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])
@@ -263,10 +256,10 @@ async def test_node_registration_garbled_on_one_node_does_not_stop_others(api, a
     good = gpu_node("good", gpus=1)
     bad = gpu_node("bad", gpus=1, annotations={"hami.io/node-nvidia-register": "[{not json"})
     api.create("nodes", bad)
-    names = await _nodes(api, app, good)
+    names = await register_nodes(api, app, good)
     await wait_until(lambda: "bad" in app.cache.nodes, "bad node seen")
     assert app.cache.nodes["bad"].decode_error
-    _, result = await _place(api, extender, gpu_pod("p", gpumem=1000), ["bad", *names])
+    _, result = await place(api, extender, gpu_pod("p", gpumem=1000), ["bad", *names])
     assert result["NodeNames"] == ["good"]
     assert result["Error"] == ""
 
@@ -276,16 +269,15 @@ async def test_multi_mib_node_object_arrives_through_the_watch(api, app, extende
     node["metadata"]["annotations"]["example.com/huge"] = "x" * (3 << 20)
     api.create("nodes", node)
     await wait_until(lambda: "big" in app.cache.nodes, "3 MiB node delivered")
-    _, result = await _place(api, extender, gpu_pod("p", gpumem=1000), ["big"])
+    _, result = await place(api, extender, gpu_pod("p", gpumem=1000), ["big"])
     assert result["NodeNames"] == ["big"]
 
 
 async def test_registration_change_recounts_the_node(api, app, extender):
     devices = registration("n1", gpus=2)
-    names = await _nodes(api, app, gpu_node("n1", devices=devices))
-    _, result = await _place(api, extender, gpu_pod("p", gpumem=1000, gpucores=10), names)
-    uuid = decode_pod_devices(api.get("pods", "p", namespace="default")["metadata"]["annotations"]
-                              ["hami.io/vgpu-devices-allocated"])[0][0].uuid
+    names = await register_nodes(api, app, gpu_node("n1", devices=devices))
+    _, result = await place(api, extender, gpu_pod("p", gpumem=1000, gpucores=10), names)
+    uuid = _gpu_of(api, "p")
     devices.append({**devices[0], "id": "GPU-new", "index": 2})
     api.patch("nodes", "n1", {"metadata": {"annotations": {"hami.io/node-nvidia-register": orjson.dumps(devices).decode()}}})
     await wait_until(lambda: len(app.cache.device_usage("n1")) == 3, "new device registered")

@@ -12,7 +12,7 @@ from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
 from hami_py.k8s.events import filtering_failed_messages, filtering_succeeded_message, reason_types
-from tests.conftest import wait_until
+from tests.conftest import register_nodes, wait_until
 
 T4 = {"type": "NVIDIA T4", "devmem": 10000, "devcore": 100}   # round numbers for readable scores
 
@@ -31,18 +31,10 @@ async def _wait_events(api, pod_name, expected):
                      f"events {expected} on {pod_name}; have {_seen(api, pod_name)}")
 
 
-async def _nodes(api, app, *nodes):
-    for node in nodes:
-        api.create("nodes", node)
-    names = [n["metadata"]["name"] for n in nodes]
-    await wait_until(lambda: all(n in app.cache.nodes for n in names), "nodes registered")
-    return names
-
-
 async def _busy_and_idle(api, app, extender):
     """Two one-GPU nodes; "busy" holds a pod with half of the memory and cores (score 11.00)."""
-    names = await _nodes(api, app, gpu_node("busy", devices=registration("busy", gpus=1, model=T4)),
-                         gpu_node("idle", devices=registration("idle", gpus=1, model=T4)))
+    names = await register_nodes(api, app, gpu_node("busy", devices=registration("busy", gpus=1, model=T4)),
+                                 gpu_node("idle", devices=registration("idle", gpus=1, model=T4)))
     seed = api.create("pods", gpu_pod("seed", gpumem=5000, gpucores=50))
     assert (await extender.filter(seed, ["busy"]))["NodeNames"] == ["busy"]
     return names
@@ -53,15 +45,20 @@ async def test_filter_success_lists_every_fitting_node_with_its_score_and_binds(
     pod = api.create("pods", gpu_pod("p", gpumem=1000, gpucores=10))
     result = await extender.filter(pod, names + ["ghost"])
     assert result["NodeNames"] == ["busy"]
+    filtered = api.get("pods", "p", namespace="default")     # as bind reads it: with the filter's patch
+    assert filtered["metadata"]["resourceVersion"] != pod["metadata"]["resourceVersion"]
     assert (await extender.bind(pod, "busy"))["Error"] == ""
     await _wait_events(api, "p", [
         ("Normal", "FilteringSucceed", "find fit node(busy), 1 nodes not fit, 2 nodes fit(idle:0.00,busy:11.00)"),
         ("Normal", "BindingSucceed", "Successfully binding node [busy] to default/p"),
     ])
+    # Each event names the pod at the version the scheduler acted on: the one kube-scheduler sent
+    # to /filter, and the one /bind read.
+    for reason, version in (("FilteringSucceed", pod), ("BindingSucceed", filtered)):
+        involved = next(e for e in _events(api, "p") if e["reason"] == reason)["involvedObject"]
+        assert involved == {"kind": "Pod", "namespace": "default", "name": "p", "uid": pod["metadata"]["uid"],
+                            "apiVersion": "v1", "resourceVersion": version["metadata"]["resourceVersion"]}, reason
     event = next(e for e in _events(api, "p") if e["reason"] == "BindingSucceed")
-    assert event["involvedObject"] == {"kind": "Pod", "namespace": "default", "name": "p",
-                                       "uid": pod["metadata"]["uid"], "apiVersion": "v1",
-                                       "resourceVersion": event["involvedObject"]["resourceVersion"]}
     assert event["source"] == {"component": "hami-scheduler"}
     assert event["reportingComponent"] == "hami-scheduler"
     assert event["count"] == 1
@@ -82,9 +79,9 @@ async def test_spread_policy_lists_scores_descending_with_the_winner_last(api, a
 async def test_no_fit_records_one_event_per_reason_then_the_summary(api, app, extender):
     sick = registration("sick", gpus=2, model=T4)
     sick[1]["health"] = False
-    names = await _nodes(api, app, gpu_node("small1", devices=registration("small1", gpus=1, model=T4)),
-                         gpu_node("small2", devices=registration("small2", gpus=1, model=T4)),
-                         gpu_node("sick", devices=sick))
+    names = await register_nodes(api, app, gpu_node("small1", devices=registration("small1", gpus=1, model=T4)),
+                                 gpu_node("small2", devices=registration("small2", gpus=1, model=T4)),
+                                 gpu_node("sick", devices=sick))
     pod = api.create("pods", gpu_pod("big", gpumem=20000))
     result = await extender.filter(pod, names + ["ghost"])
     assert result["FailedNodes"]["sick"] == "1/2 CardInsufficientMemory, 1/2 CardNotHealth"
@@ -98,7 +95,7 @@ async def test_no_fit_records_one_event_per_reason_then_the_summary(api, app, ex
 
 
 async def test_internal_filter_errors_are_filtering_failed_events(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=1))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     bad = api.create("pods", gpu_pod("weights", gpumem=1000,
                                      annotations={"hami.io/device-scoring-weights": "slot=1"}))
     error = (await extender.filter(bad, names))["Error"]
@@ -112,7 +109,7 @@ async def test_internal_filter_errors_are_filtering_failed_events(api, app, exte
 
 
 async def test_bind_failures_are_binding_failed_events(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=2), gpu_node("vanished", gpus=1))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=2), gpu_node("vanished", gpus=1))
     lost = api.create("pods", gpu_pod("lost", gpumem=1000))
     assert (await extender.filter(lost, ["vanished"]))["NodeNames"] == ["vanished"]
     api.delete("nodes", "vanished")                 # the node goes away between filter and bind
@@ -130,7 +127,7 @@ async def test_bind_failures_are_binding_failed_events(api, app, extender):
 
 async def test_scheduler_name_is_the_event_source(api):
     async with running_scheduler(api, options=embedded_options(scheduler_name="gpu-sched")) as app:
-        names = await _nodes(api, app, gpu_node("n1", gpus=1))
+        names = await register_nodes(api, app, gpu_node("n1", gpus=1))
         client = ExtenderClient(app.url)
         try:
             pod = api.create("pods", gpu_pod("named", gpumem=1000))
@@ -144,7 +141,7 @@ async def test_scheduler_name_is_the_event_source(api):
 
 
 async def test_pods_without_device_requests_get_no_events(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=1))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     cpu = api.create("pods", {"metadata": {"name": "cpu", "namespace": "default"},
                               "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
     assert (await extender.filter(cpu, names))["NodeNames"] == names
@@ -168,7 +165,7 @@ async def test_a_full_event_queue_never_blocks_filter(api):
 
 
 async def _full_queue_scenario(api, app, extender):
-    names = await _nodes(api, app, gpu_node("n1", gpus=1))
+    names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     api.faults.add(method="POST", path=r"/events$", hang=True, times=None)   # the event sink hangs
     pods = [api.create("pods", gpu_pod(f"q{i}", gpumem=200000)) for i in range(12)]
     results = await asyncio.wait_for(asyncio.gather(*(extender.filter(p, names) for p in pods)), 30)

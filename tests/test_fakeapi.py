@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import io
 import time
-from typing import Any, Callable
+from typing import Any
 
 import aiohttp
 import orjson
@@ -19,6 +19,7 @@ from kubernetes_asyncio.client.rest import ApiException
 
 from hami_py.embedded import wait_for
 from hami_py.fakeapi import ApiError, FakeApiServer, write_kubeconfig
+from tests.conftest import wait_until
 
 DEADLINE = 5.0   # generous per-wait ceiling; every wait returns as soon as its condition holds
 
@@ -38,13 +39,6 @@ def make_pod(name: str, *, namespace: str = "default", labels: dict | None = Non
 
 def make_node(name: str) -> dict:
     return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}}
-
-
-async def wait_until(condition: Callable[[], bool], *, timeout: float = DEADLINE) -> None:
-    """Poll a condition until it holds; fail loudly at the deadline instead of hanging."""
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.005)
 
 
 async def read_events(response: aiohttp.ClientResponse, count: int) -> list[dict]:
@@ -412,7 +406,7 @@ async def test_bookmarks_on_demand_follow_the_events_before_them(server, http):
     server.create("nodes", make_node("n1"))
     params = {"watch": "true", "resourceVersion": "1", "allowWatchBookmarks": "true"}
     async with http.get(f"{server.url}/api/v1/nodes", params=params) as resp:
-        await wait_until(lambda: server.open_watches == 1)
+        await wait_until(lambda: server.open_watches == 1, "the watch to open")
         server.create("nodes", make_node("n2"))
         server.send_bookmarks()
         added, bookmark = await read_events(resp, 2)
@@ -425,7 +419,7 @@ async def test_watch_without_bookmarks_ends_after_timeout(server, http):
     server.send_bookmarks()
     params = {"watch": "true", "resourceVersion": "0", "timeoutSeconds": "1"}
     async with http.get(watch_url(server), params=params) as resp:
-        await wait_until(lambda: server.open_watches == 1)
+        await wait_until(lambda: server.open_watches == 1, "the watch to open")
         server.send_bookmarks()             # not requested: must not be sent
         assert await read_to_end(resp) == []
 
@@ -469,7 +463,7 @@ async def test_bounded_history_expires_old_versions(http):
 
 async def test_drop_watches_cuts_open_streams(server, http):
     async with http.get(watch_url(server), params={"watch": "true"}) as resp:
-        await wait_until(lambda: server.open_watches == 1)
+        await wait_until(lambda: server.open_watches == 1, "the watch to open")
         server.drop_watches()
         with pytest.raises(aiohttp.ClientPayloadError):
             await read_to_end(resp)
@@ -527,7 +521,7 @@ async def test_hang_fault_until_cleared_or_client_gives_up(server, http):
     with pytest.raises(asyncio.TimeoutError):
         await http.get(f"{server.url}/api/v1/nodes", timeout=aiohttp.ClientTimeout(total=0.1))
     request = asyncio.create_task(http.get(f"{server.url}/api/v1/nodes"))
-    await wait_until(lambda: len([r for r in server.requests if r[1] == "/api/v1/nodes"]) == 2)
+    await wait_until(lambda: len([r for r in server.requests if r[1] == "/api/v1/nodes"]) == 2, "two node lists")
     assert not request.done()
     server.faults.clear()
     async with asyncio.timeout(DEADLINE):
@@ -540,10 +534,10 @@ async def test_restart_on_the_same_port_keeps_state(server, core, http):
     server.create("pods", make_pod("a"))
     port, since = server.port, server.resource_version
     async with http.get(watch_url(server), params={"watch": "true", "resourceVersion": str(since)}) as resp:
-        await wait_until(lambda: server.open_watches == 1)
+        await wait_until(lambda: server.open_watches == 1, "the watch to open")
         server.faults.add(path="/nodes", hang=True)
         hung = asyncio.create_task(http.get(f"{server.url}/api/v1/nodes"))
-        await wait_until(lambda: any(r[1] == "/api/v1/nodes" for r in server.requests))
+        await wait_until(lambda: any(r[1] == "/api/v1/nodes" for r in server.requests), "a node list")
         async with asyncio.timeout(DEADLINE):
             await server.stop()
         with pytest.raises(aiohttp.ClientError):

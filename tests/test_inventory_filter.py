@@ -3,13 +3,14 @@
 The inventory (upstream HAMi's scheduler behaviours, one row per behaviour) is mapped row by row in
 docs/FEATURES.md; each test here names its row in a docstring line ``Inventory: <row id>``. The
 setup is the inventory's reference node: one NVIDIA A100 registered as ``GPU-0`` with 8192 MiB,
-100 cores and a split count of 10. The other ``test_inventory_*`` modules reuse the helpers below.
+100 cores and a split count of 10. The other ``test_inventory_*`` modules reuse the helpers below
+(``register`` and ``place`` are tests/conftest.py's, re-exported).
 """
 from __future__ import annotations
 
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
-from tests.conftest import wait_until
+from tests.conftest import node_list, place, register_nodes as register, wait_until
 
 A100_MIB = 8192
 TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
@@ -27,21 +28,6 @@ def a100(index: int = 0, **overrides) -> dict:
 def reference_node(name: str = "n1", *devices: dict, **kw) -> dict:
     """A node registered as HAMi's NVIDIA device plugin would; by default the single ``GPU-0``."""
     return gpu_node(name, devices=list(devices) or [a100()], **kw)
-
-
-async def register(api, app, *nodes: dict) -> list[str]:
-    """Create the nodes and wait until the scheduler has their devices; their names."""
-    for node in nodes:
-        api.create("nodes", node)
-    names = [n["metadata"]["name"] for n in nodes]
-    await wait_until(lambda: all(n in app.cache.node_index_of for n in names), f"nodes {names} registered")
-    return names
-
-
-async def place(api, extender, pod: dict, node_names: list[str]) -> tuple[dict, dict]:
-    """Create the pod in the API server and filter it: (stored pod, ExtenderFilterResult)."""
-    created = api.create("pods", pod)
-    return created, await extender.filter(created, node_names)
 
 
 def allocation(api, pod_name: str, namespace: str = "default") -> list[list]:
@@ -140,15 +126,11 @@ async def test_an_init_container_without_devices_keeps_its_empty_slot(api, app, 
 # the Nodes path (nodeCacheCapable: false, Cluster Autoscaler's simulation)
 # ---------------------------------------------------------------------------------------------
 
-def _node_list(*nodes: dict) -> dict:
-    return {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": list(nodes)}
-
-
 async def test_simulation_returns_only_the_best_of_several_fitting_nodes(api, app, extender):
     """Inventory: simulation-best-only"""
     pod = api.create("pods", gpu_pod("p", gpumem=1000))
     templates = [reference_node("t1"), reference_node("t2")]
-    _, body = await extender.post("filter", {"Pod": pod, "Nodes": _node_list(*templates)})
+    _, body = await extender.post("filter", {"Pod": pod, "Nodes": node_list(*templates)})
     assert body["Error"] == "" and body["NodeNames"] is None
     assert len(body["Nodes"]["items"]) == 1
     assert body["Nodes"]["items"][0]["metadata"]["name"] in ("t1", "t2")
@@ -162,7 +144,7 @@ async def test_simulation_leaves_no_trace_for_the_live_filter(api, app, extender
     whole GPU free."""
     names = await register(api, app, reference_node())
     pod = api.create("pods", gpu_pod("p", gpumem=A100_MIB))
-    _, body = await extender.post("filter", {"Pod": pod, "Nodes": _node_list(api.get("nodes", "n1"))})
+    _, body = await extender.post("filter", {"Pod": pod, "Nodes": node_list(api.get("nodes", "n1"))})
     assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["n1"]
     assert not any(k.startswith("hami.io/") for k in
                    api.get("pods", "p", namespace="default")["metadata"].get("annotations") or {})

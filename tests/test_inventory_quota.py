@@ -8,18 +8,13 @@ from hami_py.config import DeviceConfig
 from hami_py.embedded import running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_pod
-from tests.conftest import wait_until
-from tests.test_inventory_filter import place, reference_node, register
-
-
-def _quota(**hard) -> dict:
-    return {"metadata": {"name": "gpu", "namespace": "team"}, "spec": {"hard": hard}}
+from tests.conftest import create_quota, place, register_nodes
+from tests.test_inventory_filter import reference_node
 
 
 async def _with_quota(api, app, **hard) -> None:
-    await register(api, app, reference_node())
-    api.create("resourcequotas", _quota(**hard))
-    await wait_until(lambda: app.cache.quota.limits.get("team"), "quota seen")
+    await register_nodes(api, app, reference_node())
+    await create_quota(api, app, hard, namespace="team")
 
 
 async def test_a_zero_limit_blocks_every_request_of_that_resource(api, app, extender):

@@ -7,16 +7,10 @@ from __future__ import annotations
 
 import orjson
 
-from tests.conftest import wait_until
+from tests.conftest import create_quota, wait_until
 from tests.test_webhook import container, envelope, make_pod
 
 NAMESPACE = "team-a"
-
-
-async def _quota(api, app, gpumem: str) -> None:
-    api.create("resourcequotas", {"metadata": {"name": "gpu", "namespace": NAMESPACE},
-                                  "spec": {"hard": {"limits.nvidia.com/gpumem": gpumem}}})
-    await wait_until(lambda: app.cache.quota.limits.get(NAMESPACE), "quota seen")
 
 
 async def _admit(app, extender, pod: dict) -> dict:
@@ -32,7 +26,7 @@ def _gpu(name: str, mem: int) -> dict:
 
 async def test_admission_denies_a_pod_over_its_namespace_quota(api, app, extender):
     """Inventory: quota-webhook"""
-    await _quota(api, app, "1000")
+    await create_quota(api, app, {"limits.nvidia.com/gpumem": "1000"}, namespace=NAMESPACE)
     response = await _admit(app, extender, make_pod(_gpu("main", 2000)))
     assert response["allowed"] is False
     assert response["status"] == {"code": 403, "reason": "Forbidden", "message": "exceeding resource quota"}
@@ -41,7 +35,7 @@ async def test_admission_denies_a_pod_over_its_namespace_quota(api, app, extende
 
 async def test_admission_charges_the_larger_of_app_sum_and_init_peak(api, app, extender):
     """Inventory: quota-webhook-init"""
-    await _quota(api, app, "5000")
+    await create_quota(api, app, {"limits.nvidia.com/gpumem": "5000"}, namespace=NAMESPACE)
     fits = make_pod(_gpu("main", 4000), init=[_gpu("setup", 4000)])
     assert (await _admit(app, extender, fits))["allowed"] is True
     too_big = make_pod(_gpu("main", 4000), init=[_gpu("setup", 6000)])
@@ -51,7 +45,7 @@ async def test_admission_charges_the_larger_of_app_sum_and_init_peak(api, app, e
 
 async def test_a_lowered_quota_applies_to_the_next_pod(api, app, extender):
     """Inventory: quota-update"""
-    await _quota(api, app, "4000")
+    await create_quota(api, app, {"limits.nvidia.com/gpumem": "4000"}, namespace=NAMESPACE)
     assert (await _admit(app, extender, make_pod(_gpu("main", 3000))))["allowed"] is True
     api.patch("resourcequotas", "gpu", {"spec": {"hard": {"limits.nvidia.com/gpumem": "2000"}}},
               namespace=NAMESPACE)

@@ -20,10 +20,10 @@ from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.k8s.leader import holds_lease
 from hami_py.k8s.registration import COMPONENT_LABEL, ROLE_LABEL, is_requesting
+from tests.conftest import HANDSHAKE, handshake_of, keeper_passes
 
 NAMESPACE = "hami-system"
 LEASE = "hami-scheduler"
-HANDSHAKE = "hami.io/node-handshake"
 
 
 def _lease(holder: str, *, duration: int = 3600) -> dict:
@@ -45,10 +45,6 @@ def _options(host: str):
                             pod_name=f"hami-{host}", pod_namespace=NAMESPACE, registration_interval_s=0.05)
 
 
-def _handshake(api) -> str | None:
-    return api.get("nodes", "n1")["metadata"]["annotations"].get(HANDSHAKE)
-
-
 def _role(api, pod: str) -> str | None:
     return api.get("pods", pod, namespace=NAMESPACE)["metadata"]["labels"].get(ROLE_LABEL)
 
@@ -57,9 +53,10 @@ def _answer(api, text: str) -> None:
     api.patch("nodes", "n1", {"metadata": {"annotations": {HANDSHAKE: f"Reported {text}"}}})
 
 
-async def _passes(app, count: int) -> None:
-    target = app.keeper.stats.passes + count
-    await wait_for(lambda: app.keeper.stats.passes >= target, what=f"{count} keeper passes")
+def _parked(app) -> int:
+    """How many /filter requests wait in the replica for it to lead (the waiters of the event
+    SchedulerService.filter awaits; asyncio keeps them in ``Event._waiters``)."""
+    return len(app.service.synced._waiters)
 
 
 async def _status(url: str, path: str) -> int:
@@ -83,24 +80,25 @@ async def test_only_the_leader_keeps_registration_and_serves_filter_until_fail_o
         assert not b.leadership.is_leader
 
         # The leader stamps the handshake and labels the scheduler pods; the follower writes nothing.
-        await wait_for(lambda: is_requesting(_handshake(api)), what="handshake stamped by the leader")
+        await wait_for(lambda: is_requesting(handshake_of(api)), what="handshake stamped by the leader")
         await wait_for(lambda: (_role(api, "hami-a"), _role(api, "hami-b")) == ("leader", "follower"),
                        what="role labels")
         await wait_for(lambda: a.keeper.stats.requests == 1, what="the leader's write done")
         _answer(api, "by plugin 1")
-        await wait_for(lambda: a.keeper.stats.requests == 2 and is_requesting(_handshake(api)),
+        await wait_for(lambda: a.keeper.stats.requests == 2 and is_requesting(handshake_of(api)),
                        what="handshake stamped again")
-        await wait_for(lambda: b.keeper.nodes["n1"][0].value == _handshake(api), what="follower saw it")
-        await _passes(b, 2)
+        await wait_for(lambda: b.keeper.nodes["n1"][0].value == handshake_of(api), what="follower saw it")
+        await keeper_passes(b, 2)
         assert b.keeper.stats.requests == 0
         assert b.keeper.stats.role_patches == 0
 
         # The follower's /filter waits; it is ready all the same (upstream's /readyz is always 200).
         waiting = asyncio.create_task(ext_b.filter(api.create("pods", gpu_pod("p-b", gpumem=1000)), ["n1"]))
+        await wait_for(lambda: _parked(b) == 1, what="b to receive its /filter")
         served = await ext_a.filter(api.create("pods", gpu_pod("p-a", gpumem=1000)), ["n1"])
         assert served["NodeNames"] == ["n1"]
         assert await _status(b.url, "/readyz") == 200 and await _status(b.url, "/healthz") == 200
-        assert not waiting.done()
+        assert not waiting.done() and _parked(b) == 1
 
         # Fail-over: the sidecar on b takes the Lease.
         api.update("leases", {**api.get("leases", LEASE, namespace=NAMESPACE),
@@ -113,15 +111,16 @@ async def test_only_the_leader_keeps_registration_and_serves_filter_until_fail_o
                        what="role labels after fail-over")
         a_requests = a.keeper.stats.requests
         _answer(api, "by plugin 2")
-        await wait_for(lambda: b.keeper.stats.requests == 1 and is_requesting(_handshake(api)),
+        await wait_for(lambda: b.keeper.stats.requests == 1 and is_requesting(handshake_of(api)),
                        what="handshake stamped by the new leader")
-        await _passes(a, 2)
+        await keeper_passes(a, 2)
         assert a.keeper.stats.requests == a_requests
 
         # The old leader's /filter now waits in turn.
         a_waiting = asyncio.create_task(ext_a.filter(api.create("pods", gpu_pod("p-a2", gpumem=1000)), ["n1"]))
+        await wait_for(lambda: _parked(a) == 1, what="a to receive its /filter")
         assert (await ext_b.filter(api.create("pods", gpu_pod("p-b2", gpumem=1000)), ["n1"]))["NodeNames"] == ["n1"]
-        assert not a_waiting.done()
+        assert not a_waiting.done() and _parked(a) == 1
 
         # A Lease that stops being renewed ends leadership without any event...
         lease = api.get("leases", LEASE, namespace=NAMESPACE)

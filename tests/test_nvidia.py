@@ -267,30 +267,30 @@ def test_renamed_resources_follow_config():
     assert request(renamed, {"example.com/vgpu": "1", "example.com/vgpu-memory": "1000"}) == nv(memreq=1000)
 
 
+def _refused(resource: str, value: object, problem: str, *, shown: str | None = None) -> tuple[dict, str]:
+    """A table row: limits with ``resource: value`` (beside one GPU, unless it is the count) and
+    the refusal naming the container, the resource and the value as written."""
+    limits: dict = {} if resource == "nvidia.com/gpu" else {"nvidia.com/gpu": "1"}
+    limits[resource] = value
+    return limits, f'container "train": {resource} "{value if shown is None else shown}" {problem}'
+
+
 @pytest.mark.parametrize("limits, message", [
-    ({"nvidia.com/gpu": "1.5"}, 'container "train": nvidia.com/gpu "1.5" is not a whole number'),
-    ({"nvidia.com/gpu": "500m"}, 'container "train": nvidia.com/gpu "500m" is not a whole number'),
-    ({"nvidia.com/gpu": "two"}, 'container "train": nvidia.com/gpu "two" is not a whole number'),
-    ({"nvidia.com/gpu": "-1"}, 'container "train": nvidia.com/gpu "-1" must not be negative'),
-    ({"nvidia.com/gpu": "3e9"}, 'container "train": nvidia.com/gpu "3e9" is out of range (at most 2147483647)'),
-    ({"nvidia.com/gpu": None}, 'container "train": nvidia.com/gpu "null" is not a whole number'),
-    ({"nvidia.com/gpu": 1.5}, 'container "train": nvidia.com/gpu "1.5" is not a whole number'),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1.5"},
-     'container "train": nvidia.com/gpumem "1.5" is not a whole number of MiB'),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "0.3Ki"},
-     'container "train": nvidia.com/gpumem "0.3Ki" is not a whole number of MiB'),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1500m"},
-     'container "train": nvidia.com/gpumem "1500m" is not a whole number of MiB'),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "-1"},
-     'container "train": nvidia.com/gpumem "-1" is out of range: must be between 0 and 2147483647 MiB'),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2Gi"},
-     'container "train": nvidia.com/gpumem "2Gi" is out of range: must be between 0 and 2147483647 MiB'),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "12.5"},
-     'container "train": nvidia.com/gpucores "12.5" is not a whole number'),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "-10"},
-     'container "train": nvidia.com/gpucores "-10" must not be negative'),
-    ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "1e10"},
-     'container "train": nvidia.com/gpucores "1e10" is out of range (at most 2147483647)'),
+    _refused("nvidia.com/gpu", "1.5", "is not a whole number"),
+    _refused("nvidia.com/gpu", "500m", "is not a whole number"),
+    _refused("nvidia.com/gpu", "two", "is not a whole number"),
+    _refused("nvidia.com/gpu", "-1", "must not be negative"),
+    _refused("nvidia.com/gpu", "3e9", "is out of range (at most 2147483647)"),
+    _refused("nvidia.com/gpu", None, "is not a whole number", shown="null"),
+    _refused("nvidia.com/gpu", 1.5, "is not a whole number"),
+    _refused("nvidia.com/gpumem", "1.5", "is not a whole number of MiB"),
+    _refused("nvidia.com/gpumem", "0.3Ki", "is not a whole number of MiB"),
+    _refused("nvidia.com/gpumem", "1500m", "is not a whole number of MiB"),
+    _refused("nvidia.com/gpumem", "-1", "is out of range: must be between 0 and 2147483647 MiB"),
+    _refused("nvidia.com/gpumem", "2Gi", "is out of range: must be between 0 and 2147483647 MiB"),
+    _refused("nvidia.com/gpucores", "12.5", "is not a whole number"),
+    _refused("nvidia.com/gpucores", "-10", "must not be negative"),
+    _refused("nvidia.com/gpucores", "1e10", "is out of range (at most 2147483647)"),
 ])
 def test_malformed_values_are_refused_loudly(vendor, limits, message):
     # upstream silently drops the whole request (defect 17.5); we name the container and value

@@ -3,21 +3,16 @@
 from __future__ import annotations
 
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
-from tests.conftest import wait_until
+from tests.conftest import create_quota, register_nodes, wait_until
 
 
-def _quota(name, ns="team", **hard):
-    return {"metadata": {"name": name, "namespace": ns}, "spec": {"hard": hard}}
-
-
-async def _setup(api, app, quota):
-    api.create("nodes", gpu_node("n1", gpus=2))
-    api.create("resourcequotas", quota)
-    await wait_until(lambda: "n1" in app.cache.nodes and app.cache.quota.limits.get("team"), "node and quota")
+async def _setup(api, app, hard: dict, name: str = "gpu"):
+    await register_nodes(api, app, gpu_node("n1", gpus=2))
+    await create_quota(api, app, hard, namespace="team", name=name)
 
 
 async def test_memory_quota_blocks_the_pod_that_would_exceed_it(api, app, extender):
-    await _setup(api, app, _quota("gpu", **{"limits.nvidia.com/gpumem": "10000"}))
+    await _setup(api, app, {"limits.nvidia.com/gpumem": "10000"})
     a = api.create("pods", gpu_pod("a", namespace="team", gpumem=6000))
     assert (await extender.filter(a, ["n1"]))["NodeNames"] == ["n1"]
     b = api.create("pods", gpu_pod("b", namespace="team", gpumem=6000))
@@ -33,7 +28,7 @@ async def test_memory_quota_blocks_the_pod_that_would_exceed_it(api, app, extend
 
 
 async def test_core_quota_and_quota_updates_apply_at_once(api, app, extender):
-    await _setup(api, app, _quota("gpu", **{"limits.nvidia.com/gpucores": "50"}))
+    await _setup(api, app, {"limits.nvidia.com/gpucores": "50"})
     p = api.create("pods", gpu_pod("p", namespace="team", gpumem=100, gpucores=60))
     assert (await extender.filter(p, ["n1"]))["FailedNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
     api.patch("resourcequotas", "gpu", {"spec": {"hard": {"limits.nvidia.com/gpucores": "100"}}}, namespace="team")
@@ -44,7 +39,7 @@ async def test_core_quota_and_quota_updates_apply_at_once(api, app, extender):
 
 
 async def test_multi_gpu_pod_counts_every_device_against_the_quota(api, app, extender):
-    await _setup(api, app, _quota("gpu", **{"limits.nvidia.com/gpumem": "7000"}))
+    await _setup(api, app, {"limits.nvidia.com/gpumem": "7000"})
     p = api.create("pods", gpu_pod("p", namespace="team", gpus=2, gpumem=4000))
     result = await extender.filter(p, ["n1"])
     # The first device fits (4000), the second would make 8000 > 7000.
@@ -52,10 +47,11 @@ async def test_multi_gpu_pod_counts_every_device_against_the_quota(api, app, ext
 
 
 async def test_ignored_quota_keys_and_smallest_of_several_quotas(api, app, extender):
-    await _setup(api, app, _quota("a", **{"limits.nvidia.com/gpumem": "9000", "requests.nvidia.com/gpumem": "1",
-                                          "nvidia.com/gpu": "1", "limits.nvidia.com/gpumem-percentage": "1"}))
-    api.create("resourcequotas", _quota("b", **{"limits.nvidia.com/gpumem": "5000"}))
-    await wait_until(lambda: app.cache.quota.limits["team"][("NVIDIA", "mem")] == 5000, "second quota")
+    await _setup(api, app, {"limits.nvidia.com/gpumem": "9000", "requests.nvidia.com/gpumem": "1",
+                            "nvidia.com/gpu": "1", "limits.nvidia.com/gpumem-percentage": "1"}, name="a")
+    assert app.cache.quota.limits["team"] == {("NVIDIA", "mem"): 9000}
+    await create_quota(api, app, {"limits.nvidia.com/gpumem": "5000"}, namespace="team", name="b")
+    assert app.cache.quota.limits["team"][("NVIDIA", "mem")] == 5000
     p = api.create("pods", gpu_pod("p", namespace="team", gpumem=6000))
     assert (await extender.filter(p, ["n1"]))["FailedNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
     q = api.create("pods", gpu_pod("q", namespace="team", gpumem=4000))

@@ -14,14 +14,10 @@ from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, gpu_uuid, registration
 from hami_py.k8s.registration import STAMP_FORMAT, is_requesting
+from tests.conftest import HANDSHAKE, handshake_of, keeper_passes
 
-HANDSHAKE = "hami.io/node-handshake"
 CORDON = "hami.io/device-cordon"
 UNREGISTERED = "node unregistered"
-
-
-def _handshake(api, node: str) -> str | None:
-    return (api.get("nodes", node)["metadata"].get("annotations") or {}).get(HANDSHAKE)
 
 
 def _node(name: str, *, allocatable: str = "80", handshake: str | None = "Reported 2026-01-01 00:00:00",
@@ -49,12 +45,6 @@ async def _filter(extender, api, pod_name: str, nodes: list[str], **pod_kw) -> d
     return await extender.filter(pod, nodes)
 
 
-async def _passes(app, count: int) -> None:
-    """Let the keeper run ``count`` more passes of its own (proof that time went by for it)."""
-    target = app.keeper.stats.passes + count
-    await wait_for(lambda: app.keeper.stats.passes >= target, timeout=20, what=f"{count} keeper passes")
-
-
 async def test_scheduler_requests_a_handshake_once_per_plugin_answer(api):
     api.create("nodes", _node("reported"))
     api.create("nodes", _node("fresh", handshake=None))
@@ -62,14 +52,14 @@ async def test_scheduler_requests_a_handshake_once_per_plugin_answer(api):
            "status": {"allocatable": {"cpu": "8"}}}
     api.create("nodes", cpu)
     async with running_scheduler(api, options=embedded_options(registration_interval_s=0.05)) as app:
-        await wait_for(lambda: is_requesting(_handshake(api, "reported")) and is_requesting(_handshake(api, "fresh")),
+        await wait_for(lambda: all(is_requesting(handshake_of(api, n)) for n in ("reported", "fresh")),
                        what="both GPU nodes stamped Requesting_")
         for node in ("reported", "fresh"):
-            prefix, _, stamp = _handshake(api, node).partition("_")
+            prefix, _, stamp = handshake_of(api, node).partition("_")
             assert prefix == "Requesting"
             time.strptime(stamp, STAMP_FORMAT)   # upstream's layout, local time
         # Nothing more to say until a plugin answers: sweeps do not re-stamp.
-        await _passes(app, 3)
+        await keeper_passes(app, 3)
         assert _node_patches(api, "reported") == 1 and _node_patches(api, "fresh") == 1
         # A node without a registration is none of the handshake's business (upstream stamps it).
         assert HANDSHAKE not in (api.get("nodes", "cpu-only")["metadata"].get("annotations") or {})
@@ -77,8 +67,8 @@ async def test_scheduler_requests_a_handshake_once_per_plugin_answer(api):
 
         # The plugin answers; the scheduler asks again, once.
         api.patch("nodes", "reported", {"metadata": {"annotations": {HANDSHAKE: _reported()}}})
-        await wait_for(lambda: is_requesting(_handshake(api, "reported")), what="handshake requested again")
-        await _passes(app, 3)
+        await wait_for(lambda: is_requesting(handshake_of(api, "reported")), what="handshake requested again")
+        await keeper_passes(app, 3)
         assert _node_patches(api, "reported") == 2
         assert app.keeper.stats.requests == 3
 
@@ -99,7 +89,7 @@ async def test_silent_plugin_is_dropped_after_the_timeout_and_stays_dropped(api)
             # A device plugin re-registers on its own period (30 s against upstream's 60 s
             # timeout; here 0.3 s against 3 s) and answers a pending request when it does.
             while not stop.is_set():
-                if is_requesting(_handshake(api, node)):
+                if is_requesting(handshake_of(api, node)):
                     api.patch("nodes", node, {"metadata": {"annotations": {HANDSHAKE: _reported()}}})
                 try:
                     await asyncio.wait_for(stop.wait(), 0.3)
@@ -108,7 +98,7 @@ async def test_silent_plugin_is_dropped_after_the_timeout_and_stays_dropped(api)
 
         plugin = asyncio.create_task(plugin_answers("answering"))
         try:
-            await wait_for(lambda: _handshake(api, "silent") is None, timeout=20,
+            await wait_for(lambda: handshake_of(api, "silent") is None, timeout=20,
                            what="the silent plugin's handshake cleaned up")
             result = await _filter(extender, api, "p1", ["answering", "silent", "advertised"])
             assert result["NodeNames"] and result["NodeNames"][0] in ("answering", "advertised")
@@ -119,22 +109,22 @@ async def test_silent_plugin_is_dropped_after_the_timeout_and_stays_dropped(api)
             assert result["FailedNodes"] == {"silent": UNREGISTERED}
             await wait_for(lambda: app.keeper.stats.cleanups == 1, what="the cleanup write done")
             assert _node_patches(api, "advertised") == 1          # stamped once, never cleaned up
-            assert is_requesting(_handshake(api, "advertised"))
+            assert is_requesting(handshake_of(api, "advertised"))
             assert _node_patches(api, "answering") >= 3           # asked, answered, asked again
 
             # Upstream flaps here: it re-stamps the missing handshake and re-admits the stale
             # devices for another timeout. A gone plugin stays gone until it shows life.
             requests = app.keeper.stats.requests
             silent_patches = _node_patches(api, "silent")
-            await _passes(app, 5)
-            assert _handshake(api, "silent") is None
+            await keeper_passes(app, 5)
+            assert handshake_of(api, "silent") is None
             assert _node_patches(api, "silent") == silent_patches
             result = await _filter(extender, api, "p2", ["silent"])
             assert result["FailedNodes"] == {"silent": UNREGISTERED}
 
             # It answers again: back in, and asked again.
             api.patch("nodes", "silent", {"metadata": {"annotations": {HANDSHAKE: _reported()}}})
-            await wait_for(lambda: is_requesting(_handshake(api, "silent")), what="the returning plugin asked")
+            await wait_for(lambda: is_requesting(handshake_of(api, "silent")), what="the returning plugin asked")
             assert app.keeper.stats.requests > requests
             result = await _filter(extender, api, "p3", ["silent"])
             assert result["NodeNames"] == ["silent"], result
@@ -149,18 +139,18 @@ async def test_allocatable_falling_to_zero_drops_an_nvidia_node_at_once(api):
     async with running_scheduler(api, options=embedded_options(registration_interval_s=0.05)) as app:
         extender = ExtenderClient(app.url)
         try:
-            await wait_for(lambda: is_requesting(_handshake(api, "n1")), what="n1 stamped")
+            await wait_for(lambda: is_requesting(handshake_of(api, "n1")), what="n1 stamped")
             api.patch("nodes", "n1", {"status": {"allocatable": {"nvidia.com/gpu": "0"}}})
             await wait_for(lambda: app.cache.nodes["n1"].plugin_gone, what="n1 judged gone")
             result = await _filter(extender, api, "p1", ["n1"])
             assert result["FailedNodes"] == {"n1": UNREGISTERED}
-            await wait_for(lambda: _handshake(api, "n1") is None, what="n1's handshake cleaned up")
-            await _passes(app, 3)
-            assert _handshake(api, "n1") is None and app.cache.nodes["n1"].plugin_gone
+            await wait_for(lambda: handshake_of(api, "n1") is None, what="n1's handshake cleaned up")
+            await keeper_passes(app, 3)
+            assert handshake_of(api, "n1") is None and app.cache.nodes["n1"].plugin_gone
 
             # The kubelet advertises the GPUs again (plugin restarted): usable, and asked again.
             api.patch("nodes", "n1", {"status": {"allocatable": {"nvidia.com/gpu": "80"}}})
-            await wait_for(lambda: is_requesting(_handshake(api, "n1")), what="n1 asked again")
+            await wait_for(lambda: is_requesting(handshake_of(api, "n1")), what="n1 asked again")
             result = await _filter(extender, api, "p2", ["n1"])
             assert result["NodeNames"] == ["n1"], result
         finally:
@@ -216,16 +206,16 @@ async def test_node_label_selector_limits_registration_and_upkeep(api):
     async with running_scheduler(api, options=options) as app:
         extender = ExtenderClient(app.url)
         try:
-            await wait_for(lambda: is_requesting(_handshake(api, "in")), what="selected node stamped")
+            await wait_for(lambda: is_requesting(handshake_of(api, "in")), what="selected node stamped")
             result = await _filter(extender, api, "p1", ["out"])
             assert result["FailedNodes"] == {"out": UNREGISTERED}
             result = await _filter(extender, api, "p1b", ["in", "out"])
             assert result["NodeNames"] == ["in"]
-            await _passes(app, 3)
+            await keeper_passes(app, 3)
             assert _node_patches(api, "out") == 0
 
             api.patch("nodes", "out", {"metadata": {"labels": {"pool": "gpu"}}})
-            await wait_for(lambda: is_requesting(_handshake(api, "out")), what="newly selected node stamped")
+            await wait_for(lambda: is_requesting(handshake_of(api, "out")), what="newly selected node stamped")
             api.patch("nodes", "in", {"metadata": {"labels": {"pool": None}}})
             await wait_for(lambda: "in" not in app.cache.nodes, what="deselected node dropped")
             result = await _filter(extender, api, "p2", ["in"])
@@ -240,7 +230,7 @@ async def test_a_failed_handshake_write_is_retried_by_the_next_sweep(api):
     api.create("nodes", _node("n1"))
     fault = api.faults.add(method="PATCH", path="^/api/v1/nodes/n1$", status=500, times=2)
     async with running_scheduler(api, options=embedded_options(registration_interval_s=0.05)) as app:
-        await wait_for(lambda: is_requesting(_handshake(api, "n1")), what="handshake written after the faults")
+        await wait_for(lambda: is_requesting(handshake_of(api, "n1")), what="handshake written after the faults")
         assert fault.hits == 2
         await wait_for(lambda: app.keeper.stats.requests == 1, what="the successful write counted")
         assert app.keeper.stats.write_errors == 2

@@ -58,6 +58,16 @@ async def tls_server(context: ssl.SSLContext):
         await server.wait_closed()
 
 
+@pytest.fixture
+async def listener(pair):
+    """A loopback TLS listener serving ``pair`` through a ReloadingTLS that looks at the files on
+    every handshake: (the ReloadingTLS, the port)."""
+    cert_file, key_file, _ = pair
+    tls = ReloadingTLS(cert_file=cert_file, key_file=key_file, check_interval_s=0)
+    async with tls_server(tls.context) as port:
+        yield tls, port
+
+
 async def served_certificate(ca: trustme.CA, port: int) -> bytes:
     """The certificate a new, verifying connection is shown (DER)."""
     client = ssl.create_default_context()
@@ -69,39 +79,36 @@ async def served_certificate(ca: trustme.CA, port: int) -> bytes:
         writer.close()
 
 
-async def test_rotated_pair_is_served_to_the_next_connection(ca, pair):
+async def test_rotated_pair_is_served_to_the_next_connection(ca, pair, listener):
     cert_file, key_file, first = pair
-    tls = ReloadingTLS(cert_file=cert_file, key_file=key_file, check_interval_s=0)
-    async with tls_server(tls.context) as port:
-        assert await served_certificate(ca, port) == der_of(first)
-        second = ca.issue_cert(*HOSTS)
-        install(second, cert_file, key_file)
-        assert await served_certificate(ca, port) == der_of(second)
-        assert await served_certificate(ca, port) == der_of(second)
-        assert tls.reloads == 1
+    tls, port = listener
+    assert await served_certificate(ca, port) == der_of(first)
+    second = ca.issue_cert(*HOSTS)
+    install(second, cert_file, key_file)
+    assert await served_certificate(ca, port) == der_of(second)
+    assert await served_certificate(ca, port) == der_of(second)
+    assert tls.reloads == 1
 
 
-async def test_half_rotated_pair_keeps_the_old_certificate_until_the_key_arrives(ca, pair):
+async def test_half_rotated_pair_keeps_the_old_certificate_until_the_key_arrives(ca, pair, listener):
     cert_file, key_file, first = pair
-    tls = ReloadingTLS(cert_file=cert_file, key_file=key_file, check_interval_s=0)
-    async with tls_server(tls.context) as port:
-        second = ca.issue_cert(*HOSTS)
-        write_atomically(cert_file, second.cert_chain_pems[0].bytes())  # key not yet replaced
-        assert await served_certificate(ca, port) == der_of(first)
-        write_atomically(key_file, second.private_key_pem.bytes())
-        assert await served_certificate(ca, port) == der_of(second)
-        assert tls.reloads == 1
+    tls, port = listener
+    second = ca.issue_cert(*HOSTS)
+    write_atomically(cert_file, second.cert_chain_pems[0].bytes())  # key not yet replaced
+    assert await served_certificate(ca, port) == der_of(first)
+    write_atomically(key_file, second.private_key_pem.bytes())
+    assert await served_certificate(ca, port) == der_of(second)
+    assert tls.reloads == 1
 
 
-async def test_missing_files_keep_the_old_certificate(ca, pair):
+async def test_missing_files_keep_the_old_certificate(ca, pair, listener):
     cert_file, key_file, first = pair
-    tls = ReloadingTLS(cert_file=cert_file, key_file=key_file, check_interval_s=0)
-    async with tls_server(tls.context) as port:
-        os.remove(cert_file)
-        assert await served_certificate(ca, port) == der_of(first)
-        second = ca.issue_cert(*HOSTS)
-        install(second, cert_file, key_file)
-        assert await served_certificate(ca, port) == der_of(second)
+    _, port = listener
+    os.remove(cert_file)
+    assert await served_certificate(ca, port) == der_of(first)
+    second = ca.issue_cert(*HOSTS)
+    install(second, cert_file, key_file)
+    assert await served_certificate(ca, port) == der_of(second)
 
 
 async def test_secret_volume_update_is_picked_up(ca, tmp_path):

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import orjson
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
@@ -484,21 +484,73 @@ json_values = st.recursive(
     max_leaves=12)
 
 
-@settings(max_examples=100, deadline=None)
-@given(spec=st.dictionaries(st.sampled_from(["containers", "initContainers", "schedulerName", "nodeName",
-                                             "runtimeClassName"]), json_values, max_size=4),
-       containers=st.lists(st.fixed_dictionaries({}, optional={
-           "name": json_values, "resources": json_values, "env": json_values, "securityContext": json_values,
-       }), max_size=2))
-def test_no_review_makes_the_webhook_raise(spec, containers):
-    pod = {"metadata": {"name": "x"}, "spec": dict(spec)}
-    if containers:
-        pod["spec"]["containers"] = containers
-    answer = review(envelope(pod), settings=OURS, vendors=CHART_VENDORS)
-    response = answer["response"]
-    assert response["status"]["code"] in (200, 400, 403, 500)
-    if response["status"]["code"] == 500:  # only a vendor's refusal of a request may be a 500
-        assert "internal error" not in response["status"]["message"]
+_NVIDIA = DeviceConfig.default().nvidia
+NVIDIA_RESOURCES = [_NVIDIA.resource_count_name, _NVIDIA.resource_memory_name,
+                    _NVIDIA.resource_memory_percentage_name, _NVIDIA.resource_core_name,
+                    _NVIDIA.resource_priority_name]
+
+
+def _mostly(good, bad=json_values):
+    """``good`` most of the time, else any JSON value: the shape checks stay in play without
+    drowning the device path in 400s."""
+    return st.integers(0, 7).flatmap(lambda n: bad if n == 7 else good)
+
+
+# A quantity as a user may write it: mostly plausible, sometimes malformed, sometimes not a string.
+quantities = _mostly(st.integers(0, 16).map(str) | st.integers(0, 100000).map(str)
+                     | st.sampled_from(["-1", "1.5", "500m", "2Gi", "0.3Ki", "1e3", "", "two"]))
+resource_lists = st.dictionaries(st.sampled_from([*NVIDIA_RESOURCES, "cpu", "memory"]), quantities,
+                                 min_size=1, max_size=4)
+resources = _mostly(st.fixed_dictionaries({"limits": resource_lists}, optional={"requests": resource_lists}))
+env_lists = st.lists(st.fixed_dictionaries({"name": st.sampled_from(["A", "B"]), "value": st.text(max_size=3)}),
+                     max_size=2)
+containers = st.fixed_dictionaries(
+    {"name": _mostly(st.sampled_from(["main", "side"])), "resources": resources},
+    optional={"env": _mostly(env_lists),
+              "securityContext": _mostly(st.fixed_dictionaries({}, optional={"privileged": st.booleans()}))})
+
+
+def test_no_review_makes_the_webhook_raise():
+    """Random pods, most of them asking for NVIDIA devices in well- and ill-formed ways: every
+    review gets an answer, an allowed one with a patch that applies, and the device path (admitted
+    to our scheduler, or refused by the vendor) is actually reached."""
+    outcomes: dict[str, int] = {}
+
+    @settings(max_examples=150, deadline=None)
+    @given(spec=st.fixed_dictionaries({}, optional={
+               "containers": json_values, "initContainers": _mostly(st.lists(containers, max_size=2)),
+               "schedulerName": _mostly(st.sampled_from(["default-scheduler", "hami-scheduler", "other"])),
+               "nodeName": _mostly(st.just("n1")), "runtimeClassName": _mostly(st.sampled_from(["nvidia", ""]))}),
+           app_containers=_mostly(st.lists(containers, min_size=1, max_size=2), st.just([])))
+    # Regression: a null container name beside a malformed device request.
+    @example(spec={}, app_containers=[{"name": None, "resources": {"limits": {"nvidia.com/gpu": "-1"}}}])
+    def one_review(spec, app_containers):
+        pod = {"metadata": {"name": "x"}, "spec": dict(spec)}
+        if app_containers:
+            pod["spec"]["containers"] = app_containers
+        answer = review(envelope(pod), settings=OURS, vendors=CHART_VENDORS)
+        response = answer["response"]
+        code = response["status"]["code"]
+        assert code in (200, 400, 403, 500)
+        if code == 500:  # only a vendor's refusal of a request may be a 500
+            assert "internal error" not in response["status"]["message"]
+            assert any(name in response["status"]["message"] for name in NVIDIA_RESOURCES), response
+            outcome = "device request refused"
+        elif response["allowed"]:
+            operations = orjson.loads(base64.b64decode(response["patch"])) if "patch" in response else []
+            admitted = apply_json_patch(pod, operations)
+            asks = any(name in ((c.get("resources") or {}).get(kind) or {}) for c in admitted["spec"]["containers"]
+                       for kind in ("limits", "requests") for name in NVIDIA_RESOURCES)
+            ours = admitted["spec"].get("schedulerName") == "hami-scheduler"
+            outcome = "admitted to hami-scheduler" if asks and ours else "allowed"
+        elif any(name in response["status"]["message"] for name in NVIDIA_RESOURCES):
+            outcome = "device request refused"
+        else:
+            outcome = f"denied {code}"
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+
+    one_review()
+    assert outcomes.get("admitted to hami-scheduler") and outcomes.get("device request refused"), outcomes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from hami_py.devices.codec import decode_pod_devices
 from hami_py.embedded import embedded_options
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node
-from tests.conftest import assert_books_balance, wait_until
+from tests.conftest import assert_books_balance, create_quota, register_nodes
 from tests.test_webhook import apply_json_patch, container, envelope, make_pod
 
 
@@ -44,8 +44,7 @@ async def _post_review(https, app, body, *, content_type="application/json"):
 
 async def test_admitted_pod_is_scheduled_by_hami_over_https(api, app, https):
     assert app.url.startswith("https://")
-    api.create("nodes", gpu_node("gpu-1", gpus=2))
-    await wait_until(lambda: "gpu-1" in app.cache.nodes, "node registered")
+    await register_nodes(api, app, gpu_node("gpu-1", gpus=2))
 
     pod = make_pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}), namespace="default")
     status, answer = await _post_review(https, app, envelope(pod, uid="a1b2"))
@@ -74,13 +73,24 @@ async def test_denial_travels_back_over_https(app, https):
         "code": 403, "reason": "Forbidden", "message": "container main is privileged"}}
 
 
-async def test_quota_callable_of_the_running_app_is_consulted(app, https):
-    calls = []
-    app.fit_quota = lambda *request: calls.append(request) or False
-    pod = make_pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2048"}))
-    _, answer = await _post_review(https, app, envelope(pod))
-    assert answer["response"]["status"]["message"] == "exceeding resource quota"
-    assert calls == [("team-a", "NVIDIA", 2048, 0)]
+async def test_namespace_quota_the_running_app_watches_is_enforced_at_admission(api, app, https):
+    """A real ResourceQuota in the API server, seen through the scheduler's watch: the review
+    charges the pod's memory and cores to the pod's namespace."""
+    await create_quota(api, app, {"limits.nvidia.com/gpumem": "2048", "limits.nvidia.com/gpucores": "0"},
+                       namespace="team-a")
+
+    async def admitted(namespace: str, **limits: str) -> dict:
+        pod = make_pod(container(limits={"nvidia.com/gpu": "1", **limits}), namespace=namespace)
+        _, answer = await _post_review(https, app, envelope(pod))
+        return answer["response"]
+
+    over = await admitted("team-a", **{"nvidia.com/gpumem": "2049"})
+    assert over["allowed"] is False
+    assert over["status"] == {"code": 403, "reason": "Forbidden", "message": "exceeding resource quota"}
+    assert (await admitted("team-a", **{"nvidia.com/gpumem": "2048"}))["allowed"] is True
+    cores = await admitted("team-a", **{"nvidia.com/gpumem": "1000", "nvidia.com/gpucores": "1"})
+    assert cores["allowed"] is False and cores["status"]["message"] == "exceeding resource quota"
+    assert (await admitted("team-b", **{"nvidia.com/gpumem": "4096"}))["allowed"] is True  # not its quota
 
 
 @pytest.mark.parametrize("body,content_type,message", [
