@@ -158,3 +158,22 @@ def test_leader_election_without_a_lease_name_is_refused(capsys):
                      device_config=DeviceConfig.default(), configuration=None)
     assert cli_main(["--leader-elect", "--leader-elect-resource-name", LEASE]) == 2
     assert "--leader-elect-resource-namespace" in capsys.readouterr().err
+
+
+async def test_the_lease_watch_sees_its_own_lease_only(api):
+    """kube-system holds many Leases (each API server renews its identity lease every 10 s): the
+    scheduler watches its one Lease by name, so the others never reach it."""
+    api.create("leases", _lease("a_5f0c3a4e-0c6b-4e8e-9a51-0d7f3c9b2a10"))
+    async with running_scheduler(api, options=_options("a"), device_plugin=False) as app:
+        await wait_for(lambda: app.leadership.is_leader, what="leadership")
+        stats = app.leadership.informer.stats
+        seen = stats.events
+        other = api.create("leases", {**_lease("someone-else"), "metadata": {"name": "apiserver-x", "namespace": NAMESPACE}})
+        for i in range(5):
+            other["spec"]["renewTime"] = f"2026-01-01T00:00:0{i}.000000Z"
+            other = api.update("leases", other)
+        ours = api.get("leases", LEASE, namespace=NAMESPACE)
+        ours["spec"]["renewTime"] = "2026-01-01T00:00:09.000000Z"
+        api.update("leases", ours)                      # after the others: seen means they were passed
+        await wait_for(lambda: stats.events > seen, what="our Lease's update")
+        assert stats.events == seen + 1

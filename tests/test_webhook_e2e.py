@@ -98,6 +98,9 @@ async def test_namespace_quota_the_running_app_watches_is_enforced_at_admission(
     (b"", "application/json", "request body is empty"),
     (b"{}", "text/plain", "contentType=text/plain, expected application/json"),
     (b"[1, 2]", "application/json", "expected an AdmissionReview object, got a list"),
+    # Nested past the limit the extender's verbs keep (once a RecursionError and a 500 here).
+    (b'{"request": {"object": {"spec": {"x": ' + b"[" * 900 + b"]" * 900 + b"}}}}",
+     "application/json", "request body nests deeper than 100 levels"),
 ])
 async def test_malformed_request_gets_a_clear_error_review(app, https, body, content_type, message):
     status, answer = await _post_review(https, app, body, content_type=content_type)
