@@ -62,11 +62,12 @@ async def test_smallest_quick_scenario_yields_well_formed_numbers(tmp_path):
 
     burst = result["burst"]
     assert burst["events"] == 3 * plan.events.burst_pods + 1      # + the sentinel's delete
-    assert _positive(burst["events_per_s"]) and burst["end_to_end_events_per_s"] <= burst["events_per_s"]
+    assert _positive(burst["events_per_s"]) and _positive(burst["end_to_end_events_per_s"])
 
     lag = result["lag"]
     _check_latencies(lag["idle_ms"], n=plan.events.idle_probes)
-    assert lag["loaded_ms"]["n"] >= 1
+    assert lag["loaded_ms"]["n"] >= 1     # the probe loop takes one at least, however slow the run
+    _check_latencies(lag["loaded_ms"], n=lag["loaded_ms"]["n"])
     assert lag["stream_events"] > 0 and _positive(lag["applied_rate"]) and _positive(lag["stream_rate"])
     # The replay: every event held, then released at the asked rate; one lag per probe node.
     replay = lag["replay"]

@@ -41,6 +41,13 @@ def informer(app, resource: str):
     return next(i for i in app.informers if i.path == f"/api/v1/{resource}")
 
 
+async def pod_events_seen(app, written: dict) -> None:
+    """Wait until the scheduler's pod informer has handled every event up to ``written`` (what
+    api.create/patch returned)."""
+    pods, target = informer(app, "pods"), int(written["metadata"]["resourceVersion"])
+    await wait_for(lambda: int(pods.resource_version or 0) >= target, what=f"the pod watch to reach {target}")
+
+
 async def add_nodes(api, app, *names: str, gpus: int = 2) -> list[str]:
     for name in names:
         api.create("nodes", gpu_node(name, gpus=gpus))
@@ -308,10 +315,11 @@ async def test_pod_deleted_between_filter_and_bind(api, app, extender):
 async def test_pod_deleted_while_its_filter_patch_is_in_flight(api, app, extender):
     names = await add_nodes(api, app, "n1")
     pod = api.create("pods", gpu_pod("p", gpumem=20000))
-    hung = api.faults.add(method="PATCH", path="/pods/p$", delay=0.3)
+    hung = api.faults.add(method="PATCH", path="/pods/p$", hang=True)
     task = asyncio.create_task(extender.filter(pod, names))
     await wait_for(lambda: hung.hits == 1, what="the patch to be in flight")
-    api.delete("pods", "p", namespace="default")
+    api.delete("pods", "p", namespace="default")    # lands while the patch is held
+    api.faults.release()
     result = await task
     assert "not found" in result["Error"], result
     await wait_books_balance(api, app)
@@ -357,7 +365,8 @@ async def test_registration_changes_under_running_pods(api, app, extender):
     devices = registration("n1", gpus=2, split=4)
     api.create("nodes", gpu_node("n1", devices=devices))
     await wait_for(lambda: "n1" in app.cache.nodes, what="node")
-    pods = [await place(api, app, extender, f"p{i}", ["n1"], gpumem=10000, gpucores=10) for i in range(4)]
+    for i in range(4):
+        await place(api, app, extender, f"p{i}", ["n1"], gpumem=10000, gpucores=10)
     held = {d["id"]: d["used"] for d in app.cache.device_usage("n1")}
 
     def register(devs):
@@ -386,7 +395,6 @@ async def test_registration_changes_under_running_pods(api, app, extender):
     await wait_for(lambda: len(app.cache.device_usage("n1")) == 2, what="registration fixed")
     await wait_books_balance(api, app)
     assert {d["id"]: d["used"] for d in app.cache.device_usage("n1")} == held
-    assert len(pods) == 4
 
 
 # ---------------------------------------------------------------------------------------- same pod twice
@@ -494,8 +502,8 @@ async def test_filter_of_a_stale_pod_object_never_decides_for_its_successor(api,
     names = await add_nodes(api, app, "n1")
     old = api.create("pods", gpu_pod("p", gpumem=20000))
     api.delete("pods", "p", namespace="default")
-    api.create("pods", gpu_pod("p", gpumem=20000))
-    await wait_for(lambda: not app.cache.pods, what="the delete seen")
+    successor = api.create("pods", gpu_pod("p", gpumem=20000))
+    await pod_events_seen(app, successor)    # the scheduler knows of the delete and the successor
     result = await extender.filter(old, names)
     assert result["Error"], result
     assert "hami.io/vgpu-node" not in api.get("pods", "p", namespace="default")["metadata"]["annotations"]
@@ -659,6 +667,9 @@ async def test_shutdown_never_hangs_when_the_registration_keeper_is_woken_at_the
         async with asyncio.timeout(5):
             await asyncio.shield(stopping)
     finally:
-        while not stopping.done():           # leave nothing running for the fixture's teardown
+        # Leave nothing running for the fixture's teardown, within a bound of its own.
+        deadline = asyncio.get_running_loop().time() + 5
+        while not stopping.done() and asyncio.get_running_loop().time() < deadline:
             keeper._task.cancel()
             await asyncio.sleep(0.01)
+        stopping.cancel()                    # a no-op when it finished

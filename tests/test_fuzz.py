@@ -4,7 +4,8 @@ garbled object never stops the others from being scheduled.
 Two doors take input from outside: the HTTP bodies kube-scheduler and the API server send
 (/filter, /bind, /webhook) and the node and pod annotations the cache decodes (anyone allowed to
 edit a pod or run a device plugin writes them). Hypothesis throws random JSON, mutated valid
-requests, raw bytes, huge and negative numbers and garbled annotation text at both; a few
+requests, raw bytes, huge and negative numbers, garbled annotation text and plausible device
+registrations with a field at an extreme (so that many are accepted and then used) at both; a few
 example tests cover what hypothesis cannot draw well (truncated bodies, lying Content-Length,
 slow clients, nesting deeper than the decoders allow).
 
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import json
 import os
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from hami_py.cache.usage import UsageCache
@@ -343,6 +345,12 @@ def test_a_pod_without_a_uid_is_refused_and_reserves_nothing(cluster):
     cluster.run(wait_books_balance(api, cluster.app))
 
 
+def _server_peers(app) -> set:
+    """Client addresses of the connections the scheduler's HTTP servers hold open right now."""
+    return {handler.transport.get_extra_info("peername")
+            for runner in app._runners for handler in runner.server.connections if handler.transport is not None}
+
+
 async def _raw_exchange(url: str, request: bytes, *, read: bool = True) -> bytes:
     """Send raw bytes; the first answer bytes, or nothing when ``read`` is false (hang up)."""
     host, port = url.removeprefix("http://").split(":")
@@ -391,12 +399,15 @@ def test_slow_clients_do_not_stall_the_others(cluster):
 
     async def scenario():
         idle = []
-        for i in range(40):
-            reader, writer = await asyncio.open_connection(host, int(port))
-            writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{\"Pod\":")
-            idle.append(writer)
-        await asyncio.sleep(0)
         try:
+            for _ in range(40):
+                _, writer = await asyncio.open_connection(host, int(port))
+                idle.append(writer)
+                writer.write(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{\"Pod\":")
+                await writer.drain()
+            # The server holds all 40 (accepted, a handler each) before the other requests go out.
+            ours = {w.get_extra_info("sockname") for w in idle}
+            await wait_for(lambda: ours <= _server_peers(cluster.app), what="the server holds the 40 slow connections")
             for _ in range(5):
                 result = await cluster.extender.filter(pod, NODES)
                 assert result["Error"] == "" and result["NodeNames"], result
@@ -422,7 +433,51 @@ allocation_text = st.one_of(
     st.builds(lambda uuid, mem, cores, tail: f"{uuid},NVIDIA,{mem},{cores}:{tail}",
               st.sampled_from([d["id"] for d in GOOD_DEVICES] + ["GPU-unknown", ""]),
               quantity_text, quantity_text, st.sampled_from(["", ";", ";;", ":", ",x"])))
-registration_text = st.one_of(
+
+_MISSING = object()   # the field is left out (Go decodes it as the zero value)
+_PLAUSIBLE_DEVICE = {"index": 0, "count": 10, "devmem": 81920, "devcore": 100, "type": "NVIDIA-A100", "numa": 0,
+                     "mode": "hami-core", "health": True}
+_EXTREME_FIELDS = {
+    "id": ["", "GPU-p0", GOOD_DEVICES[0]["id"], _MISSING],     # empty, twice on the node, another node's GPU
+    "index": [2**64 - 1, 2**64, -1, _MISSING],
+    "count": [0, -1, 1, 2**31 - 1, -(2**31), 2**31, _MISSING],
+    "devmem": [0, -5, 999, 2**31 - 1, -(2**31), 2**31, _MISSING],
+    "devcore": [0, -100, 4, 101, 2**31 - 1, _MISSING],
+    "type": ["", "Tesla T4", "AMD-MI300", _MISSING],
+    "numa": [-1, 2**31 - 1, -(2**31), 2**31, 2**63 - 1, _MISSING],
+    "mode": ["mig", "mps", "", _MISSING],
+    "health": [False, _MISSING, "true", 1],
+}
+
+
+@st.composite
+def plausible_registration(draw) -> str:
+    """A registration a device plugin could write: valid fields, with now and then one or two at
+    an extreme (negative count, devmem 2**31-1, health false, a missing field...). Most are
+    accepted, so the checks on an accepted node run; JSON or the legacy colon form."""
+    devices = []
+    for i in range(draw(st.integers(1, 3))):
+        dev = {"id": f"GPU-p{i}", **_PLAUSIBLE_DEVICE, "index": i}
+        n_odd = draw(st.sampled_from([0, 0, 1, 1, 2]))
+        for field in draw(st.permutations(sorted(_EXTREME_FIELDS)))[:n_odd]:
+            value = draw(st.sampled_from(_EXTREME_FIELDS[field]))
+            if value is _MISSING:
+                del dev[field]
+            else:
+                dev[field] = value
+        devices.append(dev)
+    if draw(st.sampled_from([True, True, False])):
+        return json.dumps(devices)   # the standard encoder: 2**64 too (orjson stops at 64 bits)
+    fields = ("id", "count", "devmem", "devcore", "type", "numa", "health", "index", "mode")
+    n_fields = draw(st.sampled_from([7, 9]))
+    segments = []
+    for dev in devices:
+        values = [dev.get(f, "") for f in fields[:n_fields]]
+        segments.append(",".join("true" if v is True else "false" if v is False else str(v) for v in values))
+    return ":".join(segments) + ":"
+
+
+garbled_registration = st.one_of(
     st.text(max_size=80),
     json_value.map(lambda v: orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS).decode()),
     st.lists(st.fixed_dictionaries({}, optional={
@@ -431,6 +486,26 @@ registration_text = st.one_of(
         "numa": numbers, "mode": json_leaf, "health": json_leaf}), max_size=4)
     .map(lambda devs: orjson.dumps(devs).decode()),
     st.text(alphabet="GPU-ab0123456789,:NVIDIA true false", max_size=80))
+
+
+@st.composite
+def registration_text(draw) -> str:
+    """Two in three plausible, one in three garbled (st.one_of would flatten the garbled
+    alternatives and draw each as often as the plausible one)."""
+    return draw(plausible_registration() if draw(st.sampled_from([True, True, False])) else garbled_registration)
+
+
+@st.composite
+def pair_score_text(draw) -> str | None:
+    """Mostly none or a well-formed pair-score annotation, sometimes a malformed one."""
+    kind = draw(st.sampled_from(["none", "none", "plausible", "garbled"]))
+    if kind == "none":
+        return None
+    if kind == "plausible":
+        return draw(st.sampled_from(["null", "[]", '[{"uuid": "GPU-p0", "score": {"GPU-p1": 100}}]',
+                                     '[{"uuid": "GPU-p0"}, null]']))
+    return draw(st.text(max_size=30) | st.sampled_from(['[{"uuid": "GPU-p0", "score": {"GPU-p1": 1.5}}]',
+                                                        '{"uuid": "GPU-p0"}', '[{"uuid": 5}]']))
 
 
 def _cache_with_good_node() -> UsageCache:
@@ -480,7 +555,7 @@ def test_garbled_pod_allocation_never_breaks_the_cache(text, node, phase, init, 
 
 
 @settings(deadline=None, max_examples=2 * EXAMPLES)
-@given(text=registration_text, score=st.one_of(st.none(), st.text(max_size=30)),
+@given(text=registration_text(), score=pair_score_text(),
        handshake=st.one_of(st.none(), st.sampled_from(["Requesting_2020-01-01 00:00:00", "Requesting_", "Requesting_x",
                                                        "Reported 2026-01-01 00:00:00", "Deleted_9999-99-99"])))
 def test_garbled_node_registration_never_breaks_the_cache_or_other_nodes(text, score, handshake):
@@ -496,7 +571,9 @@ def test_garbled_node_registration_never_breaks_the_cache_or_other_nodes(text, s
     _self_consistent(cache)
     _good_pod_still_schedules(cache, ["bad", "good"])
     entry = cache.nodes["bad"]
-    if entry.decode_error is None:
+    if entry.decode_error is not None:
+        event("registration rejected")
+    else:
         # Accepted (negative capacities included, as upstream): every field fits the kernel's
         # int32 arrays, and a pod placed there fits what the device registered.
         for dev in entry.devices:
@@ -504,6 +581,7 @@ def test_garbled_node_registration_never_breaks_the_cache_or_other_nodes(text, s
         pod = gpu_pod("probe", gpumem=1000, gpucores=5)
         pod["metadata"]["uid"] = "probe-uid"
         decision = Filterer(cache, VENDORS).decide(pod, ["bad"], parse_pod_requests(pod, VENDORS, cache.vendor_ids))
+        event("accepted, probe placed there" if decision.node == "bad" else "accepted, probe refused")
         if decision.node == "bad":
             for k, dev in enumerate(entry.devices):
                 j = entry.offset + k

@@ -33,6 +33,8 @@ SECONDS = float(os.environ.get("HAMI_SOAK_SECONDS", "10"))
 RATE = float(os.environ.get("HAMI_SOAK_RATE", "25"))
 REPORT = os.environ.get("HAMI_SOAK_REPORT")
 NODES = [f"soak{i}" for i in range(8)]
+MAX_ATTEMPTS = 20              # a pod still refused after this many filters/binds is given up
+DRAIN_TIMEOUT = max(60.0, SECONDS)
 
 
 def rss_mib() -> float:
@@ -76,8 +78,8 @@ class Stats:
 class KubeScheduler:
     """kube-scheduler's shape, in small: one scheduling loop that filters one pod at a time,
     binds asynchronously, and puts a pod whose bind failed back in its queue after a backoff
-    (kube-scheduler's starts at 1 s; shortened here). A pod that fits nowhere is given up (the
-    soak's workload deletes it)."""
+    (kube-scheduler's starts at 1 s; shortened here). A pod that fits nowhere, or is still refused
+    after MAX_ATTEMPTS tries, is given up (the soak's workload deletes it)."""
 
     def __init__(self, api, url: str, stats: Stats, *, lifetime: tuple[float, float] = (0.2, 1.5)):
         self.api = api
@@ -130,6 +132,10 @@ class KubeScheduler:
             await self._end(pod, rng, ran=True)
 
     async def _retry(self, pod: dict, rng: random.Random, attempt: int) -> None:
+        if attempt + 1 >= MAX_ATTEMPTS:
+            self.stats.counts["given_up"] += 1
+            await self._end(pod, rng, ran=False)
+            return
         await asyncio.sleep(min(1.0, 0.02 * 2 ** attempt) * rng.uniform(0.5, 1.0))   # backoff
         self.queue.put_nowait((pod, rng, attempt + 1))
 
@@ -141,14 +147,22 @@ class KubeScheduler:
             if rng.random() < 0.3:
                 self.api.patch("pods", name, {"status": {"phase": rng.choice(("Succeeded", "Failed"))}},
                                namespace="default")
+                # Workload shape, not synchronisation: a finished pod lingers a moment before
+                # its deletion, as it does in a cluster (the two events usually arrive apart).
                 await asyncio.sleep(0.05)
         self.api.delete("pods", name, namespace="default")
 
-    async def drain(self) -> None:
-        """Wait until every submitted pod has ended (placed and deleted, or given up)."""
-        while self.tasks or self.filtering or not self.queue.empty():
-            await asyncio.gather(*list(self.tasks))
-            await asyncio.sleep(0.01)
+    async def drain(self, timeout: float = DRAIN_TIMEOUT) -> None:
+        """Wait until every submitted pod has ended (placed and deleted, or given up); pods still
+        in play after ``timeout`` seconds fail the run."""
+        try:
+            async with asyncio.timeout(timeout):
+                while self.tasks or self.filtering or not self.queue.empty():
+                    await asyncio.gather(*list(self.tasks))    # and raise what a task raised
+                    await asyncio.sleep(0.01)                  # the loop takes the next queued pod
+        except TimeoutError:
+            raise TimeoutError(f"pods still in play after {timeout}s: {len(self.tasks)} running, "
+                               f"{self.queue.qsize()} queued, filtering={self.filtering}") from None
 
     async def close(self) -> None:
         self.loop_task.cancel()
@@ -237,6 +251,11 @@ async def test_soak_filter_and_bind_with_pods_coming_and_going():
     if REPORT:
         with open(REPORT, "w") as f:
             json.dump(summary, f, indent=2)
-    assert stats.counts["placed"] >= SECONDS * RATE * 0.5, summary
+    # Every pod ended exactly once, and most were placed (the cluster has room for the load;
+    # refusals come from bind races and brief crowding). Proportions, not rates: a slow machine
+    # creates fewer pods, but places as large a share of them.
+    counts = stats.counts
+    assert counts["placed"] + counts["unschedulable"] + counts["given_up"] == counts["pods"], summary
+    assert counts["placed"] >= 0.5 * counts["pods"] > 0, summary
     assert not grown, summary
     assert rss_end - rss_after_warmup < 64, summary
