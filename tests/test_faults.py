@@ -25,6 +25,7 @@ from hami_py.k8s.client import KubeClient, load_configuration
 from hami_py.k8s.informer import Informer
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
 from hami_py.scheduling.stale import decision_keys
+from tests.conftest import informer_of, pod_events_applied
 from tests.reliability_helpers import schedule_with_retries, wait_books_balance, wait_lock_free
 
 WATCHED = r"^/api/v1/(pods|nodes)$"     # list and watch paths of the informers
@@ -35,17 +36,6 @@ FULL_CARD = H200["devmem"]
 def scheduler_options():
     # A client-side timeout, so a hung API call ends (as --kube-timeout does in production).
     return embedded_options(kube_timeout=1.0)
-
-
-def informer(app, resource: str):
-    return next(i for i in app.informers if i.path == f"/api/v1/{resource}")
-
-
-async def pod_events_seen(app, written: dict) -> None:
-    """Wait until the scheduler's pod informer has handled every event up to ``written`` (what
-    api.create/patch returned)."""
-    pods, target = informer(app, "pods"), int(written["metadata"]["resourceVersion"])
-    await wait_for(lambda: int(pods.resource_version or 0) >= target, what=f"the pod watch to reach {target}")
 
 
 async def add_nodes(api, app, *names: str, gpus: int = 2) -> list[str]:
@@ -104,7 +94,7 @@ async def test_dropped_watches_resume_and_replay_what_was_missed(api, app, exten
     names = await add_nodes(api, app, "n1", "n2")
     for name in ("a", "b", "c"):
         await place(api, app, extender, name, names, gpumem=10000, gpucores=10)
-    pods = informer(app, "pods")
+    pods = informer_of(app, "pods")
     relists = pods.stats.relists_on_gone
     await hold_watches(api)
     await change_cluster_while_away(api, app, names)
@@ -120,7 +110,7 @@ async def test_compacted_history_relists_and_drops_what_was_deleted_meanwhile(ap
     names = await add_nodes(api, app, "n1", "n2")
     for name in ("a", "b", "c"):
         await place(api, app, extender, name, names, gpumem=10000, gpucores=10)
-    pods, nodes = informer(app, "pods"), informer(app, "nodes")
+    pods, nodes = informer_of(app, "pods"), informer_of(app, "nodes")
     relists = (pods.stats.relists_on_gone, nodes.stats.relists_on_gone)
     await hold_watches(api)
     await change_cluster_while_away(api, app, names)
@@ -444,7 +434,7 @@ async def _relist_during_refilter(api, app, extender) -> None:
 async def _relist_while_in_flight(api, app, extender, uid, hung) -> None:
     await wait_for(lambda: hung.hits == 1, what="the second patch to be in flight")
     assert app.cache.pods[uid].node == "n2"
-    pods = informer(app, "pods")
+    pods = informer_of(app, "pods")
     lists = pods.stats.lists
     api.patch("nodes", "n1", {"metadata": {"labels": {"touched": "yes"}}})   # history moves on
     api.compact()
@@ -503,7 +493,7 @@ async def test_filter_of_a_stale_pod_object_never_decides_for_its_successor(api,
     old = api.create("pods", gpu_pod("p", gpumem=20000))
     api.delete("pods", "p", namespace="default")
     successor = api.create("pods", gpu_pod("p", gpumem=20000))
-    await pod_events_seen(app, successor)    # the scheduler knows of the delete and the successor
+    await pod_events_applied(app, successor)    # the scheduler knows of the delete and the successor
     result = await extender.filter(old, names)
     assert result["Error"], result
     assert "hami.io/vgpu-node" not in api.get("pods", "p", namespace="default")["metadata"]["annotations"]
@@ -673,3 +663,27 @@ async def test_shutdown_never_hangs_when_the_registration_keeper_is_woken_at_the
             keeper._task.cancel()
             await asyncio.sleep(0.01)
         stopping.cancel()                    # a no-op when it finished
+
+
+async def test_a_decision_whose_cleanup_cannot_read_the_pod_is_not_charged_again_by_its_next_event(api, app, extender):
+    """A decision that landed (charged, not rolled back); kube-scheduler filters the pod again
+    against nodes where it fits nowhere, and the cleanup's read of the pod fails. The filter has
+    already dropped the charge; the pod's next event (kube-scheduler's Unschedulable status, in
+    life) still carries the decision and must not charge it back: the GPU would stay booked for
+    a pod that runs nowhere."""
+    await add_nodes(api, app, "n1", "n2", gpus=1)
+    api.patch("nodes", "n2", {"metadata": {"annotations": {"hami.io/device-cordon": ",".join(
+        d["id"] for d in registration("n2", gpus=1))}}})
+    await wait_for(lambda: "n2" in app.cache.annotated_nodes, what="n2's cordon seen")
+    pod = api.create("pods", gpu_pod("p", gpumem=FULL_CARD))
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    assert carried_decision(api, "p") and app.cache.device_usage("n1")[0]["usedmem"] == FULL_CARD
+    fault = api.faults.add(method="GET", path="/pods/p$", status=500)
+    retry = await extender.filter(pod, ["n2"])                  # fits nowhere there: all cordoned
+    assert retry["NodeNames"] is None and not retry["Error"] and fault.hits == 1
+    api.faults.clear()
+    touched = api.patch("pods", "p", {"status": {"conditions": [{"type": "PodScheduled", "status": "False"}]}},
+                        namespace="default")
+    await pod_events_applied(app, touched)
+    assert carried_decision(api, "p")                           # still on the pod: the read failed
+    assert app.cache.device_usage("n1")[0]["usedmem"] == 0

@@ -74,8 +74,11 @@ class Filterer:
         annotations = meta.get("annotations") or {}
         policies = self.policies(pod)  # may raise PolicyError: checked before anything changes
         if reserve and uid:
-            # A pod being filtered again never competes with its own earlier reservation.
-            cache.remove_pod(uid)
+            # A pod being filtered again never competes with its own earlier decision, which is
+            # void now (kube-scheduler filters unbound pods only): released, so that events still
+            # carrying it do not charge it again if this filter places the pod nowhere. A new
+            # reservation below clears that mark.
+            cache.release_pod(uid)
 
         now = time.time()
         index_of = cache.node_index_of

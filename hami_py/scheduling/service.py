@@ -111,11 +111,9 @@ class SchedulerService:
         if decision.node is None:
             self._event(pod, "filter_failed", decision)
             if stale:
-                # Uncharged now, from kube-scheduler's copy, before any await: the pod's next event
-                # (kube-scheduler's Unschedulable status, typically) must not charge it again even
-                # if the cleanup below cannot read the pod. Still under the pod's lock: no newer
+                # decide() released the old decision (events still carrying it charge nothing), so
+                # a cleanup that fails below loses nothing. Still under the pod's lock: no newer
                 # decision of ours can be in flight.
-                self.cache.forget_decision(pod)
                 await clear_stale_decision(client=self.client, cache=self.cache, vendors=self.vendors,
                                            namespace=namespace, name=name, uid=uid)
             return filter_result(failed=decision.failed)

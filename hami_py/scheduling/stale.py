@@ -15,9 +15,9 @@ on the pod's UID and on the resourceVersion just read: it lands only on the unbo
 read, never on a pod bound or given a newer decision meanwhile (the API server answers 409). Filters
 of one pod are serialised (scheduling/service.py), so no newer decision of ours is in flight
 while it runs. A failed read or write is logged and changes nothing more: the caller has already
-uncharged the decision (``UsageCache.forget_decision`` on kube-scheduler's copy, so later events
-still carrying it do not charge it again unless the pod is bound), and the pod's next filter tries
-again.
+released the decision (``Filterer.decide`` releases a pod's earlier decision before deciding
+again, so later events still carrying it do not charge it unless the pod is bound), and the
+pod's next filter tries again.
 
 HAMi's device plugin reads ``hami.io/vgpu-devices-to-allocate`` and ``hami.io/bind-phase`` only
 of pods bound to its node with bind-phase ``allocating``; a cleared pod is unbound and carries no
