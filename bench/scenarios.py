@@ -44,6 +44,10 @@ FILTER_COUNT = 'hami_extender_request_duration_seconds_count{verb="filter"}'
 WARMUP_REQUESTS = 20
 SEEN_TIMEOUT_S = 60.0
 POLL_S = 0.002           # between two sentinel probes: fine enough for a 50 ms target, light on the server
+# During the replay the scheduler is already near its limit (20 000 events/s is ~60 % of a core);
+# a /filter probe (and the FilteringFailed Event it writes) every 2 ms would add ~25 % more load
+# of the measurement's own. 5 ms still resolves a 50 ms target tenfold.
+REPLAY_POLL_S = 0.005
 SETTLE_QUIET_S = 0.5
 
 
@@ -131,7 +135,7 @@ class Sentinel:
         self.blocker = {"namespace": BENCH_NAMESPACE, "name": blocker_name(node_index, 0)}
         self.body = filter_body(orjson.dumps(probe_pod), orjson.dumps([self.node]))
 
-    async def _poll_until(self, wanted: str, *, what: str) -> float:
+    async def _poll_until(self, wanted: str, *, what: str, poll_s: float = POLL_S) -> float:
         deadline = time.monotonic() + SEEN_TIMEOUT_S
         url = f"{self.ctx.scheduler.url}/filter"
         while True:
@@ -143,15 +147,15 @@ class Sentinel:
                 raise BenchError(f"sentinel filter on {self.node} failed: {result.get('Error')}")
             if time.monotonic() > deadline:
                 raise BenchError(f"sentinel {self.node}: {what} not seen within {SEEN_TIMEOUT_S}s")
-            await asyncio.sleep(POLL_S)
+            await asyncio.sleep(poll_s)
 
     async def armed(self) -> None:
         """Wait until the scheduler sees the blocker (after a re-create it may still be queued)."""
         await self._poll_until("unschedulable", what="the blocker")
 
-    async def seen(self) -> float:
+    async def seen(self, *, poll_s: float = POLL_S) -> float:
         """Poll until the probe pod fits: the monotonic time the blocker's delete was visible."""
-        return await self._poll_until("placed", what="the blocker's delete")
+        return await self._poll_until("placed", what="the blocker's delete", poll_s=poll_s)
 
     async def rearm(self) -> None:
         await self.ctx.cluster.call("POST", "/blocker", {"node_index": self.node_index, "gpu": 0})
@@ -424,7 +428,7 @@ async def _replay(ctx: Context) -> dict:
     ``load_rate × replay_seconds`` events (and one sentinel delete per probe node, spread among
     them) while the scheduler's pod watch is held, then releases them at ``load_rate`` lines a
     second and records when each sentinel's line was written. Each lag is from that write to the
-    first /filter that finds the sentinel's GPU free (polled every POLL_S), so it is the
+    first /filter that finds the sentinel's GPU free (polled every REPLAY_POLL_S), so it is the
     scheduler's own delay at that event rate, without the stand-in's commit cost in it."""
     events = ctx.plan.events
     await ctx.settle()
@@ -435,7 +439,7 @@ async def _replay(ctx: Context) -> dict:
         started = await ctx.cluster.call("POST", "/replay", {
             "rate": events.load_rate, "seconds": events.replay_seconds,
             "nodes": _regular_nodes(ctx.plan.shape), "sentinels": [s.blocker for s in sentinels]})
-        seen = [await s.seen() for s in sentinels[:started["sentinels"]]]
+        seen = [await s.seen(poll_s=REPLAY_POLL_S) for s in sentinels[:started["sentinels"]]]
         while not (status := await ctx.cluster.call("GET", "/replay"))["done"]:
             await asyncio.sleep(0.05)
     for sentinel in sentinels:

@@ -182,8 +182,9 @@ class Informer:
                 raise error_from_response(response.status, data, response.headers.get("Retry-After"),
                                           what=f"watch {self.path}")
             self.stats.watches += 1
-            async for line in iter_lines(response.content):
-                self._handle_line(line)
+            async for lines in iter_line_batches(response.content):
+                for line in lines:
+                    self._handle_line(line)
 
     def _handle_line(self, line: bytes) -> None:
         event = orjson.loads(line)
@@ -209,25 +210,22 @@ class Informer:
             self.resource_version = rv
 
 
-async def iter_lines(stream: aiohttp.StreamReader, *, chunk_size: int = 1 << 16):
-    """Split a watch stream into lines ourselves: aiohttp's readline refuses long lines."""
-    buffer = bytearray()
+async def iter_line_batches(stream: aiohttp.StreamReader, *, chunk_size: int = 1 << 16):
+    """The watch stream's lines, a list per chunk read: split at C speed by ``bytes.split``, and
+    handed over a chunk at a time rather than through one generator step per event (at 20 000
+    events a second that step was a tenth of the informer's time). We split lines ourselves
+    because aiohttp's readline refuses long lines."""
+    partial = bytearray()
     async for chunk in stream.iter_chunked(chunk_size):
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                buffer += chunk[start:]
-                break
-            if buffer:
-                buffer += chunk[start:nl]
-                line = bytes(buffer)
-                buffer.clear()
-            else:
-                line = chunk[start:nl]
-            start = nl + 1
-            if line.strip():
-                yield line
+        if b"\n" not in chunk:
+            partial += chunk
+            continue
+        lines = chunk.split(b"\n")
+        if partial:
+            lines[0] = bytes(partial) + lines[0]
+            partial.clear()
+        partial += lines.pop()      # what follows the last newline: the start of the next line
+        yield [line for line in lines if line.strip()]
     # A partial last line means the stream was cut mid-event: drop it, the next watch resumes
     # from the last complete event's resourceVersion.
 
