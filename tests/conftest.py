@@ -155,3 +155,11 @@ async def https(ca):
     ca.configure_trust(context)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=context)) as session:
         yield session
+
+
+# -- the real control plane (etcd, kube-apiserver, kube-scheduler): tests/realk8s_fixtures.py --
+from tests.realk8s_fixtures import (  # noqa: E402,F401  (fixtures and hooks, found by name)
+    _real_k8s_no_forbidden, control_plane, kube_scheduler_binary, pytest_collection_modifyitems,
+    pytest_deselected, pytest_runtest_makereport, pytest_terminal_summary, real_extender, real_hami,
+    real_k8s_binaries, real_kube, real_namespace, real_nodes, real_options,
+)
