@@ -55,6 +55,8 @@ def load_manifests() -> list[dict]:
 
 
 DOCS = load_manifests()
+# Bindings to built-in Roles of kube-system (the kube-scheduler sidecar's delegated authentication).
+KUBE_SYSTEM_BINDINGS = {("RoleBinding", "extension-apiserver-authentication-reader")}
 
 
 def find(kind: str, name: str) -> dict:
@@ -112,7 +114,10 @@ def test_kustomization_lists_every_manifest():
 def test_manifest_is_valid_kubernetes(doc):
     kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
     if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
-        assert doc["metadata"].get("namespace") == NAMESPACE
+        # One exception: the sidecar's binding to a built-in Role of kube-system lives there.
+        expected = "kube-system" if (doc["kind"], doc.get("roleRef", {}).get("name")) in KUBE_SYSTEM_BINDINGS \
+            else NAMESPACE
+        assert doc["metadata"].get("namespace") == expected
 
 
 def test_offline_validation_catches_mistakes():
@@ -422,7 +427,8 @@ def test_every_binding_names_an_existing_account_and_role():
         for subject in doc["subjects"]:
             assert (subject["namespace"], subject["name"]) in accounts
         ref = doc["roleRef"]
-        if not ref["name"].startswith("system:"):   # built-in roles of every cluster
+        if not ref["name"].startswith("system:") and (doc["kind"], ref["name"]) not in KUBE_SYSTEM_BINDINGS:
+            # (system:* and kube-system's extension-apiserver-authentication-reader: built-in roles of every cluster)
             role = find(ref["kind"], ref["name"])
             if ref["kind"] == "Role":
                 assert role["metadata"]["namespace"] == doc["metadata"]["namespace"]

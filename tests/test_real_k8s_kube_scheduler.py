@@ -1,0 +1,235 @@
+"""The real kube-scheduler (v1.35) drives hami-py as its extender, both as deployed.
+
+kube-scheduler runs as manifests/deployment.yaml runs the sidecar: its command line (``--config``,
+``--v=2``), manifests/scheduler-config.yaml's KubeSchedulerConfiguration, the ``hami-scheduler``
+ServiceAccount's token, leader election on (Lease hami-system/hami-scheduler). What differs, because
+this is a loopback test machine and not a pod (tests/realk8s.py ``sidecar_config`` /
+``sidecar_args``):
+
+* the extender's ``urlPrefix`` port: hami-py listens on a free port, not the pod's 8443 (still
+  HTTPS, with a throwaway certificate, ``tlsConfig.insecure`` as in the manifest);
+* ``clientConnection.kubeconfig`` and ``--authentication-kubeconfig``/``--authorization-kubeconfig``:
+  the ServiceAccount's token through a kubeconfig, where the pod has the in-cluster configuration;
+* kube-scheduler serves on 127.0.0.1 and a free port instead of 0.0.0.0:10259.
+
+hami-py runs with the Deployment's own flags (parsed by the CLI), except its listeners (loopback,
+free ports), the certificate files, and no --kube-qps limit. No kubelet runs: the device plugin's
+part after a bind is the stand-in of hami_py/fakeapi/deviceplugin.py (through the API, as admin).
+"""
+from __future__ import annotations
+
+import socket
+import ssl
+import urllib.request
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from hami_py.cli import build_parser, options_from_args
+from hami_py.embedded import wait_for
+from hami_py.fakeapi.objects import gpu_pod
+from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
+from tests.realk8s import (
+    ADMIN_TOKEN, SA_NAMESPACE, KubeSchedulerProcess, free_port, manifest_docs, sidecar_args, sidecar_config,
+    wait_books_balance, wait_for_value,
+)
+
+pytestmark = [pytest.mark.real_k8s, pytest.mark.real_kube_scheduler]
+
+T4 = {"type": "NVIDIA T4", "devmem": 10000, "devcore": 100}
+DEPLOYMENT = next(d for d in manifest_docs("deployment.yaml") if d["kind"] == "Deployment")
+HAMI_ARGS = next(c for c in DEPLOYMENT["spec"]["template"]["spec"]["containers"] if c["name"] == "hami-py")["args"]
+DEVICE_CONFIG = next(d for d in manifest_docs("device-config.yaml") if d["kind"] == "ConfigMap")
+
+
+@pytest.fixture(scope="module")
+def extender_port() -> int:
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def tls_files(ca, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("hami-tls")
+    cert = ca.issue_cert("127.0.0.1", "hami-scheduler.hami-system.svc")
+    cert.private_key_and_cert_chain_pem.write_to_path(str(folder / "tls.crt"))
+    cert.private_key_pem.write_to_path(str(folder / "tls.key"))
+    return str(folder / "tls.crt"), str(folder / "tls.key")
+
+
+@pytest.fixture(scope="module")
+def sidecar(control_plane, kube_scheduler_binary, extender_port, tmp_path_factory):
+    kubeconfig = control_plane.sa_kubeconfig
+    scheduler = KubeSchedulerProcess(kube_scheduler_binary, tmp_path_factory.mktemp("kube-scheduler"),
+                                     sidecar_config(extender_url=f"https://127.0.0.1:{extender_port}",
+                                                    kubeconfig=kubeconfig),
+                                     sidecar_args(kubeconfig=kubeconfig))
+    scheduler.start()
+    try:
+        wait_for_log(scheduler, '"Successfully acquired lease" lock="hami-system/hami-scheduler"')
+        yield scheduler
+    finally:
+        scheduler.stop()
+
+
+def wait_for_log(scheduler: KubeSchedulerProcess, text: str, timeout: float = 30) -> None:
+    from tests.realk8s import wait_until
+    wait_until(lambda: text in scheduler.log_text(), timeout=timeout, what=f"{text!r} in kube-scheduler's log",
+               process=scheduler.process)
+
+
+@pytest.fixture
+def real_options(tls_files, extender_port):
+    cert_file, key_file = tls_files
+    options = options_from_args(build_parser().parse_args(HAMI_ARGS))
+    return replace(options, http_bind=f"127.0.0.1:{extender_port}", webhook_bind_address="127.0.0.1:0",
+                   metrics_bind_address="127.0.0.1:0", cert_file=cert_file, key_file=key_file,
+                   device_config_file="", kube_qps=0, kube_burst=1000, gc_freeze=False)
+
+
+@pytest.fixture
+async def hami(sidecar, control_plane, real_options):
+    """hami-scheduler as the Deployment runs it, with the manifest's device config."""
+    from hami_py.config import parse_device_config
+    from tests.realk8s import real_scheduler
+    device_config = parse_device_config(DEVICE_CONFIG["data"]["device-config.yaml"])
+    async with real_scheduler(kubeconfig=control_plane.sa_kubeconfig, plugin_kubeconfig=control_plane.admin_kubeconfig,
+                              options=real_options, device_config=device_config) as app:
+        yield app
+
+
+def requests_of(app, verb: str) -> float:
+    return app.metrics.registry.get_sample_value("hami_extender_request_duration_seconds_count", {"verb": verb}) or 0
+
+
+def scheduled_pod(name: str, namespace: str, label: str, **kw) -> dict:
+    """A pod for the hami-scheduler profile, kept to this test's nodes by a nodeSelector."""
+    pod = gpu_pod(name, namespace=namespace, **kw)
+    pod["spec"]["nodeSelector"] = {"hami-test": label}
+    return pod
+
+
+async def bound(kube, namespace: str, name: str, timeout: float = 30) -> dict:
+    return await wait_for_value(lambda: kube.get("pods", name, namespace=namespace),
+                                lambda p: p is not None and p["spec"].get("nodeName"), timeout=timeout,
+                                what=f"{namespace}/{name} bound")
+
+
+def annotations(obj: dict | None) -> dict:
+    return ((obj or {}).get("metadata") or {}).get("annotations") or {}
+
+
+async def registered(app, names: list[str]) -> None:
+    await wait_for(lambda: all(n in app.cache.node_index_of for n in names), timeout=20,
+                   what=f"nodes {names} in the scheduler's cache")
+
+
+def test_the_sidecar_as_deployed_is_refused_nothing(sidecar, control_plane):
+    """The sidecar's exact command line, as the ServiceAccount, against the real API server: it
+    leads (the manifest's Lease), loads the client CAs from kube-system's
+    extension-apiserver-authentication (the RoleBinding to extension-apiserver-authentication-reader
+    in manifests/rbac.yaml), authenticates a caller of its /metrics through the API server
+    (TokenReview, SubjectAccessReview), and its log has no "forbidden" line."""
+    wait_for_log(sidecar, '"Loaded client CA"')
+    args = sidecar.process.argv[1:]
+    assert args[:2] == [f"--config={sidecar.config_path}", "--v=2"], args
+    config = yaml.safe_load(sidecar.config_path.read_text())
+    assert config["leaderElection"] == {"leaderElect": True, "resourceName": "hami-scheduler",
+                                        "resourceNamespace": SA_NAMESPACE}
+    context = ssl.create_default_context()
+    context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context))
+    request = urllib.request.Request(f"https://127.0.0.1:{sidecar.secure_port}/metrics",
+                                     headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    with opener.open(request, timeout=10) as answer:
+        assert answer.status == 200 and b"scheduler_" in answer.read()
+    assert sidecar.forbidden_lines() == []
+    holder = control_plane.must("GET", f"/apis/coordination.k8s.io/v1/namespaces/{SA_NAMESPACE}/leases/hami-scheduler")
+    assert holder["spec"]["holderIdentity"].startswith(socket.gethostname() + "_")
+
+
+async def test_hami_leads_by_the_lease_its_sidecar_holds(hami, real_kube):
+    lease = await real_kube.get("leases", "hami-scheduler", namespace=SA_NAMESPACE)
+    await wait_for(lambda: hami.leadership.is_leader, timeout=20, what="hami-py to follow its sidecar's Lease")
+    assert hami.leadership.holder == lease["spec"]["holderIdentity"]
+    assert hami.leadership.holder.startswith(hami.identity + "_")
+
+
+async def test_a_gpu_pod_is_bound_through_filter_and_bind(hami, real_kube, real_namespace, real_nodes):
+    ns, app = real_namespace, hami
+    nodes = await real_nodes(2, gpus=2)
+    await registered(app, nodes)
+    pod = await real_kube.create("pods", scheduled_pod("trainer", ns, real_nodes.label, gpumem=3000, gpucores=30))
+    stored = await bound(real_kube, ns, "trainer")
+    node = stored["spec"]["nodeName"]
+    assert node in nodes
+    ann = annotations(stored)
+    assert ann["hami.io/vgpu-node"] == node                      # our filter decided...
+    assert ann["hami.io/bind-time"].isdigit()                    # ...and our bind bound (the Binding's annotations)
+    assert requests_of(app, "filter") >= 1 and requests_of(app, "bind") >= 1
+    await wait_for_value(lambda: real_kube.get("pods", "trainer", namespace=ns),
+                         lambda p: annotations(p).get("hami.io/bind-phase") == "success", what="the allocation")
+    await wait_for_value(lambda: real_kube.get("nodes", node), lambda n: LOCK_ANNOTATION not in annotations(n),
+                         what="the node lock released")
+    events = await wait_for_value(lambda: real_kube.events_for(pod),
+                                  lambda ev: {r for _, _, r, _ in ev} >= {"FilteringSucceed", "BindingSucceed",
+                                                                           "Scheduled"},
+                                  what="hami-py's and kube-scheduler's events")
+    assert any(r == "Scheduled" and f"to {node}" in m for _, _, r, m in events), events
+    await wait_books_balance(real_kube, app)
+
+
+async def test_gpus_fill_until_a_pod_stays_pending_with_our_reason_then_a_delete_lets_it_in(
+        hami, real_kube, real_namespace, real_nodes):
+    ns, app = real_namespace, hami
+    (node,) = await real_nodes(1, gpus=1, model=T4)
+    await registered(app, [node])
+    for name in ("a", "b"):
+        await real_kube.create("pods", scheduled_pod(name, ns, real_nodes.label, gpumem=5000, gpucores=40))
+    for name in ("a", "b"):
+        assert (await bound(real_kube, ns, name))["spec"]["nodeName"] == node
+    waiting = await real_kube.create("pods", scheduled_pod("c", ns, real_nodes.label, gpumem=5000, gpucores=40))
+    events = await wait_for_value(lambda: real_kube.events_for(waiting),
+                                  lambda ev: any(r == "FailedScheduling" for _, _, r, _ in ev),
+                                  what="kube-scheduler's FailedScheduling")
+    message = next(m for _, t, r, m in events if r == "FailedScheduling")
+    # kube-scheduler counts our FailedNodes reason per node: "1 node said <reason>".
+    assert message.startswith("0/1 nodes are available: 1 1/1 CardInsufficientMemory."), message
+    assert (await real_kube.get("pods", "c", namespace=ns))["spec"].get("nodeName") is None
+    await real_kube.delete("pods", "a", namespace=ns)
+    assert (await bound(real_kube, ns, "c", timeout=60))["spec"]["nodeName"] == node
+    await wait_books_balance(real_kube, app)
+    assert sum(d["usedmem"] for d in app.cache.device_usage(node)) == 10000
+
+
+async def test_node_lock_contention_is_retried_until_the_lock_is_free(hami, real_kube, real_namespace, real_nodes):
+    ns, app = real_namespace, hami
+    (node,) = await real_nodes(1, gpus=1)
+    await registered(app, [node])
+    await real_kube.create("pods", {**gpu_pod("holder", namespace=ns, scheduler_name="nobody")})
+    await real_kube.patch("nodes", node, {"metadata": {"annotations": {LOCK_ANNOTATION: lock_value(ns, "holder")}}})
+    pod = await real_kube.create("pods", scheduled_pod("waits", ns, real_nodes.label, gpumem=1000))
+    events = await wait_for_value(lambda: real_kube.events_for(pod),
+                                  lambda ev: any("node lock contention" in m for _, _, _, m in ev),
+                                  what="the bind refused for the lock")
+    assert any(r == "BindingFailed" for _, _, r, m in events if "node lock contention" in m), events
+    assert (await real_kube.get("pods", "waits", namespace=ns))["spec"].get("nodeName") is None
+    refused = requests_of(app, "bind")
+    await real_kube.patch("nodes", node, {"metadata": {"annotations": {LOCK_ANNOTATION: None}}})
+    assert (await bound(real_kube, ns, "waits", timeout=60))["spec"]["nodeName"] == node
+    assert requests_of(app, "bind") > refused       # kube-scheduler asked again
+    await wait_books_balance(real_kube, app)
+
+
+async def test_a_pod_without_gpus_bypasses_the_extender(hami, real_kube, real_namespace, real_nodes):
+    ns, app = real_namespace, hami
+    nodes = await real_nodes(1, gpus=1)
+    await registered(app, nodes)
+    filters, binds = requests_of(app, "filter"), requests_of(app, "bind")
+    pod = scheduled_pod("cpu", ns, real_nodes.label)
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "100m"}}
+    await real_kube.create("pods", pod)
+    stored = await bound(real_kube, ns, "cpu")
+    assert stored["spec"]["nodeName"] == nodes[0]
+    assert not any(k.startswith("hami.io/") for k in annotations(stored))
+    assert (requests_of(app, "filter"), requests_of(app, "bind")) == (filters, binds)
