@@ -262,7 +262,8 @@ class AuditEntry:
 
 
 class ControlPlane:
-    """etcd + kube-apiserver in ``workdir``; ``start()``, ``restart_apiserver()``, ``stop()``."""
+    """etcd + kube-apiserver in ``workdir``: ``start()``, ``start_apiserver()`` (again, after
+    ``apiserver.stop()``: same port, etcd and certificates), ``stop()``."""
 
     started: list["ControlPlane"] = []    # every plane of this session (their audit logs are checked)
 
@@ -351,12 +352,6 @@ class ControlPlane:
         self._ssl = None
         wait_until(self._apiserver_ready, timeout=60, what="kube-apiserver /readyz", process=self.apiserver)
 
-    def restart_apiserver(self, *, grace_s: float = 10.0) -> None:
-        """Stop kube-apiserver (SIGTERM: a graceful shutdown, as in a rolling upgrade) and start
-        it again on the same port, etcd and certificates."""
-        self.apiserver.stop(grace_s=grace_s)
-        self.start_apiserver()
-
     def stop(self) -> None:
         # Thrown away afterwards: no graceful shutdown needed (it would cost seconds).
         for process in (self.apiserver, self.etcd):
@@ -421,10 +416,12 @@ class ControlPlane:
                             "spec": {"expirationSeconds": seconds}})
         return answer["status"]["token"]
 
-    def write_kubeconfig(self, path: Path, token: str, *, user: str = "user") -> Path:
+    def write_kubeconfig(self, path: Path, token: str, *, user: str = "user", server: str | None = None) -> Path:
+        """A kubeconfig for ``token``; ``server`` another address of this API server (a relay)."""
         config = {
             "apiVersion": "v1", "kind": "Config",
-            "clusters": [{"name": "real", "cluster": {"server": self.url, "certificate-authority": str(self.ca_file)}}],
+            "clusters": [{"name": "real", "cluster": {"server": server or self.url,
+                                                      "certificate-authority": str(self.ca_file)}}],
             "users": [{"name": user, "user": {"token": token}}],
             "contexts": [{"name": "real", "context": {"cluster": "real", "user": user}}],
             "current-context": "real", "preferences": {},

@@ -53,7 +53,8 @@ def prepare(plane: ControlPlane) -> ControlPlane:
     for doc in manifest_docs("namespace.yaml") + manifest_docs("rbac.yaml"):
         plane.apply(doc)
     plane.ensure_namespace("hami-system", labels={"hami.io/webhook": "ignore"})
-    plane.sa_kubeconfig = plane.write_kubeconfig(plane.workdir / "hami-scheduler.kubeconfig", plane.token(),
+    plane.sa_token = plane.token()
+    plane.sa_kubeconfig = plane.write_kubeconfig(plane.workdir / "hami-scheduler.kubeconfig", plane.sa_token,
                                                  user=SA_USER)
     plane.admin_kubeconfig = plane.write_kubeconfig(plane.workdir / "admin.kubeconfig", ADMIN_TOKEN, user="admin")
     return plane

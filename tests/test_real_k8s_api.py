@@ -227,7 +227,8 @@ async def test_leadership_follows_a_real_lease_and_the_leader_labels_its_pod(con
                                   options=options) as app:
             extender = ExtenderClient(app.url)
             try:
-                assert app.leadership.is_leader
+                # (ready means the caches are in; the Lease is read by a watch of its own)
+                await wait_for(lambda: app.leadership.is_leader, timeout=20, what="leadership from the Lease")
                 await registered(app, [node])
                 await wait_for_value(lambda: real_kube.get("pods", pod_name, namespace=SA_NAMESPACE),
                                      lambda p: p["metadata"]["labels"].get(ROLE_LABEL) == "leader",
