@@ -130,12 +130,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+try:    # resolved here, in the parent: the child, between fork and exec, only calls it
+    _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
+except (OSError, AttributeError):
+    _PRCTL = None
+
+
 def _die_with_parent() -> None:   # pragma: no cover - runs in the child between fork and exec
     """Linux: the child gets SIGKILL when the test process dies, however it dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    _PRCTL(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
 
 
 class Process:
@@ -159,7 +162,7 @@ class Process:
     def start(self) -> None:
         with open(self.log_path, "ab") as out:
             self.popen = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                          cwd=self.cwd, preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+                                          cwd=self.cwd, preexec_fn=_die_with_parent if _PRCTL is not None else None)
         log.info("started", process=self.name, pid=self.popen.pid)
 
     def stop(self, *, grace_s: float = 0.0) -> None:
