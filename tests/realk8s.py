@@ -412,6 +412,20 @@ class ControlPlane:
         self.apply({"apiVersion": "v1", "kind": "ServiceAccount",
                     "metadata": {"name": "default", "namespace": name}})
 
+    def prepare(self) -> "ControlPlane":
+        """Apply manifests/namespace.yaml and manifests/rbac.yaml, mint the ServiceAccount's token
+        (TokenRequest), and write two kubeconfigs: ``sa_kubeconfig`` (hami-scheduler's identity,
+        token in ``sa_token``) and ``admin_kubeconfig`` (the tests', and the device plugin
+        stand-in's)."""
+        for doc in manifest_docs("namespace.yaml") + manifest_docs("rbac.yaml"):
+            self.apply(doc)
+        self.ensure_namespace(SA_NAMESPACE, labels={"hami.io/webhook": "ignore"})
+        self.sa_token = self.token()
+        self.sa_kubeconfig = self.write_kubeconfig(self.workdir / "hami-scheduler.kubeconfig", self.sa_token,
+                                                   user=SA_USER)
+        self.admin_kubeconfig = self.write_kubeconfig(self.workdir / "admin.kubeconfig", ADMIN_TOKEN, user="admin")
+        return self
+
     def token(self, namespace: str = SA_NAMESPACE, name: str = SA_NAME, *, seconds: int = 7200) -> str:
         """A ServiceAccount token from the TokenRequest API (what ``kubectl create token`` does)."""
         answer = self.must("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token",

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.realk8s import (
-    ADMIN_TOKEN, CONTROL_PLANE, KUBE_SCHEDULER, SA_USER, BinariesMissing, ControlPlane, RealKube, dns_name,
-    find_binaries, forbidden, manifest_docs, real_node, required, unique,
+    CONTROL_PLANE, KUBE_SCHEDULER, SA_USER, BinariesMissing, ControlPlane, RealKube, dns_name, find_binaries,
+    forbidden, real_node, required, unique,
 )
 
 REAL_K8S = "real_k8s"
@@ -46,25 +46,11 @@ def kube_scheduler_binary(real_k8s_binaries) -> Path:
     return binaries_or_skip((KUBE_SCHEDULER,))[KUBE_SCHEDULER]
 
 
-def prepare(plane: ControlPlane) -> ControlPlane:
-    """Apply the manifests' namespace and RBAC, mint the ServiceAccount's token (TokenRequest),
-    and write the two kubeconfigs: ``plane.sa_kubeconfig`` (hami-scheduler's identity) and
-    ``plane.admin_kubeconfig`` (the tests', and the device plugin stand-in's)."""
-    for doc in manifest_docs("namespace.yaml") + manifest_docs("rbac.yaml"):
-        plane.apply(doc)
-    plane.ensure_namespace("hami-system", labels={"hami.io/webhook": "ignore"})
-    plane.sa_token = plane.token()
-    plane.sa_kubeconfig = plane.write_kubeconfig(plane.workdir / "hami-scheduler.kubeconfig", plane.sa_token,
-                                                 user=SA_USER)
-    plane.admin_kubeconfig = plane.write_kubeconfig(plane.workdir / "admin.kubeconfig", ADMIN_TOKEN, user="admin")
-    return plane
-
-
 def started_plane(workdir: Path, binaries: dict[str, Path], **kw) -> ControlPlane:
     plane = ControlPlane(workdir, binaries, **kw)
     plane.start()
     try:
-        return prepare(plane)
+        return plane.prepare()
     except BaseException:
         plane.stop()
         raise
