@@ -312,3 +312,26 @@ async def test_devices_come_and_go_with_the_registration_annotation(real_hami, r
         "hami.io/node-nvidia-register": orjson.dumps(registration(node, gpus=2, model=T4)).decode()}}})
     await wait_for(lambda: len(app.cache.device_usage(node)) == 2, timeout=20, what="the new registration")
     assert (await real_extender.filter(pod, [node]))["NodeNames"] == [node]
+
+
+async def test_a_stale_pod_object_never_gets_a_decision_on_its_successor(real_hami, real_extender, real_kube,
+                                                                         real_namespace, real_nodes):
+    """kube-scheduler filters a pod from its cache after the pod was deleted and re-created under
+    the same name: the pod patch carries the old UID, which the real API server refuses, so the
+    decision never lands on the successor and nothing stays charged."""
+    ns, app = real_namespace, real_hami
+    (node,) = await real_nodes(1, gpus=1)
+    await registered(app, [node])
+    old = await create_pod(real_kube, ns, "p", gpumem=20000)
+    await real_kube.delete("pods", "p", namespace=ns)
+    successor = await create_pod(real_kube, ns, "p", gpumem=20000)
+    informer = next(i for i in app.informers if i.path == "/api/v1/pods")
+    await wait_for(lambda: int(informer.resource_version or 0) >= int(successor["metadata"]["resourceVersion"]),
+                   timeout=20, what="the successor seen")
+    result = await real_extender.filter(old, [node])
+    assert result["Error"] and result["NodeNames"] is None, result
+    assert "hami.io/vgpu-node" not in annotations(await real_kube.get("pods", "p", namespace=ns))
+    await wait_books_balance(real_kube, app)
+    assert old["metadata"]["uid"] not in app.cache.pods and successor["metadata"]["uid"] not in app.cache.pods
+    # The successor itself is scheduled normally.
+    assert (await real_extender.filter(successor, [node]))["NodeNames"] == [node]
