@@ -15,13 +15,15 @@ What runs, all on 127.0.0.1 and on ports picked free for the session:
 
 * ``etcd`` (single member, no fsync) and ``kube-apiserver`` with RBAC (``--authorization-mode=
   Node,RBAC``), a static token for an admin (group ``system:masters``), service-account tokens
-  signed with a key made here (so the TokenRequest API works), and an audit log of every request
-  the ``hami-scheduler`` ServiceAccount makes (``--audit-policy-file``): the RBAC tests read it.
+  signed with a key made here (so the TokenRequest API works), a client CA and a front-proxy CA
+  as a kubeadm cluster has (published in kube-system/extension-apiserver-authentication), and an
+  audit log of every request the ``hami-scheduler`` ServiceAccount makes (``--audit-policy-file``):
+  the RBAC tests read it.
 * ``kube-scheduler`` (``KubeSchedulerProcess``) with a KubeSchedulerConfiguration of the test's.
 
 Differences from a full cluster, and what stands in (see ../shared/k8s/README.md): there is no
-controller-manager (nothing creates a namespace's ``default`` ServiceAccount, so ``namespace()``
-does; nothing removes the ``node.kubernetes.io/not-ready`` taint the TaintNodesByCondition
+controller-manager (nothing creates a namespace's ``default`` ServiceAccount, so
+``ControlPlane.ensure_namespace()`` does; nothing removes the ``node.kubernetes.io/not-ready`` taint the TaintNodesByCondition
 admission plugin puts on a new Node, so that plugin is disabled: every Node here is as a
 Ready node would be), no kubelet (a bound pod stays Pending; a pod is deleted with grace period
 0, as the kubelet would confirm a stopped pod's deletion; the device plugin's half of a bind is
@@ -165,19 +167,13 @@ class Process:
                                           cwd=self.cwd, preexec_fn=_die_with_parent if _PRCTL is not None else None)
         log.info("started", process=self.name, pid=self.popen.pid)
 
-    def stop(self, *, grace_s: float = 0.0) -> None:
-        """SIGTERM and up to ``grace_s`` to exit (0: SIGKILL at once), then SIGKILL; reaped."""
+    def stop(self) -> None:
+        """SIGKILL by its PID, and reaped. (Everything here is thrown away afterwards, and
+        kube-apiserver's graceful shutdown waits a minute for open watches.)"""
         if self.popen is None:
             return
         if self.popen.poll() is None:
-            if grace_s > 0:
-                os.kill(self.popen.pid, signal.SIGTERM)
-                try:
-                    self.popen.wait(grace_s)
-                except subprocess.TimeoutExpired:
-                    pass
-            if self.popen.poll() is None:
-                os.kill(self.popen.pid, signal.SIGKILL)
+            os.kill(self.popen.pid, signal.SIGKILL)
             self.popen.wait(30)
         log.info("stopped", process=self.name, pid=self.popen.pid, returncode=self.popen.returncode)
 
@@ -191,10 +187,10 @@ class Process:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
 
-def wait_until(predicate, *, timeout: float, what: str, process: Process | None = None,
+def poll_until(predicate, *, timeout: float, what: str, process: Process | None = None,
                interval: float = 0.05) -> None:
-    """Synchronous poll with a deadline (start-up, before any event loop runs); a process that
-    exits meanwhile ends the wait at once with its log tail."""
+    """Synchronous poll with a deadline, for start-ups (called from a test's event loop, it holds
+    that loop up meanwhile); a process that exits meanwhile ends the wait at once with its log tail."""
     deadline = time.monotonic() + timeout
     while True:
         if process is not None and not process.alive:
@@ -300,7 +296,7 @@ class ControlPlane:
             "--unsafe-no-fsync", "--log-level", "warn"], self.workdir / "etcd.log", cwd=self.workdir)
         try:
             self.etcd.start()
-            wait_until(self._etcd_healthy, timeout=30, what="etcd /health", process=self.etcd)
+            poll_until(self._etcd_healthy, timeout=30, what="etcd /health", process=self.etcd)
             self.start_apiserver()
         except BaseException:
             self.stop()
@@ -350,13 +346,12 @@ class ControlPlane:
         self.apiserver = Process("kube-apiserver", self.apiserver_argv(), self.workdir / "kube-apiserver.log",
                                  cwd=self.workdir)
         self.apiserver.start()
-        wait_until(lambda: self.ca_file.exists(), timeout=60, what="the apiserver's serving certificate",
+        poll_until(lambda: self.ca_file.exists(), timeout=60, what="the apiserver's serving certificate",
                    process=self.apiserver)
         self._ssl = None
-        wait_until(self._apiserver_ready, timeout=60, what="kube-apiserver /readyz", process=self.apiserver)
+        poll_until(self._apiserver_ready, timeout=60, what="kube-apiserver /readyz", process=self.apiserver)
 
     def stop(self) -> None:
-        # Thrown away afterwards: no graceful shutdown needed (it would cost seconds).
         for process in (self.apiserver, self.etcd):
             if process is not None:
                 process.stop()
@@ -519,7 +514,7 @@ class KubeSchedulerProcess:
                 return False
 
         try:
-            wait_until(ready, timeout=timeout, what="kube-scheduler /readyz", process=self.process)
+            poll_until(ready, timeout=timeout, what="kube-scheduler /readyz", process=self.process)
         except BaseException:
             self.process.stop()
             raise

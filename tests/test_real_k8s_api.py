@@ -167,10 +167,11 @@ async def test_events_land_in_the_real_events_api(real_hami, real_extender, real
     fits = await wait_for_value(lambda: real_kube.events_for(pod), lambda ev: {r for _, _, r, _ in ev} >= {
         "FilteringSucceed", "BindingSucceed"}, what="the filter's and bind's events")
     assert ("hami-scheduler", "Normal", "BindingSucceed", f"Successfully binding node [{node}] to {ns}/fits") in fits
-    failed = await wait_for_value(lambda: real_kube.events_for(big),
-                                  lambda ev: any(r == "FilteringFailed" for _, _, r, _ in ev), what="FilteringFailed")
-    assert any(t == "Warning" and m.endswith("1/1 CardInsufficientMemory") or "CardInsufficientMemory" in m
-               for _, t, r, m in failed if r == "FilteringFailed"), failed
+    expected = {("hami-scheduler", "Warning", "FilteringFailed", f"1 nodes CardInsufficientMemory({node})"),
+                ("hami-scheduler", "Warning", "FilteringFailed", "no available node, 1 nodes do not meet")}
+    failed = await wait_for_value(lambda: real_kube.events_for(big), lambda ev: expected <= set(ev),
+                                  what="the FilteringFailed events")
+    assert len(failed) == 2, failed
 
 
 async def test_a_real_resource_quota_bounds_the_namespace(real_hami, real_extender, real_kube, real_namespace,

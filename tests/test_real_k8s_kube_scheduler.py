@@ -31,8 +31,8 @@ from hami_py.embedded import wait_for
 from hami_py.fakeapi.objects import gpu_pod
 from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
 from tests.realk8s import (
-    ADMIN_TOKEN, SA_NAMESPACE, KubeSchedulerProcess, free_port, manifest_docs, sidecar_args, sidecar_config,
-    wait_books_balance, wait_for_value,
+    ADMIN_TOKEN, SA_NAMESPACE, KubeSchedulerProcess, free_port, manifest_docs, poll_until, sidecar_args,
+    sidecar_config, wait_books_balance, wait_for_value,
 )
 
 pytestmark = [pytest.mark.real_k8s, pytest.mark.real_kube_scheduler]
@@ -73,8 +73,7 @@ def sidecar(control_plane, kube_scheduler_binary, extender_port, tmp_path_factor
 
 
 def wait_for_log(scheduler: KubeSchedulerProcess, text: str, timeout: float = 30) -> None:
-    from tests.realk8s import wait_until
-    wait_until(lambda: text in scheduler.log_text(), timeout=timeout, what=f"{text!r} in kube-scheduler's log",
+    poll_until(lambda: text in scheduler.log_text(), timeout=timeout, what=f"{text!r} in kube-scheduler's log",
                process=scheduler.process)
 
 
@@ -206,7 +205,7 @@ async def test_node_lock_contention_is_retried_until_the_lock_is_free(hami, real
     ns, app = real_namespace, hami
     (node,) = await real_nodes(1, gpus=1)
     await registered(app, [node])
-    await real_kube.create("pods", {**gpu_pod("holder", namespace=ns, scheduler_name="nobody")})
+    await real_kube.create("pods", gpu_pod("holder", namespace=ns, scheduler_name="nobody"))
     await real_kube.patch("nodes", node, {"metadata": {"annotations": {LOCK_ANNOTATION: lock_value(ns, "holder")}}})
     pod = await real_kube.create("pods", scheduled_pod("waits", ns, real_nodes.label, gpumem=1000))
     events = await wait_for_value(lambda: real_kube.events_for(pod),
