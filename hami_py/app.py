@@ -144,7 +144,7 @@ class SchedulerApp:
         self.events = EventRecorder(self.client, component=o.scheduler_name, metrics=self.metrics,
                                     queue_size=o.event_queue_size, qps=o.kube_qps, burst=o.kube_burst)
         self.events.start()
-        binder = Binder(client=self.client, cache=self.cache, locker=locker,
+        binder = Binder(client=self.client, cache=self.cache, vendors=self.vendors, locker=locker,
                         lock_retry_timeout_s=o.node_lock_retry_timeout_s, on_result=self.events.on_bind)
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
@@ -268,7 +268,10 @@ class SchedulerApp:
         self.keeper.observe_pod(kind, pod)
 
     async def _serve(self, app: web.Application, host: str, port: int, ssl_context) -> str:
-        runner = web.AppRunner(app, access_log=None)
+        # A handler whose caller hung up (a disconnect, kube-scheduler's httpTimeout) is
+        # cancelled: a /filter still waiting then never reserves, patches or reports for a pod
+        # kube-scheduler gave up on. A /bind, once begun, finishes all the same (service.py).
+        runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await runner.setup()
         site = web.TCPSite(runner, host, port, ssl_context=ssl_context)
         await site.start()

@@ -50,10 +50,13 @@ def registered_devices(api, app) -> dict[str, dict[str, dict]]:
     return nodes
 
 
-def usage_from_annotations(api, app) -> dict[str, dict[str, Usage]]:
+def usage_from_annotations(api, app, *, bound_only: bool = False,
+                           only: set[str] | None = None) -> dict[str, dict[str, Usage]]:
     """node -> device UUID -> usage, summed over every live pod's allocation annotation.
 
-    A pod counts when it carries ``hami.io/vgpu-node`` and is not Succeeded/Failed; its devices
+    A pod counts when it carries ``hami.io/vgpu-node`` and is not Succeeded/Failed (and with
+    ``bound_only``, when it is bound to that node: what runs on the devices; with ``only``, when
+    its name is in that set); its devices
     are collapsed over its containers (init containers folded in) as the scheduler charges them.
     Only devices the named node registers can be charged, so only those are summed."""
     registered = registered_devices(api, app)
@@ -63,6 +66,10 @@ def usage_from_annotations(api, app) -> dict[str, dict[str, Usage]]:
         annotations = meta.get("annotations") or {}
         node = annotations.get(VGPU_NODE_ANNOTATION)
         if not node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES or node not in registered:
+            continue
+        if bound_only and (pod.get("spec") or {}).get("nodeName") != node:
+            continue
+        if only is not None and meta.get("name") not in only:
             continue
         num_init = len((pod.get("spec") or {}).get("initContainers") or [])
         init_done = num_init > 0 and init_containers_done(pod)
@@ -95,9 +102,10 @@ def cache_usage(app) -> dict[str, dict[str, Usage]]:
     return out
 
 
-def books_mismatch(api, app) -> list[str]:
-    """Every difference between the cache and the recount from annotations ([] when they agree)."""
-    expected = usage_from_annotations(api, app)
+def books_mismatch(api, app, *, only: set[str] | None = None) -> list[str]:
+    """Every difference between the cache and the recount from annotations ([] when they agree);
+    ``only``: the pods whose annotations should be charged (all when None)."""
+    expected = usage_from_annotations(api, app, only=only)
     actual = cache_usage(app)
     problems = []
     if set(expected) != set(actual):
@@ -127,11 +135,15 @@ def explain_mismatch(api, app) -> str:
     return "\n".join(lines)
 
 
-def oversubscribed(api, app) -> list[str]:
-    """Devices charged beyond their capacity, by the cluster's annotations or by the cache."""
+def oversubscribed(api, app, *, bound_only: bool = False) -> list[str]:
+    """Devices charged beyond their capacity, by the cluster's annotations or by the cache
+    (``bound_only``: by the annotations of bound pods only, and not by the cache)."""
     capacity = registered_devices(api, app)
     problems = []
-    for source, usage in (("annotations", usage_from_annotations(api, app)), ("cache", cache_usage(app))):
+    sources = [("annotations", usage_from_annotations(api, app, bound_only=bound_only))]
+    if not bound_only:
+        sources.append(("cache", cache_usage(app)))
+    for source, usage in sources:
         for node, devs in usage.items():
             for uuid, (slots, mem, cores) in devs.items():
                 cap = capacity.get(node, {}).get(uuid)
@@ -219,6 +231,7 @@ class LoopCluster:
         self.device_plugin = device_plugin
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stack: AsyncExitStack | None = None
+        self._app_stack: AsyncExitStack | None = None
         self.api: FakeApiServer | None = None
         self.app = None
         self.extender: ExtenderClient | None = None
@@ -241,10 +254,26 @@ class LoopCluster:
         self.api = FakeApiServer(history_limit=self.history_limit)
         await self.api.start()
         self._stack.push_async_callback(self.api.stop)
-        self.app = await self._stack.enter_async_context(
+        self._stack.push_async_callback(self._stop_scheduler)
+        await self._start_scheduler()
+
+    async def _start_scheduler(self) -> None:
+        self._app_stack = AsyncExitStack()
+        self.app = await self._app_stack.enter_async_context(
             running_scheduler(self.api, options=self.options, device_plugin=self.device_plugin))
         self.extender = ExtenderClient(self.app.url)
-        self._stack.push_async_callback(self.extender.close)
+        self._app_stack.push_async_callback(self.extender.close)
+
+    async def _stop_scheduler(self) -> None:
+        if self._app_stack is not None:
+            await self._app_stack.aclose()
+            self._app_stack = None
+
+    async def restart_scheduler(self) -> None:
+        """Stop the scheduler and start a new one on the same API server (a new process would
+        rebuild its books the same way: from the lists)."""
+        await self._stop_scheduler()
+        await self._start_scheduler()
 
     def __exit__(self, *exc) -> None:
         try:

@@ -594,7 +594,7 @@ async def test_a_stale_copy_of_a_bound_pod_that_fits_nowhere_keeps_its_decision_
     assert placement.node == "n1"
     decision = carried_decision(api, "p")
     result = await extender.filter(created, ["gone"])           # the stale, unbound copy; no usable node
-    assert result["NodeNames"] is None and not result["Error"]
+    assert result["NodeNames"] is None and result["Error"] == "pod default/p is already bound to node n1"
     assert carried_decision(api, "p") == decision
     assert [(d["used"], d["usedmem"]) for d in app.cache.device_usage("n1")] == [(1, FULL_CARD)]
     await wait_books_balance(api, app)
@@ -615,9 +615,8 @@ async def test_a_delete_missed_before_any_pod_event_is_still_seen(api, app, exte
 
 
 def filters_waiting(app, uid: str) -> int:
-    """Filters queued on the pod's lock (asyncio.Lock keeps its waiters in ``_waiters``)."""
-    lock = app.service._pod_locks.get(uid)
-    return len(getattr(lock, "_waiters", None) or ()) if lock is not None else 0
+    """Filters queued on the pod's lock behind the one holding it."""
+    return app.service.pod_locks.waiting(uid)
 
 
 async def test_a_filter_queued_behind_another_for_the_same_pod_is_never_overtaken(api, app, extender):

@@ -57,7 +57,7 @@ def own_objects() -> Counter:
 def per_pod_state(app) -> dict:
     cache, service = app.cache, app.service
     return {"pods": len(cache.pods), "node_pods": len(cache.node_pods), "released": len(cache.released),
-            "filter_locks": len(service._pod_locks), "filter_lock_users": len(getattr(service, "_pod_lock_users", ())),
+            "filter_locks": len(service.pod_locks),
             "device_slots": len(cache.total_mem)}
 
 

@@ -110,3 +110,16 @@ def test_compaction_keeps_every_device_column_with_its_device():
         if dev_id and cache.vendor[j] >= 0:
             assert (cache.used[j], cache.used_mem[j], cache.used_cores[j]) == recount.get(dev_id, (0, 0, 0))
     assert sum(cache.used_mem) == 2000
+
+
+def test_a_registration_naming_one_device_id_twice_is_refused():
+    """Usage is charged by device id: with two devices under one id, a share placed on the second
+    would be charged to the first (found by the registration fuzz)."""
+    cache = UsageCache(VENDORS)
+    devices = registration("twice", gpus=2)
+    devices[1]["id"] = devices[0]["id"]
+    cache.upsert_node(gpu_node("twice", devices=devices))
+    cache.upsert_node(gpu_node("good", gpus=1))
+    assert cache.nodes["twice"].decode_error == \
+        f"hami.io/node-nvidia-register: device id {devices[0]['id']} is registered more than once"
+    assert "twice" not in cache.node_index_of and "good" in cache.node_index_of

@@ -58,7 +58,12 @@ class PodUsage:
     mig: list[tuple] = field(default_factory=list)
     fingerprint: tuple | None = None   # the annotations it was decoded from (skip re-decoding)
     resource_version: int | None = None                  # events older than this are stale
-    reserved: bool = False                               # made by our own /filter
+    reserved: bool = False          # made by our own /filter, not yet seen back from the watch
+    # Made by this process's /filter and not rolled back since: the only kind of charge a /bind
+    # may trust. One rebuilt from a pod's annotations (a restart, a relist) is not: the pod may
+    # carry a decision whose capacity was given to another pod since.
+    decided: bool = False
+    bound: bool = False             # the pod is bound (by our /bind, or as the watch shows it)
 
 
 @dataclass(slots=True)
@@ -73,6 +78,10 @@ class NodeEntry:
     annotations: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     plugin_gone: bool = False           # registration upkeep judged its device plugin gone
+    # First seen asking for a handshake (Requesting_) that no plugin has answered, with nothing
+    # allocatable: not used until the plugin answers or allocatable devices appear (upstream
+    # adds no such node either; the kubelet would refuse its pods, OutOf<resource>).
+    unanswered: bool = False
     decode_error: str | None = None
     lock_value: str | None = None       # hami.io/mutex.lock as last seen (a hint for the bind)
     resource_version: str = ""
@@ -245,6 +254,28 @@ class UsageCache:
         else:
             self.node_index_of[name] = entry.index
 
+    def live_reservation(self, uid: str, node: str) -> PodUsage | None:
+        """The decision this process's /filter reserved for pod ``uid`` on ``node``, if it still
+        holds every device it names there; None otherwise (the bind must not happen)."""
+        pod = self.pods.get(uid)
+        if pod is None or not pod.decided or pod.node != node or node not in self.nodes \
+                or len(pod.resolved) != len(pod.entries) or -1 in pod.resolved:
+            return None
+        return pod
+
+    def bound_node(self, uid: str) -> str | None:
+        """The node a charged pod is bound to, None when it is not bound (or not charged)."""
+        pod = self.pods.get(uid)
+        return pod.node if pod is not None and pod.bound else None
+
+    def uid_of(self, namespace: str, name: str, node: str) -> str:
+        """The UID of a pod charged to ``node`` under that name ("" when there is none)."""
+        for uid in self.node_pods.get(node, ()):
+            pod = self.pods[uid]
+            if pod.name == name and pod.namespace == namespace:
+                return uid
+        return ""
+
     def lock_hint(self, node: str) -> tuple[str | None, str] | None:
         """(lock annotation, resourceVersion) of the node as the watch last showed it."""
         e = self.nodes.get(node)
@@ -280,14 +311,15 @@ class UsageCache:
             return
         annotations = meta.get("annotations") or {}
         entry = self.nodes.get(name)
-        if entry is None:
+        first_seen = entry is None
+        if first_seen:
             entry = NodeEntry(name=name, index=self._new_node_index())
             self.nodes[name] = entry
         entry.labels = labels
         entry.lock_value = annotations.get("hami.io/mutex.lock")
         entry.resource_version = meta.get("resourceVersion") or ""
         handshake_deadline = None
-        allocatable_positive = False
+        requesting = allocatable_positive = False
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         for key, vendor in self.vendors.items():
             if vendor.handshake_annotation:
@@ -295,6 +327,7 @@ class UsageCache:
                                              timeout_s=self.handshake_timeout_s)
                 if d is not None:
                     handshake_deadline = d if handshake_deadline is None else min(handshake_deadline, d)
+                requesting = requesting or is_requesting(annotations.get(vendor.handshake_annotation))
             for res in vendor.resource_names()[:1]:
                 if str(allocatable.get(res, "0")) not in ("0", ""):
                     allocatable_positive = True
@@ -304,7 +337,11 @@ class UsageCache:
             self.annotated_nodes.add(name)
         else:
             self.annotated_nodes.discard(name)
-        if handshake_deadline is not None and not allocatable_positive:
+        if first_seen or entry.unanswered:
+            entry.unanswered = requesting and not allocatable_positive
+        if entry.unanswered:
+            self.handshake_deadlines[name] = 0.0    # expired from the start
+        elif handshake_deadline is not None and not allocatable_positive:
             self.handshake_deadlines[name] = handshake_deadline
         else:
             self.handshake_deadlines.pop(name, None)
@@ -327,6 +364,12 @@ class UsageCache:
                     # in the watch handler and stall every later node event).
                     if not -(1 << 31) <= dev.numa < 1 << 31:
                         raise DeviceDecodeError(f"device {dev.id}: numa {dev.numa} is out of range")
+                ids = [dev.id for dev in found]
+                if len(set(ids)) != len(ids):
+                    # Usage is charged by device id: two devices under one id would have one of
+                    # them charged for what the other was given.
+                    twice = next(i for i in ids if ids.count(i) > 1)
+                    raise DeviceDecodeError(f"device id {twice} is registered more than once")
                 devices.extend((self.vendor_ids[key], dev) for dev in found)
             except DeviceDecodeError as exc:
                 errors.append(f"{vendor.register_annotation}: {exc}")
@@ -604,6 +647,7 @@ class UsageCache:
             if old.node == pod.node and old.entries == pod.entries and old.mig == pod.mig:
                 old.resource_version = pod.resource_version or old.resource_version
                 old.reserved = pod.reserved
+                old.decided = old.decided or pod.decided
                 return
             self.remove_pod(old.uid)
         pod.resolved = self._resolve(pod)
@@ -721,7 +765,9 @@ class UsageCache:
             # same (a Binding that landed after we gave up on it) is always charged.
             return
         self.add_pod_usage(usage)
-        self.pods[uid].fingerprint = fingerprint
+        record = self.pods[uid]
+        record.fingerprint = fingerprint
+        record.bound = record.bound or bool((pod.get("spec") or {}).get("nodeName"))   # never unbound
 
     def _fingerprint(self, pod: dict, meta: dict) -> tuple | None:
         annotations = meta.get("annotations") or {}

@@ -14,8 +14,10 @@ from dataclasses import dataclass, replace
 import structlog
 
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, UsageCache
-from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
+from hami_py.devices.base import DeviceVendor, RequestError
+from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
 from hami_py.k8s.nodelock import NodeLocker, NodeLockError, go_duration
+from hami_py.scheduling.requests import parse_pod_requests
 
 log = structlog.get_logger(__name__)
 
@@ -41,10 +43,11 @@ class BindRequest:
 
 
 class Binder:
-    def __init__(self, *, client: KubeClient, cache: UsageCache, locker: NodeLocker,
-                 lock_retry_timeout_s: float = 28.0, on_result=None):
+    def __init__(self, *, client: KubeClient, cache: UsageCache, vendors: dict[str, DeviceVendor],
+                 locker: NodeLocker, lock_retry_timeout_s: float = 28.0, on_result=None):
         self.client = client
         self.cache = cache
+        self.vendors = vendors
         self.locker = locker
         self.lock_retry_timeout_s = lock_retry_timeout_s
         self.on_result = on_result
@@ -75,11 +78,26 @@ class Binder:
             message = f'pod {req.namespace}/{req.name} is already assigned to node "{bound_to}"'
             self._report(pod, req, message)
             raise BindError(message)
+        if req.node not in self.cache.nodes:
+            # The node watch does not know the node (gone, or too new to have been seen): ask.
+            # The API server itself would bind a pod to a node that does not exist.
+            await self._check_node_exists(req, pod)
+        reservation = None
+        if self.asks_for_devices(pod):
+            # The invariant: a device pod is bound only onto the devices its live reservation
+            # holds. Its annotations are no proof: a rolled-back decision stays on the pod, and
+            # its capacity may have gone to another pod since.
+            reservation = self.cache.live_reservation(req.uid, req.node)
+            if reservation is None:
+                message = f"pod {req.namespace}/{req.name} has no device reservation on node {req.node} (filter it again)"
+                self._report(pod, req, message)
+                raise BindError(message)
         assigned = ((pod.get("metadata") or {}).get("annotations") or {}).get(VGPU_NODE_ANNOTATION)
-        if assigned and assigned != req.node:
-            # A later write (a late or repeated filter patch) gave the pod devices elsewhere:
-            # binding it here would start it where it holds none. kube-scheduler filters again.
+        if reservation is not None and assigned != req.node:
+            # The pod object does not carry the decision reserved for it (our patch of it was
+            # overwritten): the device plugin would find no devices, or others, on this node.
             message = f"pod {req.namespace}/{req.name} holds devices on node {assigned}, not {req.node}"
+            self.cache.release_pod(req.uid)
             self._report(pod, req, message)
             raise BindError(message)
         locked = locking = False
@@ -96,11 +114,31 @@ class Binder:
                 self.cache.release_pod(req.uid)
             # Reading the node is the lock's first step: a 404 there is upstream's missing node.
             node_missing = locking and isinstance(exc, KubeApiError) and exc.not_found
-            self._report(pod, req, f"failed to get node {req.node}" if node_missing else str(exc))
-            if isinstance(exc, BindError):
+            message = f"failed to get node {req.node}" if node_missing else str(exc)
+            self._report(pod, req, message)
+            if isinstance(exc, BindError) and not node_missing:
                 raise
-            raise BindError(str(exc)) from None
+            raise BindError(message) from None
+        if reservation is not None:
+            reservation.bound = True
         self._report(pod, req, None)
+
+    def asks_for_devices(self, pod: dict) -> bool:
+        """Whether the pod requests any device the scheduler manages (a malformed request counts:
+        such a pod was never given a reservation either)."""
+        try:
+            return parse_pod_requests(pod, self.vendors, self.cache.vendor_ids) is not None
+        except RequestError:
+            return True
+
+    async def _check_node_exists(self, req: BindRequest, pod: dict) -> None:
+        try:
+            await self.client.get(node_path(req.node))
+        except KubeApiError as exc:
+            message = f"failed to get node {req.node}" if exc.not_found else f"get node {req.node}: {exc}"
+            self.cache.release_pod(req.uid)
+            self._report(pod, req, message)
+            raise BindError(message) from None
 
     def _report(self, pod: dict, req: BindRequest, error: str | None) -> None:
         """Tell ``on_result`` (the BindingSucceed/BindingFailed events) how the bind ended;

@@ -157,7 +157,7 @@ class Filterer:
             masks = [(i["gpuUUID"], ((1 << i["placement"]["size"]) - 1) << i["placement"]["start"])
                      for instances in mig.values() for i in instances]
             reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
-                                   node=winner, entries=entries, reserved=True, mig=masks)
+                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks)
             cache.add_pod_usage(reservation)
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
 

@@ -17,6 +17,7 @@ from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.scheduling.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.filter import VGPU_NODE_LABEL, FilterDecision, Filterer
+from hami_py.scheduling.podlocks import PodLocks
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.requests import parse_pod_requests
 from hami_py.scheduling.stale import clear_stale_decision, may_carry_decision
@@ -47,8 +48,7 @@ class SchedulerService:
         self.sync_timeout_s = sync_timeout_s
         self.synced = asyncio.Event()
         self.events = events
-        self._pod_locks: dict[str, asyncio.Lock] = {}
-        self._pod_lock_users: dict[str, int] = {}   # filters holding or awaiting each pod's lock
+        self.pod_locks = PodLocks()   # a pod's filters and binds run one at a time
 
     # ------------------------------------------------------------------ filter
     async def filter(self, args: Any) -> dict:
@@ -84,22 +84,20 @@ class SchedulerService:
             # The reservation is keyed by UID and the patch preconditioned on it: without one a
             # reservation could never be matched to the pod's watch events, and would leak.
             return filter_result(error=f"pod {_pod_key(pod)}: extender args pod has no metadata.name or metadata.uid")
-        lock = self._pod_locks.setdefault(uid, asyncio.Lock())
-        self._pod_lock_users[uid] = self._pod_lock_users.get(uid, 0) + 1
-        try:
-            async with lock:
-                return await self._filter_live(pod, node_names, request)
-        finally:
-            # Dropped with its last user only: a released lock is not locked() while the filter
-            # it wakes has yet to run, and a fresh lock then would let a later one run beside it.
-            self._pod_lock_users[uid] -= 1
-            if not self._pod_lock_users[uid]:
-                del self._pod_lock_users[uid], self._pod_locks[uid]
+        # Waiting here (for the sync, leadership, or this pod's earlier filter or bind) is
+        # cancelled with the request when its caller goes away (handler cancellation in
+        # http/server.py): a caller that gave up gets no reservation, no patch and no event.
+        async with self.pod_locks.hold(uid):
+            return await self._filter_live(pod, node_names, request)
 
     async def _filter_live(self, pod: dict, node_names: list[str], request) -> dict:
         meta = pod.get("metadata") or {}
         uid, name = meta["uid"], meta["name"]            # both checked by filter()
         namespace = meta.get("namespace") or "default"   # as decide() reserves it
+        bound_to = self.cache.bound_node(uid) or (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            # Its devices are in use there: a new decision would release them.
+            return filter_result(error=f"pod {namespace}/{name} is already bound to node {bound_to}")
         stale = may_carry_decision(self.cache, pod, uid)   # before decide drops the charge
         try:
             decision = self.filterer.decide(pod, node_names, request)
@@ -124,6 +122,11 @@ class SchedulerService:
         body["metadata"]["uid"] = uid
         try:
             patched = await self.client.patch(pod_path(namespace, name), body)
+        except asyncio.CancelledError:
+            # The caller left: nobody will bind this decision. If the patch landed anyway, the
+            # pod carries a released decision, which charges nothing and binds nowhere.
+            self.cache.release_pod(uid)
+            raise
         except KubeApiError as exc:
             self.cache.release_pod(uid)
             log.warning("pod patch failed, reservation rolled back", pod=_pod_key(pod), error=str(exc))
@@ -166,9 +169,12 @@ class SchedulerService:
         if self.synced.is_set():
             return True
         try:
-            await asyncio.wait_for(self.synced.wait(), self.sync_timeout_s)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancellation that
+            # arrives as the wait ends, and a filter whose caller left would run all the same.
+            async with asyncio.timeout(self.sync_timeout_s):
+                await self.synced.wait()
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     def _event(self, pod: dict, what: str, detail: FilterDecision | str) -> None:
@@ -187,8 +193,19 @@ class SchedulerService:
         missing = [k for k, v in (("PodName", req.name), ("PodNamespace", req.namespace), ("Node", req.node)) if not v]
         if missing:
             return {"Error": f"binding args missing {', '.join(missing)}"}
+        # Under the pod's lock, so no filter of the pod can release the reservation this bind
+        # relies on. Waiting for the lock ends with the caller; the bind itself, once begun, runs
+        # to its end even if the caller leaves: a lock taken or a Binding posted is never left
+        # half undone.
+        async with self.pod_locks.hold(req.uid or self.cache.uid_of(req.namespace, req.name, req.node)):
+            work = asyncio.ensure_future(self.binder.bind(req))
+            try:
+                await asyncio.wait([work])     # a cancelled wait leaves the task running
+            except asyncio.CancelledError:
+                await asyncio.wait([work])     # finish it, still under the lock
+                raise
         try:
-            await self.binder.bind(req)
+            work.result()
         except BindError as exc:
             log.warning("bind failed", pod=f"{req.namespace}/{req.name}", node=req.node, error=str(exc))
             return {"Error": str(exc)}
