@@ -49,8 +49,15 @@ class Metrics:
             registry=self.registry)
         self.events_dropped = Counter(
             "hami_events_dropped_total",
-            "Kubernetes Events not written, by cause (queue_full, api_error, internal_error).",
+            "Kubernetes Events not written, by cause (queue_full, spam: over the pod's spam filter, api_error, "
+            "internal_error).",
             ["cause"], registry=self.registry)
+        self.events_merged = Counter(
+            "hami_events_merged_total",
+            "Kubernetes Events merged into another, by how: repeat (the count of an Event already written "
+            "raised by a PATCH), pending (folded into a write still waiting for the events' budget: no "
+            "request), similar (message combined with the pod's other messages of that reason).",
+            ["how"], registry=self.registry)
         self.build_info = Gauge(
             "hami_build_info", "Build of this scheduler, as labels; the value is always 1.",
             list(BUILD_INFO), registry=self.registry)

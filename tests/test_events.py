@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from hami_py.embedded import embedded_options, running_scheduler
+from hami_py.fakeapi import write_kubeconfig
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
-from hami_py.k8s.events import filtering_failed_messages, filtering_succeeded_message, reason_types
+from hami_py.k8s.client import KubeClient, load_configuration
+from hami_py.k8s.events import (AGGREGATE_PREFIX, BINDING_SUCCEED, FILTERING_FAILED, NORMAL, SPAM_BURST, WARNING,
+                                EventRecorder, filtering_failed_messages, filtering_succeeded_message,
+                                reason_types)
+from hami_py.metrics import Metrics
 from tests.conftest import register_nodes, wait_until
 
 T4 = {"type": "NVIDIA T4", "devmem": 10000, "devcore": 100}   # round numbers for readable scores
@@ -229,3 +236,137 @@ def test_success_message_lists_the_best_nodes_only_at_scale():
         assert message.startswith(f"find fit node(idle-000), 3 nodes not fit, 60 nodes fit(…{60 - LISTED_NODE_SCORES} more,")
         assert message.endswith(",idle-000:0.00)") and message.count(":") == LISTED_NODE_SCORES
 
+
+
+# -- client-go's correlator: repeats merged, similar events combined, spam filtered ---------------
+class _Gate:
+    """The events' budget, held shut until the test opens it (a stand-in for a drained bucket)."""
+
+    def __init__(self):
+        self.open = asyncio.Event()
+        self.waiting = 0
+
+    async def acquire(self):
+        self.waiting += 1
+        try:
+            await self.open.wait()
+        finally:
+            self.waiting -= 1
+
+
+@pytest.fixture
+async def recorder(api, tmp_path):
+    kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), api.url)
+    client = KubeClient(await load_configuration(kubeconfig), qps=0, burst=1)
+    events = EventRecorder(client, component="hami-scheduler", metrics=Metrics(), qps=0, workers=2)
+    events.start()
+    try:
+        yield events
+    finally:
+        await events.stop()
+        await client.close()
+
+
+def _pod(name):
+    return {"metadata": {"namespace": "default", "name": name, "uid": f"uid-{name}", "resourceVersion": "7"}}
+
+
+def _event(type_, reason, message):
+    return lambda: [(type_, reason, message)]
+
+
+def _writes(api, method):
+    return [r for r in api.requests if r[0] == method and "/events" in r[1]]
+
+
+def _counter(recorder, name, **labels):
+    return recorder.metrics.registry.get_sample_value(name, labels) or 0
+
+
+async def test_identical_events_raise_the_count_of_one_event(api, recorder):
+    pod = _pod("again")
+    for n in range(1, 4):   # each written before the next: a POST, then PATCHes of its count
+        recorder.record(pod, _event(WARNING, FILTERING_FAILED, "no available node, 2 nodes do not meet"))
+        await wait_until(lambda: [e["count"] for e in _events(api, "again")] == [n], f"count {n}")
+    event = _events(api, "again")[0]
+    assert event["message"] == "no available node, 2 nodes do not meet"
+    assert event["firstTimestamp"] <= event["lastTimestamp"]
+    assert (len(_writes(api, "POST")), len(_writes(api, "PATCH"))) == (1, 2)
+    assert _counter(recorder, "hami_events_merged_total", how="repeat") == 2
+    # A different message is a different Event.
+    recorder.record(pod, _event(WARNING, FILTERING_FAILED, "no available node, 3 nodes do not meet"))
+    await wait_until(lambda: len(_events(api, "again")) == 2, "a second event")
+
+
+async def test_repeats_waiting_for_the_budget_fold_into_one_write(api, recorder):
+    gate = recorder.bucket = _Gate()
+    pod = _pod("burst")
+    for _ in range(50):
+        recorder.record(pod, _event(WARNING, FILTERING_FAILED, "no available node, 2 nodes do not meet"))
+    await wait_until(lambda: recorder.queue.qsize() == 0 and gate.waiting == 1, "the writers blocked on the budget")
+    assert _writes(api, "POST") == []
+    gate.open.set()
+    await wait_until(lambda: [e["count"] for e in _events(api, "burst")] == [50], "one event counting 50")
+    assert len(_writes(api, "POST")) + len(_writes(api, "PATCH")) == 1
+    assert _counter(recorder, "hami_events_merged_total", how="pending") == 49
+
+
+async def test_similar_events_are_combined_after_ten_messages(api, recorder):
+    pod = _pod("similar")
+    for i in range(12):
+        recorder.record(pod, _event(WARNING, FILTERING_FAILED, f"no available node, {i} nodes do not meet"))
+    combined = AGGREGATE_PREFIX + "no available node, 11 nodes do not meet"
+    await wait_until(lambda: any(e["message"] == combined for e in _events(api, "similar")), "the combined event")
+    messages = sorted(e["message"] for e in _events(api, "similar"))
+    assert len(messages) == 10      # nine on their own, then one for the rest
+    assert next(e for e in _events(api, "similar") if e["message"] == combined)["count"] == 3
+    assert _counter(recorder, "hami_events_merged_total", how="similar") == 3
+
+
+async def test_a_pod_past_its_spam_burst_has_its_events_dropped_and_counted(api, recorder):
+    noisy, quiet = _pod("noisy"), _pod("quiet")
+    for i in range(SPAM_BURST + 5):   # different reasons: nothing to merge, every one a write
+        recorder.record(noisy, _event(NORMAL, f"Reason{i}", "m"))
+    recorder.record(quiet, _event(NORMAL, BINDING_SUCCEED, "m"))
+    await wait_until(lambda: recorder.queue.qsize() == 0 and _counter(recorder, "hami_events_written_total")
+                     == SPAM_BURST + 1, "the allowed events written")
+    await recorder.stop()
+    assert len(_events(api, "noisy")) == SPAM_BURST
+    assert len(_events(api, "quiet")) == 1         # one pod's spam never silences another's
+    assert _counter(recorder, "hami_events_dropped_total", cause="spam") == 5
+
+
+async def test_a_repeat_of_an_expired_event_creates_it_again(api, recorder):
+    pod = _pod("expired")
+    recorder.record(pod, _event(NORMAL, BINDING_SUCCEED, "m"))
+    await wait_until(lambda: len(_events(api, "expired")) == 1, "the event")
+    api.delete("events", _events(api, "expired")[0]["metadata"]["name"], namespace="default")
+    recorder.record(pod, _event(NORMAL, BINDING_SUCCEED, "m"))
+    await wait_until(lambda: len(_events(api, "expired")) == 1, "the event again")
+    assert _events(api, "expired")[0]["count"] == 2
+
+
+async def test_a_burst_of_events_never_holds_up_a_pod_patch_lock_or_binding(api):
+    """Events starved of their budget for good, their queue overflowing: /filter and /bind still
+    place every pod, on a --kube-qps budget events never draw from."""
+    options = embedded_options(kube_qps=0.001, kube_burst=200, event_queue_size=500)
+    async with running_scheduler(api, options=options) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            names = await register_nodes(api, app, gpu_node("n1", gpus=4), gpu_node("n2", gpus=4))
+            for i in range(1000):      # a flood of FilteringFailed explanations for 1 000 pods
+                app.events.record(_pod(f"flood-{i}"), _event(WARNING, FILTERING_FAILED, "no available node"))
+            await wait_until(lambda: app.events.bucket.tokens < 1, "the events' budget spent")
+            assert _sample(app, "hami_events_dropped_total", cause="queue_full") > 0
+            posts_before = len(_writes(api, "POST"))
+            pods = [api.create("pods", gpu_pod(f"w{i}", gpumem=1000)) for i in range(6)]
+            for pod in pods:
+                node = (await extender.filter(pod, names))["NodeNames"][0]
+                assert (await extender.bind(pod, node))["Error"] == ""
+            assert all(api.get("pods", p["metadata"]["name"], namespace="default")["spec"].get("nodeName")
+                       for p in pods)
+            # ... and not one of their own events went out: the events' budget was spent.
+            assert len(_writes(api, "POST")) == posts_before
+            assert app.client.bucket.tokens >= 1
+        finally:
+            await extender.close()

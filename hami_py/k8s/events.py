@@ -10,7 +10,24 @@ small job on a bounded queue (never awaiting; when the queue is full the job is 
 counted, as client-go's broadcaster drops when its channel is full). Even the message is built
 later, by the background workers, because a failure message walks every candidate node's reason.
 The workers draw on their own token bucket, so events never use up the ``--kube-qps`` budget
-that pod patches, node locks and Bindings need.
+that pod patches, node locks and Bindings need (upstream HAMi's recorder writes through the
+scheduler's own client, so a burst of FailedScheduling explanations waits in line with the
+Bindings). Its rate is ``--kube-qps``/``--kube-burst`` again, in a bucket of its own, as
+kube-scheduler gives its events a client of their own built from the same settings.
+
+Repeats are merged as client-go's ``EventCorrelator`` merges them (``EventCorrelator`` here):
+
+* an event identical to one already written (same pod, type, reason, message, source) becomes a
+  PATCH of that Event's ``count`` and ``lastTimestamp``, not a new Event; one whose write is still
+  waiting for the budget is folded into that write and costs no request at all;
+* more than ``AGGREGATE_MAX_EVENTS`` different messages of one reason on one pod within
+  ``AGGREGATE_INTERVAL_S`` become one Event, ``(combined from similar events): <latest>``;
+* each pod's events go through a spam filter of ``SPAM_BURST`` writes, one more every
+  ``1 / SPAM_QPS`` seconds; over it, the write is dropped (the count still grows, and the next
+  write allowed carries it).
+
+Merged and dropped events are counted (``hami_events_merged_total{how}``,
+``hami_events_dropped_total{cause}``).
 
 Deliberate difference from a literal reading of the core/v1 schema: ``eventTime`` is left unset,
 as client-go's legacy recorder leaves it. A core/v1 Event *with* ``eventTime`` is validated as a
@@ -23,6 +40,7 @@ import asyncio
 import re
 import socket
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
@@ -42,6 +60,13 @@ WARNING = "Warning"
 DEFAULT_COMPONENT = "hami-scheduler"
 DEFAULT_QUEUE_SIZE = 1000      # client-go's broadcaster queue length
 RETRY_ATTEMPTS = 3
+# client-go's EventCorrelator defaults (tools/record/events_cache.go)
+LRU_SIZE = 4096                 # remembered events, similar-event groups and per-pod spam buckets
+AGGREGATE_MAX_EVENTS = 10       # different messages of one reason before they are combined
+AGGREGATE_INTERVAL_S = 600.0
+AGGREGATE_PREFIX = "(combined from similar events): "
+SPAM_BURST = 25                 # writes per pod at once ...
+SPAM_QPS = 1 / 300              # ... then one every five minutes
 
 # Upstream re-parses each node's reason text with Sscanf("%d/%d %s"): only "<int>/<int> <Word>"
 # tokens count, so fixed texts such as "node unregistered" produce no per-reason event.
@@ -116,6 +141,113 @@ def rfc3339(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass(slots=True)
+class _Seen:
+    """One Event as the correlator remembers it: what was written, what is to be written."""
+    pod: PodRef
+    type: str
+    reason: str
+    message: str
+    name: str
+    first: datetime
+    last: datetime
+    count: int = 1
+    created: bool = False    # a POST of it landed: further writes are PATCHes
+    waiting: bool = False    # a write of it waits for the budget: repeats fold into that write
+
+
+class _SpamBucket:
+    """client-go's spam filter for one pod: SPAM_BURST writes, then SPAM_QPS a second."""
+    __slots__ = ("tokens", "stamp")
+
+    def __init__(self, now: float):
+        self.tokens = float(SPAM_BURST)
+        self.stamp = now
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(SPAM_BURST, self.tokens + (now - self.stamp) * SPAM_QPS)
+        self.stamp = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+def _lru_get(cache: OrderedDict, key, size: int = LRU_SIZE, *, make=None):
+    value = cache.get(key)
+    if value is not None:
+        cache.move_to_end(key)
+    elif make is not None:
+        value = cache[key] = make()
+        if len(cache) > size:
+            cache.popitem(last=False)
+    return value
+
+
+class EventCorrelator:
+    """client-go's EventCorrelator, on one event loop: aggregate similar events, merge identical
+    ones, filter spam. ``observe`` says which Event a new one should be written as, or None."""
+
+    def __init__(self, component: str, *, clock: Callable[[], float] = time.monotonic,
+                 name: Callable[[str], str] | None = None, metrics=None):
+        self.component = component
+        self.clock = clock
+        self.metrics = metrics
+        self._name = name or (lambda pod_name: f"{pod_name}.{time.time_ns():x}")
+        self._similar: OrderedDict[tuple, tuple[float, set[str]]] = OrderedDict()
+        self._seen: OrderedDict[tuple, _Seen] = OrderedDict()
+        self._spam: OrderedDict[tuple, _SpamBucket] = OrderedDict()
+
+    def observe(self, pod: PodRef, at: datetime, type_: str, reason: str, message: str) -> _Seen | None:
+        now = self.clock()
+        obj = (pod.namespace, pod.name, pod.uid)
+        # 1. Similar events: the same reason with ever new messages becomes one combined Event.
+        group = (*obj, type_, reason)
+        stamp, messages = _lru_get(self._similar, group, make=lambda: (now, set()))
+        if now - stamp > AGGREGATE_INTERVAL_S:
+            messages = set()
+        messages.add(message)
+        self._similar[group] = (now, messages)
+        key = (*obj, type_, reason, message)
+        if len(messages) >= AGGREGATE_MAX_EVENTS:
+            key = (*group, None)
+            message = AGGREGATE_PREFIX + message
+            self._merged("similar")
+        # 2. Identical events: one Event whose count grows.
+        seen = _lru_get(self._seen, key)
+        if seen is None:
+            seen = _lru_get(self._seen, key, make=lambda: _Seen(pod, type_, reason, message, self._name(pod.name),
+                                                                at, at))
+        else:
+            seen.count += 1
+            seen.last = max(seen.last, at)
+            seen.message = message
+            seen.pod = pod
+            if seen.waiting:              # its write has not gone out yet: it carries this one too
+                self._merged("pending")
+                return None
+            self._merged("repeat")
+        # 3. Spam: every write takes a token of the pod's bucket.
+        if not _lru_get(self._spam, obj, make=lambda: _SpamBucket(now)).take(now):
+            self._dropped("spam")
+            return None
+        seen.waiting = True
+        return seen
+
+    def renamed(self, seen: _Seen) -> None:
+        """The Event is gone from the API server (expired): the next write creates it anew."""
+        seen.name = self._name(seen.pod.name)
+        seen.created = False
+
+    def _merged(self, how: str) -> None:
+        if self.metrics is not None:
+            self.metrics.events_merged.labels(how).inc()
+
+    def _dropped(self, cause: str) -> None:
+        if self.metrics is not None:
+            self.metrics.events_dropped.labels(cause).inc()
+
+
 class EventRecorder:
     """Queue events now, write them in the background; never block, never raise to the caller."""
 
@@ -136,6 +268,7 @@ class EventRecorder:
         self._workers: list[asyncio.Task] = []
         self._closing = False
         self._last_stamp = 0
+        self.correlator = EventCorrelator(self.component, name=self._event_name, metrics=metrics)
 
     # -- producers (synchronous, called on the request path) -----------------------------------
     def record(self, pod: dict, build: Callable[[], list[EventSpec]]) -> bool:
@@ -201,7 +334,9 @@ class EventRecorder:
             job = await self.queue.get()
             try:
                 for type_, reason, message in job.build():
-                    await self._write(self._event_body(job, type_, reason, message))
+                    seen = self.correlator.observe(job.pod, job.at, type_, reason, message)
+                    if seen is not None:
+                        await self._write(seen)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug in one event must not stop the writer
@@ -217,40 +352,57 @@ class EventRecorder:
         self._last_stamp = stamp
         return f"{pod_name}.{stamp:x}"
 
-    def _event_body(self, job: _Job, type_: str, reason: str, message: str) -> dict:
-        pod = job.pod
-        at = rfc3339(job.at)
+    def _event_body(self, seen: _Seen) -> dict:
+        pod = seen.pod
         involved = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid,
                     "apiVersion": "v1"}
         if pod.resource_version:
             involved["resourceVersion"] = pod.resource_version
         return {
             "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": self._event_name(pod.name), "namespace": pod.namespace},
+            "metadata": {"name": seen.name, "namespace": pod.namespace},
             "involvedObject": involved,
-            "reason": reason, "message": message, "type": type_,
+            "reason": seen.reason, "message": seen.message, "type": seen.type,
             "source": {"component": self.component},
-            "firstTimestamp": at, "lastTimestamp": at, "count": 1,
+            "firstTimestamp": rfc3339(seen.first), "lastTimestamp": rfc3339(seen.last), "count": seen.count,
             "reportingComponent": self.component, "reportingInstance": self.instance,
         }
 
-    async def _write(self, body: dict) -> None:
-        path = f"/api/v1/namespaces/{body['metadata']['namespace']}/events"
-        for attempt in range(RETRY_ATTEMPTS):
+    async def _write(self, seen: _Seen) -> None:
+        """Write ``seen`` as it stands once the budget allows: a POST of a new Event, or a PATCH of
+        the existing one's count, lastTimestamp and message. Repeats observed while this waits
+        for a token are carried by it."""
+        namespace = seen.pod.namespace
+        pod = f"{namespace}/{seen.pod.name}"
+        for attempt in range(RETRY_ATTEMPTS + 1):
             await self.bucket.acquire()
+            seen.waiting = False       # from here on, a repeat needs a write of its own
+            count = seen.count
             try:
                 # Not on the shared --kube-qps bucket: events have their own (self.bucket).
-                await self.client.post(path, body, limited=False)
+                if seen.created:
+                    await self.client.patch(f"/api/v1/namespaces/{namespace}/events/{seen.name}",
+                                            {"count": count, "lastTimestamp": rfc3339(seen.last),
+                                             "message": seen.message}, limited=False)
+                else:
+                    await self.client.post(f"/api/v1/namespaces/{namespace}/events", self._event_body(seen),
+                                           limited=False)
+                    seen.created = True
                 self._count_written()
                 return
             except KubeApiError as exc:
-                if exc.conflict:   # an earlier attempt landed after all
-                    self._count_written()
-                    return
+                if exc.conflict and not seen.created:   # an earlier attempt (or writer) created it
+                    seen.created = True
+                    if seen.count == count == 1:
+                        self._count_written()
+                        return
+                    continue                            # then patch what it carries now
+                if exc.not_found and seen.created:      # expired from the API server: create anew
+                    self.correlator.renamed(seen)
+                    continue
                 retryable = exc.uncertain or exc.status == 429
-                if not retryable or attempt == RETRY_ATTEMPTS - 1:
-                    log.warning("event not written", reason=body["reason"], error=str(exc),
-                                pod=f"{body['involvedObject']['namespace']}/{body['involvedObject']['name']}")
+                if not retryable or attempt >= RETRY_ATTEMPTS - 1:
+                    log.warning("event not written", reason=seen.reason, error=str(exc), pod=pod)
                     self._count_dropped("api_error")
                     return
                 await asyncio.sleep(exc.retry_after or self.retry_backoff_s * (2 ** attempt))
