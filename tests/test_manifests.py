@@ -402,6 +402,12 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
             placement = await extender.schedule(second, ["gpu-1"])
             assert placement.error.endswith("node lock contention"), placement
             await wait_for(lambda: api.list("events", namespace="default"), what="an event written")
+            # A pod that fits nowhere, filtered twice: the repeat raises the first Event's count.
+            big = api.create("pods", gpu_pod("too-big", gpumem=10 ** 7))
+            for _ in range(2):
+                assert (await extender.filter(big, ["gpu-1"]))["NodeNames"] in (None, [])
+            await wait_for(lambda: any(e["count"] == 2 for e in api.list("events", namespace="default")
+                                       if e["involvedObject"]["name"] == "too-big"), what="an event's count raised")
             await wait_for(lambda: api.get("pods", "sched-0", namespace=NAMESPACE)["metadata"]["labels"]
                            .get("hami.io/scheduler-role") == "leader", what="role label")
         finally:

@@ -152,8 +152,9 @@ class _Seen:
     first: datetime
     last: datetime
     count: int = 1
+    written: int = 0         # the count the API server has
     created: bool = False    # a POST of it landed: further writes are PATCHes
-    waiting: bool = False    # a write of it waits for the budget: repeats fold into that write
+    busy: bool = False       # a writer has it (waiting for the budget or writing): repeats fold into that
 
 
 class _SpamBucket:
@@ -223,7 +224,7 @@ class EventCorrelator:
             seen.last = max(seen.last, at)
             seen.message = message
             seen.pod = pod
-            if seen.waiting:              # its write has not gone out yet: it carries this one too
+            if seen.busy:                 # a writer has it: it writes this one too before it lets go
                 self._merged("pending")
                 return None
             self._merged("repeat")
@@ -231,13 +232,14 @@ class EventCorrelator:
         if not _lru_get(self._spam, obj, make=lambda: _SpamBucket(now)).take(now):
             self._dropped("spam")
             return None
-        seen.waiting = True
+        seen.busy = True
         return seen
 
     def renamed(self, seen: _Seen) -> None:
         """The Event is gone from the API server (expired): the next write creates it anew."""
         seen.name = self._name(seen.pod.name)
         seen.created = False
+        seen.written = 0
 
     def _merged(self, how: str) -> None:
         if self.metrics is not None:
@@ -369,43 +371,46 @@ class EventRecorder:
         }
 
     async def _write(self, seen: _Seen) -> None:
-        """Write ``seen`` as it stands once the budget allows: a POST of a new Event, or a PATCH of
-        the existing one's count, lastTimestamp and message. Repeats observed while this waits
-        for a token are carried by it."""
+        """Write ``seen`` once the budget allows: a POST of a new Event, or a PATCH of the existing
+        one's count, lastTimestamp and message. One writer per Event at a time: repeats observed
+        while it waits or writes are carried by it, with one more PATCH if they came too late."""
         namespace = seen.pod.namespace
         pod = f"{namespace}/{seen.pod.name}"
-        for attempt in range(RETRY_ATTEMPTS + 1):
-            await self.bucket.acquire()
-            seen.waiting = False       # from here on, a repeat needs a write of its own
-            count = seen.count
-            try:
-                # Not on the shared --kube-qps bucket: events have their own (self.bucket).
-                if seen.created:
-                    await self.client.patch(f"/api/v1/namespaces/{namespace}/events/{seen.name}",
-                                            {"count": count, "lastTimestamp": rfc3339(seen.last),
-                                             "message": seen.message}, limited=False)
-                else:
-                    await self.client.post(f"/api/v1/namespaces/{namespace}/events", self._event_body(seen),
-                                           limited=False)
-                    seen.created = True
-                self._count_written()
-                return
-            except KubeApiError as exc:
-                if exc.conflict and not seen.created:   # an earlier attempt (or writer) created it
-                    seen.created = True
-                    if seen.count == count == 1:
+        failures = 0
+        try:
+            while seen.written < seen.count:
+                await self.bucket.acquire()
+                count = seen.count
+                try:
+                    # Not on the shared --kube-qps bucket: events have their own (self.bucket).
+                    if seen.created:
+                        await self.client.patch(f"/api/v1/namespaces/{namespace}/events/{seen.name}",
+                                                {"count": count, "lastTimestamp": rfc3339(seen.last),
+                                                 "message": seen.message}, limited=False)
+                    else:
+                        await self.client.post(f"/api/v1/namespaces/{namespace}/events", self._event_body(seen),
+                                               limited=False)
+                        seen.created = True
+                    seen.written = count
+                    self._count_written()
+                except KubeApiError as exc:
+                    if exc.conflict and not seen.created:   # an earlier attempt landed after all
+                        seen.created = True
+                        seen.written = count
                         self._count_written()
+                        continue                            # and a PATCH if it carries more now
+                    if exc.not_found and seen.created:      # expired from the API server: create anew
+                        self.correlator.renamed(seen)
+                        continue
+                    failures += 1
+                    if not (exc.uncertain or exc.status == 429) or failures >= RETRY_ATTEMPTS:
+                        log.warning("event not written", reason=seen.reason, error=str(exc), pod=pod)
+                        self._count_dropped("api_error")
+                        seen.written = seen.count           # given up: the next repeat tries again
                         return
-                    continue                            # then patch what it carries now
-                if exc.not_found and seen.created:      # expired from the API server: create anew
-                    self.correlator.renamed(seen)
-                    continue
-                retryable = exc.uncertain or exc.status == 429
-                if not retryable or attempt >= RETRY_ATTEMPTS - 1:
-                    log.warning("event not written", reason=seen.reason, error=str(exc), pod=pod)
-                    self._count_dropped("api_error")
-                    return
-                await asyncio.sleep(exc.retry_after or self.retry_backoff_s * (2 ** attempt))
+                    await asyncio.sleep(exc.retry_after or self.retry_backoff_s * (2 ** (failures - 1)))
+        finally:
+            seen.busy = False
 
     def _count_written(self) -> None:
         if self.metrics is not None:
