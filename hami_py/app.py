@@ -22,6 +22,7 @@ from hami_py.devices.registry import build_vendors
 from hami_py.http.server import DEFAULT_BODY_LIMIT, build_app, build_metrics_app
 from hami_py.http.tls import DEFAULT_CHECK_INTERVAL_S, ReloadingTLS
 from hami_py.http.webhook import build_webhook_app, webhook_route
+from hami_py.k8s.budget import warn_if_capped
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.events import DEFAULT_QUEUE_SIZE, EventRecorder
 from hami_py.k8s.informer import Informer, PagedRelist
@@ -134,13 +135,15 @@ class SchedulerApp:
 
     async def start(self) -> None:
         o = self.options
+        warn_if_capped(o.kube_qps, o.kube_burst)   # upstream's defaults cap it at 1.25 pods/s
         api_seconds = self.metrics.api_request_seconds
         self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout,
                                  observe=lambda method, resource, s: api_seconds.labels(method, resource).observe(s))
         locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint)
         filterer = Filterer(self.cache, self.vendors, default_node_policy=o.node_scheduler_policy,
                             default_gpu_policy=o.gpu_scheduler_policy)
-        # Events get their own --kube-qps/--kube-burst budget so they never delay a patch or Binding.
+        # Events get their own --kube-qps/--kube-burst bucket so they never delay a patch or Binding
+        # (hami_py/k8s/events.py: repeats merged, spam dropped, both counted).
         self.events = EventRecorder(self.client, component=o.scheduler_name, metrics=self.metrics,
                                     queue_size=o.event_queue_size, qps=o.kube_qps, burst=o.kube_burst)
         self.events.start()
