@@ -49,8 +49,12 @@ def realise_mig_instances(text: str) -> str | None:
 
 
 class SimulatedDevicePlugin:
-    def __init__(self, client: KubeClient):
+    """``allocation_delay_s``: how long each allocation takes before the plugin marks it done and
+    frees the node lock (a real plugin's device setup; 0 = at once)."""
+
+    def __init__(self, client: KubeClient, *, allocation_delay_s: float = 0.0):
         self.client = client
+        self.allocation_delay_s = allocation_delay_s
         self.allocated = 0
         self._done: set[str] = set()
         self.informer = Informer(client=client, path="/api/v1/pods", on_event=self._on_event,
@@ -82,6 +86,8 @@ class SimulatedDevicePlugin:
 
     async def _allocate(self, namespace: str, name: str, node: str, mig: str | None) -> None:
         try:
+            if self.allocation_delay_s > 0:
+                await asyncio.sleep(self.allocation_delay_s)   # the simulated device set-up
             # The real plugin writes the MIG identity just before it marks success; one patch here.
             annotations = {"hami.io/bind-phase": "success"}
             if mig is not None:
