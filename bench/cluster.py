@@ -46,6 +46,7 @@ from hami_py.aio import cancel_and_wait
 from hami_py.devices.base import ContainerDevice
 from hami_py.fakeapi import ApiError, FakeApiServer
 from hami_py.fakeapi.objects import gpu_uuid
+from hami_py.k8s.client import api_resource
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
 from hami_py.logs import configure_logging
 
@@ -130,6 +131,7 @@ class PluginHeartbeats:
         self.nodes = nodes
         self.period_s = period_s
         self.task: asyncio.Task | None = None
+        self.paused = False     # while counting the scheduler's requests per pod: no stamps to answer
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run())
@@ -139,7 +141,7 @@ class PluginHeartbeats:
         while True:
             due = int(len(self.nodes) * (time.monotonic() - start) / self.period_s)
             stamp = "Reported " + time.strftime("%Y-%m-%d %H:%M:%S")
-            for turn in range(done, due):
+            for turn in range(done, done if self.paused else due):
                 name = self.nodes[turn % len(self.nodes)]
                 try:
                     self.api.patch("nodes", name, {"metadata": {"annotations": {HANDSHAKE_ANNOTATION: stamp}}})
@@ -270,7 +272,27 @@ class ClusterControl:
                 web.post("/blocker", self.blocker), web.post("/cleanup", self.cleanup), web.post("/burst", self.burst),
                 web.post("/load", self.start_load), web.get("/load", self.load_status),
                 web.post("/replay", self.start_replay), web.get("/replay", self.replay_status),
-                web.get("/stats", self.stats)]
+                web.get("/stats", self.stats), web.post("/heartbeats", self.set_heartbeats),
+                web.post("/requests/reset", self.reset_requests), web.get("/requests", self.request_counts)]
+
+    async def set_heartbeats(self, request: web.Request) -> web.Response:
+        if self.heartbeats is not None:
+            self.heartbeats.paused = bool((await _args(request)).get("paused"))
+        return _json({"ok": True})
+
+    async def reset_requests(self, _: web.Request) -> web.Response:
+        self.api.api.requests.clear()
+        return _json({"ok": True})
+
+    async def request_counts(self, _: web.Request) -> web.Response:
+        """The API requests served over HTTP since the reset (the scheduler's: the cluster's own
+        writes are in-process), by method and resource; watches apart."""
+        counts: dict[str, int] = {}
+        for method, path, query in self.api.api.requests:
+            watch = "watch=true" in query or "watch=1" in query
+            key = f"{'WATCH' if watch else method} {api_resource(path)}"
+            counts[key] = counts.get(key, 0) + 1
+        return _json(counts)
 
     async def seed(self, request: web.Request) -> web.Response:
         args = await _args(request)

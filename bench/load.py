@@ -190,3 +190,64 @@ async def run_schedule(session: aiohttp.ClientSession, url: str, cluster: Cluste
     if allocations:
         await asyncio.gather(*allocations)
     return run
+
+
+@dataclass
+class ContentionRun:
+    bound: int = 0
+    binds: int = 0
+    lock_failures: int = 0
+    errors: Counter = field(default_factory=Counter)
+    seconds: float = 0.0
+    retries: int = 0
+
+
+async def run_until_bound(session: aiohttp.ClientSession, url: str, pods: list[dict], node_names_raw: bytes, *,
+                          time_limit_s: float, initial_backoff_s: float = 1.0,
+                          max_backoff_s: float = 10.0, refresh=None) -> ContentionRun:
+    """kube-scheduler's pattern until every pod is bound: one /filter at a time, each /bind in the
+    background, and a pod whose filter or bind failed back in the queue after kube-scheduler's
+    pod backoff (1 s, doubling, at most 10 s: podInitialBackoffSeconds, podMaxBackoffSeconds).
+    ``refresh(pod)`` gives the pod as it is now, for a retry."""
+    import heapq
+    run = ContentionRun()
+    queue = [(0.0, i, pod, 0) for i, pod in enumerate(pods)]
+    heapq.heapify(queue)
+    binds: set[asyncio.Task] = set()
+    t0 = time.perf_counter()
+    deadline = t0 + time_limit_s
+
+    def retry(seq: int, pod: dict, tries: int) -> None:
+        run.retries += 1
+        backoff = min(max_backoff_s, initial_backoff_s * 2 ** tries)
+        heapq.heappush(queue, (time.perf_counter() + backoff, seq, pod, tries + 1))
+
+    async def bind(seq: int, pod: dict, node: str, tries: int) -> None:
+        _, result = await post(session, f"{url}/bind", bind_body(pod, node))
+        run.binds += 1
+        if error := result.get("Error"):
+            run.errors[str(error)[:120]] += 1
+            run.lock_failures += "lock" in error
+            retry(seq, pod, tries)
+        else:
+            run.bound += 1
+
+    while run.bound < len(pods) and time.perf_counter() < deadline:
+        if not queue or queue[0][0] > time.perf_counter():
+            await asyncio.sleep(0.005)
+            continue
+        _, seq, pod, tries = heapq.heappop(queue)
+        if tries and refresh is not None:   # kube-scheduler filters the pod as its informer has it now
+            pod = await refresh(pod)
+        _, result = await post(session, f"{url}/filter", filter_body(orjson.dumps(pod), node_names_raw))
+        if filter_outcome(result) != "placed":
+            run.errors[f"filter: {str(result.get('Error') or result.get('FailedNodes'))[:100]}"] += 1
+            retry(seq, pod, tries)
+            continue
+        task = asyncio.create_task(bind(seq, pod, result["NodeNames"][0], tries))
+        binds.add(task)
+        task.add_done_callback(binds.discard)
+    run.seconds = time.perf_counter() - t0
+    if binds:
+        await asyncio.gather(*binds)
+    return run

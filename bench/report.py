@@ -112,6 +112,52 @@ def flatness(results: dict) -> tuple[float | None, float | None]:
     return p40["p99"] / p0["p99"], p0["p99"]
 
 
+CONTENTION_TARGET_S = 10.0
+
+
+def _render_budget(results: dict) -> list[str]:
+    """Issue 13's rows: requests per pod by verb, throughput on the shipped budget, lock contention."""
+    out: list[str] = []
+    for c in _clusters(results):
+        if r := c.get("requests"):
+            verbs = ", ".join(f"{k} {_num(v, 2)}" for k, v in r["per_pod"].items())
+            out += [f"**API requests per scheduled pod** (N={c['nodes']:,}, P={c['pods']:,}, {r['pods']} pods "
+                    "in kube-scheduler's pattern, counted by the in-repo API server; heartbeats paused, so no "
+                    "handshake stamp is counted; the device plugin's half is not the scheduler's)", "",
+                    f"- on the critical path (the --kube-qps bucket): **{_num(r['critical_per_pod'], 2)}** a pod",
+                    f"- Events (a bucket of their own): {_num(r['events_per_pod'], 2)} a pod",
+                    f"- by method and resource: {verbs}", ""]
+    rows = []
+    for c in _clusters(results):
+        if c.get("scheduler_args"):
+            for r in c.get("schedule", []):
+                rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", " ".join(c["scheduler_args"]), _num(r["pods_per_s"]),
+                             f"{r['bound']}/{r['attempted']}", _num(r["filter"]["p99"], 2), _num(r["bind"]["p99"], 2),
+                             f"≥ 100/s {_verdict(r['pods_per_s'] >= 100)}"])
+    if rows:
+        out += ["**filter+bind throughput on the shipped budget** (manifests/deployment.yaml's flags; one /filter "
+                "at a time, binds in the background, as kube-scheduler drives an extender)", ""]
+        out += _table(["N", "P", "flags", "pods/s", "bound", "filter p99 ms", "bind p99 ms", "target"], rows)
+        out.append("")
+    rows = []
+    for c in _clusters(results):
+        if r := c.get("contention"):
+            rows.append([f"{r['pods']} pods onto {r['nodes']} nodes, {_num(1000 * r['allocation_delay_s'], 0)} ms "
+                         "per allocation", _num(r["seconds"], 2), f"{r['bound']}/{r['pods']}", str(r["binds"]),
+                         str(r["lock_failures"]),
+                         f"≤ {CONTENTION_TARGET_S:g} s {_verdict(r['bound'] == r['pods'] and r['seconds'] <= CONTENTION_TARGET_S)}"])
+    if rows:
+        out += ["**node lock contention** (kube-scheduler's pattern with its pod backoff, 1 s doubling to 10 s; "
+                "binpack, so every pod wants the node whose lock the last allocation holds; the simulated device "
+                "plugin frees each lock after its allocation)", ""]
+        out += _table(["run", "s to all bound", "bound", "binds", "binds failed on the node lock", "target"], rows)
+        for c in _clusters(results):
+            if (r := c.get("contention")) and r["errors"]:
+                out += [f"- {n} × {e}" for e, n in sorted(r["errors"].items(), key=lambda kv: -kv[1])]
+        out.append("")
+    return out
+
+
 def render_tables(results: dict) -> list[str]:
     out: list[str] = []
     rows = []
@@ -158,6 +204,7 @@ def render_tables(results: dict) -> list[str]:
                        "target"], rows)
         out += _errors(results, "schedule")
         out.append("")
+    out += _render_budget(results)
 
     rows = []
     for c in _clusters(results):

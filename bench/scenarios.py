@@ -31,13 +31,13 @@ from pathlib import Path
 import aiohttp
 import orjson
 
-from bench.load import filter_body, filter_outcome, post, run_filters, run_schedule, summarize_ms
+from bench.load import filter_body, filter_outcome, post, run_filters, run_schedule, run_until_bound, summarize_ms
 from bench.cluster import PLUGIN_PERIOD_S
 from bench.procs import BenchError, ClusterProcess, SchedulerProcess, parse_prometheus, process_cpu_seconds
 from bench.profiling import Profiler
 from bench.seed import BENCH_NAMESPACE, ClusterShape, blocker_name, node_name, node_names
 
-PHASES = ("filter", "schedule", "burst", "lag")
+PHASES = ("filter", "requests", "schedule", "burst", "lag", "contention")
 POD_EVENTS = 'hami_watch_events_total{resource="pods"}'
 FILTER_SUM = 'hami_extender_request_duration_seconds_sum{verb="filter"}'
 FILTER_COUNT = 'hami_extender_request_duration_seconds_count{verb="filter"}'
@@ -61,6 +61,13 @@ class EventsPlan:
 
 
 @dataclass(frozen=True)
+class ContentionPlan:
+    pods: int                   # all onto the cluster's regular nodes (binpack: one node at a time)
+    allocation_delay_s: float   # the simulated device plugin's time per allocation
+    time_limit_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class ClusterPlan:
     name: str
     shape: ClusterShape
@@ -70,6 +77,9 @@ class ClusterPlan:
     concurrencies: tuple[int, ...] = (1, 8)
     phase_time_limit_s: float = 60.0
     filter_rounds: int = 1             # rounds at concurrency 1; the median-p99 round is reported
+    request_count_pods: int = 0        # pods whose API requests are counted (kube-scheduler's pattern)
+    manifest_budget: bool = False      # start the scheduler with manifests/deployment.yaml's --kube-qps/--kube-burst
+    contention: ContentionPlan | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +112,14 @@ FULL = Plan(
                     EventsPlan(burst_pods=10_000, load_rate=20_000, load_seconds=10.0, idle_probes=20,
                                replay_seconds=5.0),
                     phase_time_limit_s=40.0, filter_rounds=3),
+        # The API budget (issue 13): requests per pod counted at the API server, and throughput
+        # with exactly the shipped --kube-qps/--kube-burst, in kube-scheduler's pattern only.
+        ClusterPlan("budget", ClusterShape(1000, 8000, probe_nodes=2), 0, 500, concurrencies=(),
+                    phase_time_limit_s=40.0, request_count_pods=200, manifest_budget=True),
+        # 50 pods onto 2 nodes (binpack: all want the same node), a device plugin taking 100 ms
+        # per allocation: time to all bound, and how many binds met a held node lock.
+        ClusterPlan("contention", ClusterShape(3, 8, probe_nodes=1), concurrencies=(),
+                    contention=ContentionPlan(pods=50, allocation_delay_s=0.1)),
     ),
 )
 
@@ -359,6 +377,67 @@ async def phase_schedule(ctx: Context) -> list[dict]:
     return rows
 
 
+async def phase_requests(ctx: Context) -> dict:
+    """The scheduler's API requests per pod bound, counted by the API server, by method and
+    resource, in kube-scheduler's pattern. The plugin heartbeats are paused meanwhile, so that
+    no handshake stamp (a node PATCH too) is counted as a lock; the Events are waited for."""
+    pods = await ctx.pending(ctx.plan.request_count_pods, what="requests",
+                             annotations={"hami.io/node-scheduler-policy": "spread"})
+    await ctx.cluster.call("POST", "/heartbeats", {"paused": True})
+    try:
+        await ctx.settle()
+        await ctx.cluster.call("POST", "/requests/reset")
+        run = await run_schedule(ctx.session, ctx.scheduler.url, ctx.cluster, pods, ctx.names_raw,
+                                 concurrency=1, time_limit_s=ctx.plan.phase_time_limit_s, async_binds=True)
+        await ctx.settle()        # the Events written
+        counts = await ctx.cluster.call("GET", "/requests")
+    finally:
+        await ctx.cluster.call("POST", "/heartbeats", {"paused": False})
+    await ctx.cleanup(pods)
+    bound = max(run.bound, 1)
+    per_pod = {k: v / bound for k, v in sorted(counts.items()) if not k.startswith("WATCH")}
+    return {"pods": run.bound, "attempted": run.attempted, "counts": counts, "per_pod": per_pod,
+            "critical_per_pod": sum(v for k, v in per_pod.items() if not k.endswith(" events")),
+            "events_per_pod": sum(v for k, v in per_pod.items() if k.endswith(" events")),
+            "errors": dict(run.errors)}
+
+
+async def phase_contention(ctx: Context) -> dict:
+    """50 pods (binpack) onto the regular nodes through kube-scheduler's pattern with its pod
+    backoff; the simulated device plugin (over the API, as on a node) takes ``allocation_delay_s``
+    per allocation before it frees the node lock."""
+    from hami_py.fakeapi.deviceplugin import SimulatedDevicePlugin
+    from hami_py.k8s.client import KubeClient, load_configuration, pod_path
+    plan = ctx.plan.contention
+    pods = await ctx.pending(plan.pods, what="contention")
+    client = KubeClient(await load_configuration(str(ctx.cluster.kubeconfig)), qps=0, burst=1000)
+    plugin = SimulatedDevicePlugin(client, allocation_delay_s=plan.allocation_delay_s)
+    plugin.start()
+    try:
+        await asyncio.wait_for(plugin.informer.synced.wait(), 30)
+
+        async def refresh(pod: dict) -> dict:
+            meta = pod["metadata"]
+            return await client.get(pod_path(meta["namespace"], meta["name"]))
+
+        run = await run_until_bound(ctx.session, ctx.scheduler.url, pods, ctx.names_raw,
+                                    time_limit_s=plan.time_limit_s, refresh=refresh)
+        await wait_until_allocated(plugin, run.bound)
+    finally:
+        await plugin.stop()
+        await client.close()
+    return {"pods": plan.pods, "nodes": ctx.plan.shape.nodes - ctx.plan.shape.probe_nodes,
+            "allocation_delay_s": plan.allocation_delay_s, "bound": run.bound, "seconds": run.seconds,
+            "binds": run.binds, "lock_failures": run.lock_failures, "retries": run.retries,
+            "errors": dict(run.errors), "allocated": plugin.allocated}
+
+
+async def wait_until_allocated(plugin, count: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while plugin.allocated < count and time.monotonic() < deadline:
+        await asyncio.sleep(0.02)
+
+
 def _regular_nodes(shape: ClusterShape) -> list[str]:
     return node_names(shape)[:shape.nodes - shape.probe_nodes]
 
@@ -470,8 +549,11 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
     result: dict = {"name": plan.name, "nodes": shape.nodes, "pods": shape.pods, "probe_nodes": shape.probe_nodes}
     cluster = ClusterProcess(workdir=workdir, session=session)
     wrap = profiler.wrap_startup() if profiler is not None and profile_startup else []
+    budget = manifest_budget_args() if plan.manifest_budget else []
+    if budget:
+        result["scheduler_args"] = budget
     scheduler = SchedulerProcess(kubeconfig=cluster.kubeconfig, log_path=workdir / "scheduler.log", wrap=wrap,
-                                 extra_args=list(scheduler_args), extra_env=dict(scheduler_env or {}))
+                                 extra_args=[*budget, *scheduler_args], extra_env=dict(scheduler_env or {}))
     try:
         await cluster.start()
         say(f"[{plan.name}] seeding {shape.nodes} nodes, {shape.pods} pods")
@@ -489,9 +571,11 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
         result["settled_s"] = time.monotonic() - scheduler.t_spawn
         await ctx.make_sentinels()
         runs = (("filter", plan.filter_samples, "/filter latency", phase_filter),
+                ("requests", plan.request_count_pods, "API requests per pod", phase_requests),
                 ("schedule", plan.schedule_pods, "filter+bind throughput", phase_schedule),
                 ("burst", plan.events, "watch event burst", phase_burst),
-                ("lag", plan.events, "delete-to-free lag", phase_lag))
+                ("lag", plan.events, "delete-to-free lag", phase_lag),
+                ("contention", plan.contention, "node lock contention", phase_contention))
         result["rss_after_mb"] = {}    # where the memory grows, phase by phase
         for phase, planned, title, run in runs:
             if phase in phases and planned:
@@ -507,3 +591,16 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
         await scheduler.stop()
         await cluster.stop()
     return result
+
+
+def manifest_budget_args() -> list[str]:
+    """``--kube-qps``/``--kube-burst`` exactly as manifests/deployment.yaml gives them to hami-py."""
+    import yaml
+    from bench.procs import REPO_ROOT
+    docs = yaml.safe_load_all((REPO_ROOT / "manifests" / "deployment.yaml").read_text())
+    deployment = next(d for d in docs if d and d.get("kind") == "Deployment")
+    container = next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == "hami-py")
+    wanted = [a for a in container["args"] if a.split("=", 1)[0] in ("--kube-qps", "--kube-burst")]
+    if len(wanted) != 2:
+        raise BenchError(f"manifests/deployment.yaml gives hami-py {wanted}, not --kube-qps and --kube-burst")
+    return wanted
