@@ -550,8 +550,8 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
     cluster = ClusterProcess(workdir=workdir, session=session)
     wrap = profiler.wrap_startup() if profiler is not None and profile_startup else []
     budget = manifest_budget_args() if plan.manifest_budget else []
-    if budget:
-        result["scheduler_args"] = budget
+    if budget:   # as the scheduler got them: a later --scheduler-arg overrides the manifest's
+        result["scheduler_args"] = [*budget, *scheduler_args]
     scheduler = SchedulerProcess(kubeconfig=cluster.kubeconfig, log_path=workdir / "scheduler.log", wrap=wrap,
                                  extra_args=[*budget, *scheduler_args], extra_env=dict(scheduler_env or {}))
     try:
