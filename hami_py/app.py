@@ -58,6 +58,9 @@ class Options:
     profiling: bool = False
     node_lock_timeout_s: float = 300.0
     node_lock_retry_timeout_s: float = 28.0
+    # Ours: how long any /bind waits for a node lock held by another pod's allocation in progress
+    # (PodGroup members wait node_lock_retry_timeout_s, as upstream). 0 = fail at once (upstream).
+    node_lock_wait_s: float = 10.0
     force_overwrite_default_scheduler: bool = True
     leader_elect: bool = False
     leader_elect_resource_name: str = ""
@@ -148,7 +151,8 @@ class SchedulerApp:
                                     queue_size=o.event_queue_size, qps=o.kube_qps, burst=o.kube_burst)
         self.events.start()
         binder = Binder(client=self.client, cache=self.cache, vendors=self.vendors, locker=locker,
-                        lock_retry_timeout_s=o.node_lock_retry_timeout_s, on_result=self.events.on_bind)
+                        lock_retry_timeout_s=o.node_lock_retry_timeout_s, lock_wait_s=o.node_lock_wait_s,
+                        on_result=self.events.on_bind)
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
                                         events=self.events.on_filter)

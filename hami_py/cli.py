@@ -103,6 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--profiling", default=False, type=_bool, nargs="?", const=True, help="accepted for compatibility")
     flag("--node-lock-timeout", default=300.0, type=_duration, help="node lock expiry (Go duration)")
     flag("--node-lock-retry-timeout", default=28.0, type=_duration, help="PodGroup lock retry budget")
+    flag("--node-lock-wait", default=10.0, type=_duration,
+         help="ours: how long a bind waits for a node lock another pod's allocation holds (0: fail at once)")
     flag("--force-overwrite-default-scheduler", default=True, type=_bool, nargs="?", const=True)
     flag("--leader-elect", default=False, type=_bool, nargs="?", const=True)
     flag("--leader-elect-resource-name", default="")
@@ -125,7 +127,7 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         gpu_scheduler_policy=ns.gpu_scheduler_policy, metrics_bind_address=ns.metrics_bind_address,
         node_label_selector=ns.node_label_selector, kube_qps=ns.kube_qps, kube_burst=ns.kube_burst,
         kube_timeout=ns.kube_timeout, profiling=ns.profiling, node_lock_timeout_s=ns.node_lock_timeout,
-        node_lock_retry_timeout_s=ns.node_lock_retry_timeout,
+        node_lock_retry_timeout_s=ns.node_lock_retry_timeout, node_lock_wait_s=ns.node_lock_wait,
         force_overwrite_default_scheduler=ns.force_overwrite_default_scheduler,
         leader_elect=ns.leader_elect, leader_elect_resource_name=ns.leader_elect_resource_name,
         leader_elect_resource_namespace=ns.leader_elect_resource_namespace,

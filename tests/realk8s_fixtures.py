@@ -188,7 +188,9 @@ def pytest_terminal_summary(terminalreporter):
 def real_options():
     """Override in a module to start hami-scheduler with other flags."""
     from hami_py.embedded import embedded_options
-    return embedded_options(scheduler_name="hami-scheduler")
+    # A bind meeting a held node lock waits 1 s for it here (10 s by default): the tests that
+    # hold a lock on purpose would otherwise wait the default out.
+    return embedded_options(scheduler_name="hami-scheduler", node_lock_wait_s=1.0)
 
 
 @pytest.fixture

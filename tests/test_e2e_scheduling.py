@@ -10,7 +10,7 @@ import asyncio
 import orjson
 
 from hami_py.devices.codec import decode_pod_devices
-from hami_py.embedded import running_scheduler
+from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import A100_40, H200, gpu_node, gpu_pod, registration
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
@@ -176,15 +176,24 @@ async def test_bind_takes_the_node_lock_sets_bind_phase_and_binds(api):
     assert (ns, name) == ("default", "p") and stamp.endswith("Z")
 
 
-async def test_bind_on_a_node_locked_by_another_live_pod_fails_and_rolls_back(api, app, extender):
+async def test_bind_on_a_node_locked_by_another_live_pod_fails_and_rolls_back(api):
+    async with running_scheduler(api, options=embedded_options(node_lock_wait_s=0.3)) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            await _bind_on_a_locked_node_fails_and_rolls_back(api, app, extender)
+        finally:
+            await extender.close()
+
+
+async def _bind_on_a_locked_node_fails_and_rolls_back(api, app, extender):
     names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     api.create("pods", gpu_pod("holder"))
     from hami_py.k8s.nodelock import lock_value
     api.patch("nodes", "n1", {"metadata": {"annotations": {LOCK_ANNOTATION: lock_value("default", "holder")}}})
     pod, result = await place(api, extender, gpu_pod("p", gpumem=1000), names)
     assert app.cache.device_usage("n1")[0]["usedmem"] == 1000
-    bound = await extender.bind(pod, "n1")
-    assert bound["Error"] == "node n1 has been locked within 5m0s: node lock contention"
+    bound = await extender.bind(pod, "n1")   # waits --node-lock-wait for the holder's allocation
+    assert bound["Error"] == "timed out after 300ms waiting for node n1 to be unlocked: node lock contention"
     assert app.cache.device_usage("n1")[0]["usedmem"] == 0
     assert "p" not in [p.name for p in app.cache.pods.values()]
     assert api.get("pods", "p", namespace="default")["spec"].get("nodeName") is None

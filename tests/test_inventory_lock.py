@@ -21,6 +21,13 @@ CONTENTION = "node n1 has been locked within 5m0s: node lock contention"
 
 
 @pytest.fixture
+def scheduler_options():
+    """Upstream's rule, where these rows come from: a held lock fails the bind at once
+    (``--node-lock-wait 0``; hami-py's default waits, tests/test_podgroup.py)."""
+    return embedded_options(node_lock_wait_s=0)
+
+
+@pytest.fixture
 async def app(api, scheduler_options):
     """The scheduler without the simulated device plugin: nobody releases a lock behind our back."""
     async with running_scheduler(api, options=scheduler_options, device_plugin=False) as running:
@@ -113,8 +120,8 @@ async def test_lock_expiry_comes_from_the_flag_not_the_environment(api, monkeypa
     monkeypatch.setenv("HAMI_NODELOCK_EXPIRE", "1m")
     defaults = options_from_args(build_parser().parse_args([]))
     assert defaults.node_lock_timeout_s == 300
-    async with running_scheduler(api, options=embedded_options(node_lock_timeout_s=defaults.node_lock_timeout_s),
-                                 device_plugin=False) as app:
+    async with running_scheduler(api, options=embedded_options(node_lock_timeout_s=defaults.node_lock_timeout_s,
+                                                               node_lock_wait_s=0), device_plugin=False) as app:
         extender = ExtenderClient(app.url)
         try:
             await register(api, app, reference_node())

@@ -400,7 +400,8 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
         scheduler_name=OPTIONS.scheduler_name, leader_elect=True,
         leader_elect_resource_name=OPTIONS.leader_elect_resource_name,
         leader_elect_resource_namespace=OPTIONS.leader_elect_resource_namespace,
-        hostname="sched-0", pod_name="sched-0", pod_namespace=NAMESPACE, registration_interval_s=0.05)
+        hostname="sched-0", pod_name="sched-0", pod_namespace=NAMESPACE, registration_interval_s=0.05,
+        node_lock_wait_s=0.2)
     async with running_scheduler(api, options=options, device_plugin=False) as app:
         extender = ExtenderClient(app.url)
         try:

@@ -101,7 +101,7 @@ async def test_a_node_locked_by_another_live_pod_refuses_the_bind_and_rolls_back
     assert (await real_extender.filter(pod, [node]))["NodeNames"] == [node]
     assert app.cache.device_usage(node)[0]["usedmem"] == 1000
     bound = await real_extender.bind(pod, node)
-    assert bound["Error"] == f"node {node} has been locked within 5m0s: node lock contention"
+    assert bound["Error"] == f"timed out after 1s waiting for node {node} to be unlocked: node lock contention"
     assert app.cache.device_usage(node)[0]["usedmem"] == 0
     assert (await real_kube.get("pods", "p", namespace=ns))["spec"].get("nodeName") is None
     assert annotations(await real_kube.get("nodes", node))[LOCK_ANNOTATION].endswith(f",{ns},holder")

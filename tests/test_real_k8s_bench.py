@@ -19,8 +19,8 @@ async def test_a_small_real_bench_binds_every_pod(control_plane, real_kube, tmp_
         assert result.seeded["pods"] == 80
         assert row["attempted"] == 30 and row["filter"]["n"] == 30 and row["bind"]["n"] == 30, row
         assert row["bound"] == row["allocated"] >= 20 and row["pods_per_s"] > 0, row
-        # As in `make bench`, a bind that meets the lock of the pod before it on that node is not
-        # retried but counted: the only failure there may be.
+        # As in `make bench`, a bind that still meets the lock of the pod before it on that node
+        # after --node-lock-wait is not retried but counted: the only failure there may be.
         assert all(text.endswith("node lock contention") for text in row["errors"]), row["errors"]
         assert sum(row["errors"].values()) == 30 - row["bound"], row
     finally:

@@ -83,7 +83,8 @@ def real_options(tls_files, extender_port):
     options = options_from_args(build_parser().parse_args(HAMI_ARGS))
     return replace(options, http_bind=f"127.0.0.1:{extender_port}", webhook_bind_address="127.0.0.1:0",
                    metrics_bind_address="127.0.0.1:0", cert_file=cert_file, key_file=key_file,
-                   device_config_file="", kube_qps=0, kube_burst=1000, gc_freeze=False)
+                   device_config_file="", kube_qps=0, kube_burst=1000, gc_freeze=False,
+                   node_lock_wait_s=1.0)   # not the manifests' 10 s: the contention test holds a lock on purpose
 
 
 @pytest.fixture

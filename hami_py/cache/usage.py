@@ -13,6 +13,7 @@ last share of a GPU.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import sys
 import time
@@ -220,6 +221,7 @@ class UsageCache:
         # Nodes whose handshake is pending with nothing allocatable: name → the wall-clock time
         # the stamp goes stale, when /filter leaves them out (upstream's handshake rule).
         self.handshake_deadlines: dict[str, float] = {}
+        self._lock_waiters: dict[str, list[asyncio.Future]] = {}   # binds queued for a node's lock, in order
         self._free_node_indexes: list[int] = []
         self._dead_slots = 0
         # Pods.
@@ -276,6 +278,38 @@ class UsageCache:
                 return uid
         return ""
 
+    def wait_lock_release(self, node: str, *, front: bool = False) -> asyncio.Future:
+        """Queue for the node's lock: the future resolves when the node watch shows the lock
+        released and this waiter is the first still waiting (one waiter per release, so a queue
+        of binds costs one lock write each, not one per waiter per change), or when the node
+        goes. ``front``: back to the head of the queue (a waiter that was woken and lost the race)."""
+        future = asyncio.get_running_loop().create_future()
+        waiting = [f for f in self._lock_waiters.get(node, ()) if not f.done()]   # drop given-up ones
+        if front:
+            waiting.insert(0, future)
+        else:
+            waiting.append(future)
+        self._lock_waiters[node] = waiting
+        return future
+
+    def lock_waiters(self, node: str) -> int:
+        """How many binds are queued for the node's lock."""
+        return sum(1 for f in self._lock_waiters.get(node, ()) if not f.done())
+
+    def first_lock_waiter(self, node: str, future: asyncio.Future) -> bool:
+        return next((f for f in self._lock_waiters.get(node, ()) if not f.done()), None) is future
+
+    def _wake_lock_waiter(self, node: str, *, every: bool = False) -> None:
+        waiting = self._lock_waiters.get(node)
+        while waiting:
+            future = waiting.pop(0)
+            if not future.done():
+                future.set_result(None)
+                if not every:
+                    break
+        if not waiting:
+            self._lock_waiters.pop(node, None)
+
     def lock_hint(self, node: str) -> tuple[str | None, str] | None:
         """(lock annotation, resourceVersion) of the node as the watch last showed it."""
         e = self.nodes.get(node)
@@ -316,7 +350,11 @@ class UsageCache:
             entry = NodeEntry(name=name, index=self._new_node_index())
             self.nodes[name] = entry
         entry.labels = labels
-        entry.lock_value = annotations.get("hami.io/mutex.lock")
+        lock = annotations.get("hami.io/mutex.lock")
+        if lock != entry.lock_value:
+            entry.lock_value = lock
+            if lock is None:
+                self._wake_lock_waiter(name)
         entry.resource_version = meta.get("resourceVersion") or ""
         handshake_deadline = None
         requesting = allocatable_positive = False
@@ -537,6 +575,7 @@ class UsageCache:
         entry = self.nodes.pop(name, None)
         if entry is None:
             return
+        self._wake_lock_waiter(name, every=True)
         self._kill_slice(entry)
         self.node_index_of.pop(name, None)
         self.handshake_deadlines.pop(name, None)

@@ -23,6 +23,7 @@ log = structlog.get_logger(__name__)
 
 BIND_PHASE_ANNOTATION = "hami.io/bind-phase"
 BIND_TIME_ANNOTATION = "hami.io/bind-time"
+LOCK_RECHECK_S = 1.0     # a bind waiting for a node lock tries again at least this often
 
 
 class BindError(Exception):
@@ -44,12 +45,14 @@ class BindRequest:
 
 class Binder:
     def __init__(self, *, client: KubeClient, cache: UsageCache, vendors: dict[str, DeviceVendor],
-                 locker: NodeLocker, lock_retry_timeout_s: float = 28.0, on_result=None):
+                 locker: NodeLocker, lock_retry_timeout_s: float = 28.0, lock_wait_s: float = 10.0,
+                 on_result=None):
         self.client = client
         self.cache = cache
         self.vendors = vendors
         self.locker = locker
         self.lock_retry_timeout_s = lock_retry_timeout_s
+        self.lock_wait_s = lock_wait_s
         self.on_result = on_result
 
     async def bind(self, req: BindRequest) -> None:
@@ -106,6 +109,11 @@ class Binder:
                 locking = True
                 await self._lock(req, pod)
                 locked, locking = True, False
+                if reservation is not None and self.cache.live_reservation(req.uid, req.node) is not reservation:
+                    # The wait for the lock let the node's registration or the pod change under
+                    # the reservation: it no longer holds what it was checked for.
+                    raise BindError(f"pod {req.namespace}/{req.name} has no device reservation on node "
+                                    f"{req.node} (filter it again)")
             await self._create_binding(req)
         except (KubeApiError, NodeLockError, BindError) as exc:
             if locked:
@@ -154,21 +162,39 @@ class Binder:
         return bool(self.cache.pod_usage_from_object(pod))
 
     async def _lock(self, req: BindRequest, pod: dict) -> None:
+        """Take the node lock. Held by another pod (its allocation in progress: the device plugin
+        releases the lock when it has allocated), wait for the node watch to show it change, for
+        up to ``lock_wait_s`` (PodGroup members: ``lock_retry_timeout_s``, as upstream): a bind
+        failed on contention costs the pod kube-scheduler's backoff, seconds more than the wait."""
         labels = (pod.get("metadata") or {}).get("labels") or {}
         group = labels.get("scheduling.x-k8s.io/pod-group") or \
             ((pod.get("spec") or {}).get("schedulingGroup") or {}).get("podGroupName")
-        deadline = time.monotonic() + (self.lock_retry_timeout_s if group else 0)
+        wait_s = self.lock_retry_timeout_s if group else self.lock_wait_s
+        deadline = time.monotonic() + wait_s
+        woken = False
         while True:
             try:
                 await self.locker.acquire(req.node, req.namespace, req.name)
                 return
             except NodeLockError as exc:
-                if not exc.contention or not group or self.lock_retry_timeout_s <= 0:
+                left = deadline - time.monotonic()
+                if not exc.contention or wait_s <= 0:
                     raise
-                if time.monotonic() >= deadline:
-                    raise BindError(f"timed out after {go_duration(self.lock_retry_timeout_s)} waiting for node "
+                if left <= 0:
+                    raise BindError(f"timed out after {go_duration(wait_s)} waiting for node "
                                     f"{req.node} to be unlocked: node lock contention") from None
-            await asyncio.sleep(0.1)
+            released = self.cache.wait_lock_release(req.node, front=woken)
+            try:
+                hint = self.cache.lock_hint(req.node)
+                if hint is not None and not hint[0]:
+                    continue            # released between the try and the queueing: try again now
+                # The head of the queue also tries once a second, for what no node event shows
+                # (the lock's owner pod deleted, the lock expiring); the others wait their turn.
+                head = self.cache.first_lock_waiter(req.node, released)
+                await asyncio.wait([released], timeout=min(left, LOCK_RECHECK_S) if head else left)
+                woken = released.done() and not released.cancelled()
+            finally:
+                released.cancel()
 
     async def _create_binding(self, req: BindRequest) -> None:
         # The API server copies a Binding's annotations onto the pod as it binds it, so the

@@ -85,8 +85,8 @@ class SchedulerService:
             # reservation could never be matched to the pod's watch events, and would leak.
             return filter_result(error=f"pod {_pod_key(pod)}: extender args pod has no metadata.name or metadata.uid")
         # Waiting here (for the sync, leadership, or this pod's earlier filter or bind) is
-        # cancelled with the request when its caller goes away (handler cancellation in
-        # http/server.py): a caller that gave up gets no reservation, no patch and no event.
+        # cancelled with the request when its caller goes away (handler cancellation, set where
+        # app.py starts the servers): a caller that gave up gets no reservation, no patch and no event.
         async with self.pod_locks.hold(uid):
             return await self._filter_live(pod, node_names, request)
 
@@ -197,19 +197,24 @@ class SchedulerService:
         # relies on. Waiting for the lock ends with the caller; the bind itself, once begun, runs
         # to its end even if the caller leaves: a lock taken or a Binding posted is never left
         # half undone.
-        async with self.pod_locks.hold(req.uid or self.cache.uid_of(req.namespace, req.name, req.node)):
+        key = req.uid or self.cache.uid_of(req.namespace, req.name, req.node) or f"{req.namespace}/{req.name}"
+        async with self.pod_locks.hold(key):
             work = asyncio.ensure_future(self.binder.bind(req))
-            try:
-                await asyncio.wait([work])     # a cancelled wait leaves the task running
-            except asyncio.CancelledError:
-                await asyncio.wait([work])     # finish it, still under the lock
-                raise
+            cancelled = False
+            while not work.done():
+                try:
+                    await asyncio.wait([work])   # a cancelled wait leaves the task running
+                except asyncio.CancelledError:
+                    cancelled = True             # finish it all the same, still under the lock
         try:
             work.result()
+            result = {"Error": ""}
         except BindError as exc:
             log.warning("bind failed", pod=f"{req.namespace}/{req.name}", node=req.node, error=str(exc))
-            return {"Error": str(exc)}
-        return {"Error": ""}
+            result = {"Error": str(exc)}
+        if cancelled:
+            raise asyncio.CancelledError()   # nobody to answer; the outcome is logged and reported
+        return result
 
 
 def _pod_key(pod: dict) -> str:
