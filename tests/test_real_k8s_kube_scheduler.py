@@ -217,7 +217,9 @@ async def test_node_lock_contention_is_retried_until_the_lock_is_free(hami, real
     refused = requests_of(app, "bind")
     await real_kube.patch("nodes", node, {"metadata": {"annotations": {LOCK_ANNOTATION: None}}})
     assert (await bound(real_kube, ns, "waits", timeout=60))["spec"]["nodeName"] == node
-    assert requests_of(app, "bind") > refused       # kube-scheduler asked again
+    # kube-scheduler asked again (the request is counted once its answer is written, which may
+    # be after the Binding shows).
+    await wait_for(lambda: requests_of(app, "bind") > refused, timeout=10, what="the retried bind counted")
     await wait_books_balance(real_kube, app)
 
 
