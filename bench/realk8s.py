@@ -40,8 +40,8 @@ import orjson
 from bench.load import run_schedule, summarize_ms
 from bench.procs import REPO_ROOT, SchedulerProcess, process_cpu_seconds
 from bench.seed import BENCH_NAMESPACE, NAMESPACES, ClusterShape, build_nodes, build_placed_pods, pending_pod
-from hami_py.k8s.client import KubeApiError, KubeClient, load_configuration, node_path, pod_path
-from hami_py.k8s.nodelock import LOCK_ANNOTATION
+from hami_py.k8s.client import KubeClient, load_configuration, pod_path
+from hami_py.k8s.nodelock import NodeLocker
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results-real-k8s.json"
@@ -62,24 +62,15 @@ class ApiDevicePlugin:
 
     def __init__(self, client: KubeClient):
         self.client = client
+        self.locker = NodeLocker(client)
         self.allocated = 0
 
     async def call(self, method: str, path: str, body: dict) -> dict:
         assert (method, path) == ("POST", "/allocate"), (method, path)
         ns, name, node = body["namespace"], body["name"], body["node"]
         await self.client.patch(pod_path(ns, name), {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}})
-        for _ in range(20):
-            current = await self.client.get(node_path(node))
-            meta = current.get("metadata") or {}
-            if not (meta.get("annotations") or {}).get(LOCK_ANNOTATION, "").endswith(f",{ns},{name}"):
-                break
-            try:
-                await self.client.patch(node_path(node), {"metadata": {
-                    "annotations": {LOCK_ANNOTATION: None}, "resourceVersion": meta.get("resourceVersion")}})
-                break
-            except KubeApiError as exc:
-                if not exc.conflict:
-                    raise
+        if not await self.locker.release(node, ns, name):
+            raise RuntimeError(f"node {node}: the lock of {ns}/{name} could not be released")
         self.allocated += 1
         return {}
 

@@ -46,25 +46,34 @@ async def running_scheduler(api: FakeApiServer, *, options: Options | None = Non
     would (it is reachable as ``app.device_plugin``)."""
     with tempfile.TemporaryDirectory(prefix="hami-py-") as tmp:
         kubeconfig = write_kubeconfig(os.path.join(tmp, "kubeconfig"), api.url)
-        configuration = await load_configuration(kubeconfig)
-        app = SchedulerApp(options or embedded_options(), device_config=device_config or DeviceConfig.default(),
-                           configuration=configuration)
-        plugin = None
-        if device_plugin:
-            plugin_client = KubeClient(await load_configuration(kubeconfig), qps=0, burst=1000)
-            plugin = SimulatedDevicePlugin(plugin_client)
-            plugin.start()
-        app.device_plugin = plugin
-        try:
-            await app.start()     # inside: a start that fails half-way (a port taken) is stopped too
-            if wait_ready:
-                await wait_for(lambda: app.ready, timeout=60, what="the usage cache to sync")
+        async with scheduler_with_kubeconfig(kubeconfig, plugin_kubeconfig=kubeconfig if device_plugin else None,
+                                             options=options, device_config=device_config,
+                                             wait_ready=wait_ready) as app:
             yield app
-        finally:
-            await app.stop()
-            if plugin is not None:
-                await plugin.stop()
-                await plugin.client.close()
+
+
+@asynccontextmanager
+async def scheduler_with_kubeconfig(kubeconfig: str, *, plugin_kubeconfig: str | None, options: Options | None = None,
+                                    device_config: DeviceConfig | None = None, wait_ready: bool = True):
+    """hami-scheduler in-process against the API server ``kubeconfig`` names (the in-repo one,
+    or a real one), with a SimulatedDevicePlugin of its own ``plugin_kubeconfig`` (None: none)."""
+    app = SchedulerApp(options or embedded_options(), device_config=device_config or DeviceConfig.default(),
+                       configuration=await load_configuration(kubeconfig))
+    plugin = None
+    if plugin_kubeconfig is not None:
+        plugin = SimulatedDevicePlugin(KubeClient(await load_configuration(plugin_kubeconfig), qps=0, burst=1000))
+        plugin.start()
+    app.device_plugin = plugin
+    try:
+        await app.start()     # inside: a start that fails half-way (a port taken) is stopped too
+        if wait_ready:
+            await wait_for(lambda: app.ready, timeout=60, what="the usage cache to sync")
+        yield app
+    finally:
+        await app.stop()
+        if plugin is not None:
+            await plugin.stop()
+            await plugin.client.close()
 
 
 @asynccontextmanager

@@ -759,27 +759,10 @@ async def real_scheduler(*, kubeconfig: Path, plugin_kubeconfig: Path | None, op
                          device_config=None, wait_ready: bool = True):
     """hami_py.app.SchedulerApp in-process with ``kubeconfig`` (the ServiceAccount's), and the
     device plugin stand-in with ``plugin_kubeconfig`` (None: no stand-in)."""
-    from hami_py.app import SchedulerApp
-    from hami_py.config import DeviceConfig
-    from hami_py.embedded import embedded_options, wait_for
-    from hami_py.fakeapi.deviceplugin import SimulatedDevicePlugin
-    from hami_py.k8s.client import KubeClient, load_configuration
+    from hami_py.embedded import embedded_options, scheduler_with_kubeconfig
 
-    app = SchedulerApp(options or embedded_options(scheduler_name="hami-scheduler"),
-                       device_config=device_config or DeviceConfig.default(),
-                       configuration=await load_configuration(str(kubeconfig)))
-    plugin = None
-    if plugin_kubeconfig is not None:
-        plugin = SimulatedDevicePlugin(KubeClient(await load_configuration(str(plugin_kubeconfig)), qps=0, burst=1000))
-        plugin.start()
-    app.device_plugin = plugin
-    try:
-        await app.start()
-        if wait_ready:
-            await wait_for(lambda: app.ready, timeout=60, what="the usage cache to sync with the real API server")
+    async with scheduler_with_kubeconfig(
+            str(kubeconfig), plugin_kubeconfig=str(plugin_kubeconfig) if plugin_kubeconfig is not None else None,
+            options=options or embedded_options(scheduler_name="hami-scheduler"), device_config=device_config,
+            wait_ready=wait_ready) as app:
         yield app
-    finally:
-        await app.stop()
-        if plugin is not None:
-            await plugin.stop()
-            await plugin.client.close()

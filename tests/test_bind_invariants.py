@@ -47,6 +47,12 @@ def node_of(api, pod: str) -> str | None:
     return api.get("pods", pod, namespace="default")["spec"].get("nodeName")
 
 
+def plain_pod(name: str) -> dict:
+    """A pod that asks for no managed device."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+
+
 def used_mem(app, node: str) -> int:
     return sum(d["usedmem"] for d in app.cache.device_usage(node))
 
@@ -124,8 +130,7 @@ async def test_a_decision_lost_to_a_restart_is_filtered_again_before_it_binds(ap
 
 async def test_a_pod_without_device_requests_is_bound_as_before(api, app, extender):
     await one_gpu_nodes(api, app, "n1")
-    plain = api.create("pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "default"},
-                                "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    plain = api.create("pods", plain_pod("plain"))
     assert (await extender.bind(plain, "n1")) == {"Error": ""}
     assert node_of(api, "plain") == "n1"
     assert LOCK_ANNOTATION not in api.get("nodes", "n1")["metadata"]["annotations"]
@@ -154,8 +159,7 @@ async def test_a_filter_of_a_pod_whose_bind_is_in_flight_waits_and_keeps_its_dev
 
 async def test_a_bind_to_a_node_that_does_not_exist_fails_and_leaves_the_pod_unbound(api, app, extender):
     await one_gpu_nodes(api, app, "n1")
-    plain = api.create("pods", {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "default"},
-                                "spec": {"containers": [{"name": "c", "image": "busybox"}]}})
+    plain = api.create("pods", plain_pod("plain"))
     assert (await extender.bind(plain, "ghost")) == {"Error": "failed to get node ghost"}
     assert node_of(api, "plain") is None
     await wait_event(api, "plain", "BindingFailed", "failed to get node ghost")

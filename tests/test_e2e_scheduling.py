@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import orjson
+import pytest
 
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.embedded import embedded_options, running_scheduler
@@ -176,16 +177,8 @@ async def test_bind_takes_the_node_lock_sets_bind_phase_and_binds(api):
     assert (ns, name) == ("default", "p") and stamp.endswith("Z")
 
 
-async def test_bind_on_a_node_locked_by_another_live_pod_fails_and_rolls_back(api):
-    async with running_scheduler(api, options=embedded_options(node_lock_wait_s=0.3)) as app:
-        extender = ExtenderClient(app.url)
-        try:
-            await _bind_on_a_locked_node_fails_and_rolls_back(api, app, extender)
-        finally:
-            await extender.close()
-
-
-async def _bind_on_a_locked_node_fails_and_rolls_back(api, app, extender):
+@pytest.mark.parametrize("scheduler_options", [embedded_options(node_lock_wait_s=0.3)])
+async def test_bind_on_a_node_locked_by_another_live_pod_fails_and_rolls_back(api, app, extender):
     names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     api.create("pods", gpu_pod("holder"))
     from hami_py.k8s.nodelock import lock_value

@@ -17,9 +17,9 @@ import orjson
 import structlog
 
 from hami_py.devices.nvidia import MIG_ALLOCATIONS_ANNOTATION
-from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
+from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.k8s.informer import Informer
-from hami_py.k8s.nodelock import LOCK_ANNOTATION
+from hami_py.k8s.nodelock import NodeLocker
 
 log = structlog.get_logger(__name__)
 
@@ -54,6 +54,7 @@ class SimulatedDevicePlugin:
 
     def __init__(self, client: KubeClient, *, allocation_delay_s: float = 0.0):
         self.client = client
+        self.locker = NodeLocker(client)   # releases only the lock its pod holds, as the plugin does
         self.allocation_delay_s = allocation_delay_s
         self.allocated = 0
         self._done: set[str] = set()
@@ -93,19 +94,10 @@ class SimulatedDevicePlugin:
             if mig is not None:
                 annotations[MIG_ALLOCATIONS_ANNOTATION] = mig
             await self.client.patch(pod_path(namespace, name), {"metadata": {"annotations": annotations}})
-            for _ in range(10):  # the node may change under us (a handshake stamp): read again
-                current = await self.client.get(node_path(node))
-                meta = current.get("metadata") or {}
-                lock = (meta.get("annotations") or {}).get(LOCK_ANNOTATION, "")
-                if not lock.endswith(f",{namespace},{name}"):
-                    break
-                try:
-                    await self.client.patch(node_path(node), {"metadata": {
-                        "annotations": {LOCK_ANNOTATION: None}, "resourceVersion": meta.get("resourceVersion")}})
-                    break
-                except KubeApiError as exc:
-                    if not exc.conflict:
-                        raise
+            if not await self.locker.release(node, namespace, name):
+                log.warning("simulated device plugin could not release the node lock", pod=f"{namespace}/{name}",
+                            node=node)
+                return
             self.allocated += 1
         except KubeApiError as exc:
             log.warning("simulated device plugin could not finish allocation", pod=f"{namespace}/{name}",

@@ -135,19 +135,24 @@ class NodeLocker:
             raise NodeLockError(f"checking node lock owner {namespace}/{name}: {exc}", contention=False) from None
         return False
 
-    async def release(self, node: str, namespace: str, name: str) -> None:
-        """Drop the lock if (and only if) pod namespace/name holds it. Best effort, never raises."""
+    async def release(self, node: str, namespace: str, name: str) -> bool:
+        """Drop the lock if (and only if) pod namespace/name holds it. Best effort, never raises:
+        True once the pod holds no lock on the node (released, or never held), False when every
+        attempt failed."""
         suffix = f",{namespace},{name}"
         for attempt in range(CAS_ATTEMPTS):
             try:
                 current, rv = await self._read(node)
                 if not current or not current.endswith(suffix):
-                    return
+                    return True
                 await self._cas(node, None, rv)
-                return
+                return True
             except KubeApiError as exc:
                 if exc.not_found:
-                    return
+                    return True
+                if exc.conflict:
+                    continue     # the node changed under us (a handshake stamp): read it again
                 log.warning("node lock release failed", node=node, error=str(exc), attempt=attempt + 1)
             if attempt < CAS_ATTEMPTS - 1:
                 await asyncio.sleep(0.05 * (2 ** attempt) * random.uniform(0.5, 1.0))
+        return False

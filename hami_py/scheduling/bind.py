@@ -1,4 +1,10 @@
-"""The /bind step: node lock, bind-phase annotations, Binding, and a clean undo on every failure.
+"""The /bind step: live reservation, node lock, bind-phase annotations, Binding, and a clean undo.
+
+Upstream binds whatever decision the pod's annotations carry, and under concurrent load with bind
+retries that hands a share out twice. Here a device pod is bound only onto the reservation this
+process's /filter holds for it on that node (checked again once the node lock is held); without
+one the answer sends kube-scheduler back to /filter. A node lock held by another pod's
+allocation is queued for, not failed on.
 
 Upstream leaks the pod's reservation on three of its failure paths; here every failure releases
 the lock this bind took and rolls back the reservation. One failure is special: a Binding call
