@@ -13,7 +13,8 @@ import math
 import aiohttp
 
 from bench import report
-from bench.scenarios import QUICK, EventsPlan, run_cluster
+from bench.scenarios import QUICK, ClusterPlan, ContentionPlan, EventsPlan, run_cluster
+from bench.seed import ClusterShape
 
 
 def _smallest_quick_scenario():
@@ -81,3 +82,28 @@ async def test_smallest_quick_scenario_yields_well_formed_numbers(tmp_path):
     results = {"command": "test", "plan": "quick", "machine": report.machine(), "clusters": [result], "kernel": []}
     table = "\n".join(report.render_header(results) + report.render_tables(results))
     assert "/filter latency" in table and "nan" not in table.lower()
+
+
+async def test_the_api_budget_rows_count_requests_and_drain_a_contended_node(tmp_path):
+    """The issue-13 rows (docs/BENCHMARKS.md): API requests per pod as the API server counts
+    them, and a queue of binpacked pods on one node's lock, at the smallest size."""
+    plan = ClusterPlan("budget-quick", ClusterShape(3, 8, probe_nodes=1), concurrencies=(), request_count_pods=6,
+                       phase_time_limit_s=20.0, contention=ContentionPlan(pods=6, allocation_delay_s=0.02))
+    async with aiohttp.ClientSession() as session:
+        result = await run_cluster(plan, session=session, workdir=tmp_path)
+
+    requests = result["requests"]
+    assert requests["pods"] == requests["attempted"] == 6 and not requests["errors"], requests
+    # At least the pod patch, the lock and the Binding for each pod; the Events counted apart.
+    assert requests["critical_per_pod"] >= 3 and requests["events_per_pod"] > 0, requests
+    assert requests["per_pod"].get("POST pods/binding") == 1.0, requests["per_pod"]
+
+    contention = result["contention"]
+    # Every bind that met the lock of the allocation before it waited for it (--node-lock-wait,
+    # 10 s, against allocations of 20 ms): none failed on the lock, and all were allocated.
+    assert contention["bound"] == contention["allocated"] == 6, contention
+    assert contention["lock_failures"] == 0, contention
+
+    results = {"command": "test", "plan": "quick", "machine": report.machine(), "clusters": [result], "kernel": []}
+    table = "\n".join(report.render_tables(results))
+    assert "API requests per scheduled pod" in table and "node lock contention" in table and "nan" not in table.lower()
