@@ -4,7 +4,7 @@ Dashboards and alerts built for upstream select on these names and labels
 (``hami-protocol.md`` §12): per device ``hami_gpu_*`` and ``hami_node_gpu_*``, per pod device
 entry ``hami_vgpu_*``, per MIG instance the device plugin has created
 ``hami_node_gpu_mig_instance_info``, all with the constant label ``zone="vGPU"``, memory in bytes
-(MiB × 1048576), AMD core counts normalised to percent; with ``--legacy-metrics`` also the old
+(MiB × 1048576), core counts as each family reports them (``DeviceVendor.core_metrics``); with ``--legacy-metrics`` also the old
 camel-case names.
 
 Why not a prometheus-client Collector: at 5 000 nodes × 8 GPUs with 40 000 pods one scrape is
@@ -24,7 +24,6 @@ Quota gauges (``hami_resource_quota_used`` / ``_limit``) come from the ``quotas`
 from __future__ import annotations
 
 import asyncio
-import math
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Generator, Iterable, Iterator
 
@@ -111,13 +110,6 @@ def escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def normalize_cores(device_type: str, total: int, used: int) -> tuple[int, int]:
-    """AMD devices count compute units, not percent: report them as percent, as upstream does."""
-    if total > 0 and device_type.upper().startswith("AMD"):
-        return 100, math.ceil(used / total * 100)
-    return total, used
-
-
 def _header(name: str, help_text: str) -> bytes:
     return f"# HELP {name} {help_text}\n# TYPE {name} gauge\n".encode()
 
@@ -160,6 +152,7 @@ class AllocationMetrics:
         self._nodes: dict[str, _NodeLines] = {}
         self._pods: dict[str, _PodLines] = {}
         self._lock = asyncio.Lock()
+        self._vendor_of_id = list(cache.vendors.values())   # vendor id (device column) -> vendor
 
     # -- entry points --------------------------------------------------------------------------
     async def chunks(self) -> AsyncIterator[bytes]:
@@ -257,7 +250,7 @@ class AllocationMetrics:
             labels = cached.labels
         else:
             labels = self._device_labels(name, entry)
-            self._forget_pods_on(name)   # their AMD normalisation reads this node's devices
+            self._forget_pods_on(name)   # their core conversion reads this node's devices
         lines = _NodeLines(entry.devices, self._usage_key(entry), labels, self._device_parts(entry, labels))
         self._nodes[name] = lines
         return lines
@@ -299,7 +292,7 @@ class AllocationMetrics:
             j = entry.offset + k
             total_mem, total_cores = cache.total_mem[j], cache.total_cores[j]
             used, used_mem, used_cores = cache.used[j], cache.used_mem[j], cache.used_cores[j]
-            cores_limit, cores_alloc = normalize_cores(dev.type, total_cores, used_cores)
+            cores_limit, cores_alloc = self._vendor_of_id[cache.vendor[j]].core_metrics(total_cores, used_cores)
             limit_bytes, used_bytes = total_mem * MIB, used_mem * MIB
             mem_limit.append(f"hami_gpu_memory_limit_bytes{{{lab.l4}}} {limit_bytes}\n")
             core_limit.append(f"hami_gpu_core_limit_ratio{{{lab.l4}}} {cores_limit}\n")
@@ -310,7 +303,7 @@ class AllocationMetrics:
             if total_mem > 0:
                 mem_ratio.append(f"hami_node_gpu_memory_allocated_ratio{{{lab.l4}}} {used_mem / total_mem!r}\n")
             if legacy:
-                # Legacy core values stay raw (no AMD normalisation), as upstream's do.
+                # Legacy core values stay raw (no vendor conversion), as upstream's do.
                 (g_mem_limit, g_core_limit, g_mem_alloc, g_shared, g_core_alloc, g_overview, g_ratio) = legacy
                 g_mem_limit.append(f"GPUDeviceMemoryLimit{{{lab.g4}}} {limit_bytes}\n")
                 g_core_limit.append(f"GPUDeviceCoreLimit{{{lab.g4}}} {total_cores}\n")
@@ -337,7 +330,7 @@ class AllocationMetrics:
             cores = e.cores
             j = node.uuid_to_slot.get(e.uuid, -1) if node is not None else -1
             if j >= 0 and 0 <= j - node.offset < len(node.devices):
-                cores = normalize_cores(node.devices[j - node.offset].type, cache.total_cores[j], e.cores)[1]
+                cores = self._vendor_of_id[cache.vendor[j]].core_metrics(cache.total_cores[j], e.cores)[1]
             cols[0].append(f"hami_vgpu_memory_allocated_bytes{{{lab}}} {mem_bytes}\n")
             cols[1].append(f"hami_vgpu_core_allocated_ratio{{{lab}}} {cores}\n")
             if self.legacy:

@@ -18,7 +18,7 @@ import time
 from contextlib import AsyncExitStack
 
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, collapse, init_containers_done
-from hami_py.devices.base import AllocationDecodeError, DeviceDecodeError
+from hami_py.devices.base import AllocationDecodeError, DeviceDecodeError, NodeView
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
 from hami_py.fakeapi.kubescheduler import ExtenderClient, Placement
@@ -41,7 +41,7 @@ def registered_devices(api, app) -> dict[str, dict[str, dict]]:
         devices: dict[str, dict] = {}
         for vendor in app.vendors.values():
             try:
-                found = vendor.parse_node_devices(annotations)
+                found = vendor.parse_node_devices(NodeView.from_node(node))
             except DeviceDecodeError:
                 continue   # a garbled registration registers nothing for that vendor
             for dev in found:

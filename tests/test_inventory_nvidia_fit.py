@@ -7,7 +7,7 @@ inventory's reference A100 (``GPU-0``: 8192 MiB, 100 cores, split 10) unless a t
 from __future__ import annotations
 
 from hami_py.fakeapi.objects import gpu_pod
-from hami_py.scheduling import reasons
+from hami_py import reasons
 from tests.test_inventory_filter import A100_MIB, a100, allocation, place, reference_node, register, used_mem
 
 

@@ -12,7 +12,8 @@ from array import array
 from hypothesis import event, given, settings, strategies as st
 
 from hami_py import _kernel
-from hami_py.scheduling import kernel_ref, reasons as R
+from hami_py import reasons as R
+from hami_py.scheduling import kernel_ref
 from hami_py.scheduling.kernel_ref import (
     KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN, ORDER_MUTEX, ORDER_SPREAD, ROW_WIDTH,
     UNLIMITED,

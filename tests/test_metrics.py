@@ -5,6 +5,8 @@ is a broken dashboard. The values follow the usage cache: a bind shows up, a del
 """
 from __future__ import annotations
 
+import math
+
 import aiohttp
 import orjson
 from prometheus_client.parser import text_string_to_metric_families
@@ -12,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami_py.allocation_metrics import AllocationMetrics, QuotaSample
 from hami_py.cache.usage import PodUsage, UsageCache, UsageEntry
 from hami_py.config import DeviceConfig
+from hami_py.devices.nvidia import NvidiaVendor
 from hami_py.devices.registry import build_vendors
 from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
@@ -209,9 +212,16 @@ def _cache_with(node: dict) -> UsageCache:
     return cache
 
 
-def test_amd_core_counts_are_reported_as_percent_except_in_legacy_names():
+class _ComputeUnitVendor(NvidiaVendor):
+    """A family that counts compute units, not percent (as AMD's does)."""
+    def core_metrics(self, total_cores, used_cores):
+        return (100, math.ceil(used_cores / total_cores * 100)) if total_cores > 0 else (total_cores, used_cores)
+
+
+def test_compute_unit_core_counts_are_reported_as_percent_except_in_legacy_names():
     amd = {"type": "AMD-MI300X", "devmem": 196608, "devcore": 304}
-    cache = _cache_with(gpu_node("a", devices=registration("a", gpus=1, model=amd)))
+    cache = UsageCache({"NVIDIA": _ComputeUnitVendor(DeviceConfig.default().nvidia)})
+    cache.upsert_node(gpu_node("a", devices=registration("a", gpus=1, model=amd)))
     uuid = gpu_uuid("a", 0)
     cache.add_pod_usage(PodUsage(uid="u1", namespace="ns", name="p", node="a",
                                  entries=[UsageEntry("NVIDIA", uuid, 1000, 100, 1)]))

@@ -9,14 +9,14 @@ import orjson
 import pytest
 
 from hami_py.config import DeviceConfig, NvidiaConfig
-from hami_py.devices.base import ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, RequestError
+from hami_py.devices.base import ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, NodeView, RequestError
 from hami_py.devices.nvidia import (
     ALLOCATED_ANNOTATION, CORDON_ANNOTATION, NOUSE_TYPE_ANNOTATION, NOUSE_UUID_ANNOTATION,
     PAIR_SCORE_ANNOTATION, PAIR_SCORES_KEY, REGISTER_ANNOTATION, TO_ALLOCATE_ANNOTATION,
     USE_TYPE_ANNOTATION, USE_UUID_ANNOTATION, VGPU_MODE_ANNOTATION, NvidiaVendor, parse_numa_bind,
 )
 from hami_py.devices.registry import build_vendors, managed_resource_names
-from hami_py.scheduling import reasons
+from hami_py import reasons
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200_UUID = "GPU-1ca6d50e-73bd-0dc1-9ce8-0be2a804bec6"
@@ -82,44 +82,44 @@ def test_registry_builds_nvidia_even_without_its_section():
 
 def test_parse_real_h200_node_fixture(vendor):
     node = orjson.loads((FIXTURES / "node-nvidia-h200.json").read_bytes())
-    assert vendor.parse_node_devices(node["metadata"]["annotations"]) == [h200()]
+    assert vendor.parse_node_devices(NodeView.from_node(node)) == [h200()]
 
 
 def test_parse_eight_gpu_node(vendor):
-    devices = vendor.parse_node_devices({REGISTER_ANNOTATION: h200_register()})
+    devices = vendor.parse_node_devices(NodeView.of({REGISTER_ANNOTATION: h200_register()}))
     assert [d.id for d in devices] == H200_UUIDS
     assert [d.numa for d in devices] == [0, 0, 0, 0, 1, 1, 1, 1]
     assert all(d.health and d.devmem == 143771 and d.count == 10 for d in devices)
 
 
 def test_no_register_annotation_means_no_devices(vendor):
-    assert vendor.parse_node_devices({}) == []
-    assert vendor.parse_node_devices({"hami.io/node-dcu-register": "x"}) == []
+    assert vendor.parse_node_devices(NodeView.of({})) == []
+    assert vendor.parse_node_devices(NodeView.of({"hami.io/node-dcu-register": "x"})) == []
 
 
 @pytest.mark.parametrize("text", ["[]", "null", ":", " [ ] "])
 def test_empty_inventory_is_an_error(vendor, text):
     with pytest.raises(DeviceDecodeError) as err:
-        vendor.parse_node_devices({REGISTER_ANNOTATION: text})
+        vendor.parse_node_devices(NodeView.of({REGISTER_ANNOTATION: text}))
     assert str(err.value) == "no gpu found on node"
 
 
 def test_legacy_register_format_is_accepted(vendor):
     legacy = f"{H200_UUID},10,143771,100,NVIDIA H200,0,true:"
-    assert vendor.parse_node_devices({REGISTER_ANNOTATION: legacy}) == [h200()]
+    assert vendor.parse_node_devices(NodeView.of({REGISTER_ANNOTATION: legacy})) == [h200()]
 
 
 def test_register_errors_name_the_annotation(vendor):
     with pytest.raises(DeviceDecodeError) as err:
-        vendor.parse_node_devices({REGISTER_ANNOTATION: '[{"id":"GPU-a","count":"10"}]'})
+        vendor.parse_node_devices(NodeView.of({REGISTER_ANNOTATION: '[{"id":"GPU-a","count":"10"}]'}))
     assert str(err.value) == ('hami.io/node-nvidia-register: device 0: field "count": '
                               'expected an integer (int32), got string "10"')
     with pytest.raises(DeviceDecodeError) as err:
-        vendor.parse_node_devices({REGISTER_ANNOTATION: "GPU-a,10,1024,100,NVIDIA,0,maybe:"})
+        vendor.parse_node_devices(NodeView.of({REGISTER_ANNOTATION: "GPU-a,10,1024,100,NVIDIA,0,maybe:"}))
     assert str(err.value) == ('hami.io/node-nvidia-register: invalid health field: '
                               'strconv.ParseBool: parsing "maybe": invalid syntax')
     with pytest.raises(DeviceDecodeError, match="^hami.io/node-nvidia-register: invalid JSON"):
-        vendor.parse_node_devices({REGISTER_ANNOTATION: "[{"})
+        vendor.parse_node_devices(NodeView.of({REGISTER_ANNOTATION: "[{"}))
 
 
 def test_pair_scores_are_attached(vendor):
@@ -130,14 +130,14 @@ def test_pair_scores_are_attached(vendor):
         {"uuid": "GPU-not-on-this-node", "score": {a: 5}},
         {"uuid": a, "score": {b: 1}},  # a later duplicate: the first entry wins, as upstream
     ]).decode()
-    devices = vendor.parse_node_devices({REGISTER_ANNOTATION: h200_register(3), PAIR_SCORE_ANNOTATION: scores})
+    devices = vendor.parse_node_devices(NodeView.of({REGISTER_ANNOTATION: h200_register(3), PAIR_SCORE_ANNOTATION: scores}))
     assert devices[0].custom[PAIR_SCORES_KEY] == {b: 1800, c: 1800}
     assert devices[1].custom[PAIR_SCORES_KEY] == {a: 1800, c: 1800}
     assert PAIR_SCORES_KEY not in devices[2].custom
 
 
 def test_pair_scores_null_means_none(vendor):
-    devices = vendor.parse_node_devices({REGISTER_ANNOTATION: h200_register(1), PAIR_SCORE_ANNOTATION: "null"})
+    devices = vendor.parse_node_devices(NodeView.of({REGISTER_ANNOTATION: h200_register(1), PAIR_SCORE_ANNOTATION: "null"}))
     assert devices[0].custom == {}
 
 
@@ -152,7 +152,7 @@ def test_pair_scores_null_means_none(vendor):
 ])
 def test_invalid_pair_scores_reject_the_whole_node(vendor, scores, message):
     with pytest.raises(DeviceDecodeError) as err:
-        vendor.parse_node_devices({REGISTER_ANNOTATION: h200_register(1), PAIR_SCORE_ANNOTATION: scores})
+        vendor.parse_node_devices(NodeView.of({REGISTER_ANNOTATION: h200_register(1), PAIR_SCORE_ANNOTATION: scores}))
     assert str(err.value).startswith(message)
 
 

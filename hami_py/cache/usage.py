@@ -25,7 +25,7 @@ import structlog
 
 from hami_py.cache.quota import QuotaBook
 from hami_py.devices.base import (
-    MODE_MIG, AllocationDecodeError, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices,
+    MODE_MIG, AllocationDecodeError, DeviceDecodeError, DeviceInfo, NodeView, DeviceVendor, PodDevices,
 )
 
 log = structlog.get_logger(__name__)
@@ -223,6 +223,7 @@ class UsageCache:
         self.handshake_deadlines: dict[str, float] = {}
         self._lock_waiters: dict[str, list[asyncio.Future]] = {}   # binds queued for a node's lock, in order
         self._free_node_indexes: list[int] = []
+        self._devices_at: dict[int, list[DeviceInfo]] = {}   # node index -> its devices, in slice order
         self._dead_slots = 0
         # Pods.
         self.pods: dict[str, PodUsage] = {}
@@ -232,8 +233,8 @@ class UsageCache:
         self.released: dict[str, tuple[str, list[UsageEntry]]] = {}
         self.quota = QuotaBook(vendors, self.vendor_ids)
         # Every annotation a pod's charge is decoded from.
-        self._allocation_keys = [VGPU_NODE_ANNOTATION, "hami.io/vgpu-mig-allocations",
-                                 *(v.allocated_annotation for v in vendors.values())]
+        self._allocation_keys = [VGPU_NODE_ANNOTATION, *dict.fromkeys(
+            k for v in vendors.values() for k in (v.allocated_annotation, *v.decision_annotations()) if k)]
         self.nodes_synced = False
         self.pods_synced = False
         self._relist_nodes_seen: set[str] = set()
@@ -333,6 +334,11 @@ class UsageCache:
             })
         return out
 
+    def devices_at(self, node_index: int) -> list[DeviceInfo]:
+        """The devices of the node at ``node_index`` (the kernel's node numbering), in the order
+        of its slice of the device columns: what a vendor's chooser reads."""
+        return self._devices_at.get(node_index, [])
+
     # ------------------------------------------------------------------ nodes
     def upsert_node(self, node: dict) -> None:
         meta = node.get("metadata") or {}
@@ -366,9 +372,9 @@ class UsageCache:
                 if d is not None:
                     handshake_deadline = d if handshake_deadline is None else min(handshake_deadline, d)
                 requesting = requesting or is_requesting(annotations.get(vendor.handshake_annotation))
-            for res in vendor.resource_names()[:1]:
-                if str(allocatable.get(res, "0")) not in ("0", ""):
-                    allocatable_positive = True
+            res = vendor.count_resource_name
+            if res and str(allocatable.get(res, "0")) not in ("0", ""):
+                allocatable_positive = True
         # Keep only what the per-pod device selectors may read (cordon list and the like).
         entry.annotations = {k: v for k, v in annotations.items() if k.startswith("hami.io/device-")}
         if entry.annotations:
@@ -383,12 +389,9 @@ class UsageCache:
             self.handshake_deadlines[name] = handshake_deadline
         else:
             self.handshake_deadlines.pop(name, None)
-        texts = {k: annotations.get(v.register_annotation) for k, v in self.vendors.items()}
-        # Pair scores live in their own annotation; a change there must re-decode as well.
-        for k, v in self.vendors.items():
-            extra = getattr(v, "score_annotation", None)
-            if extra:
-                texts[k + "/score"] = annotations.get(extra)
+        view = NodeView(name=name, annotations=annotations, labels=labels,
+                        capacity=(node.get("status") or {}).get("capacity") or {}, allocatable=allocatable)
+        texts = {k: v.registration_inputs(view) for k, v in self.vendors.items()}
         if texts == entry.register_text:
             return
         entry.register_text = texts
@@ -396,7 +399,7 @@ class UsageCache:
         errors = []
         for key, vendor in self.vendors.items():
             try:
-                found = vendor.parse_node_devices(annotations)
+                found = vendor.parse_node_devices(view)
                 for dev in found:
                     # Upstream's numa is a Go int; our column is int32 (a larger one would raise
                     # in the watch handler and stall every later node event).
@@ -410,7 +413,7 @@ class UsageCache:
                     raise DeviceDecodeError(f"device id {twice} is registered more than once")
                 devices.extend((self.vendor_ids[key], dev) for dev in found)
             except DeviceDecodeError as exc:
-                errors.append(f"{vendor.register_annotation}: {exc}")
+                errors.append(f"{vendor.registration_source()}: {exc}")
         entry.decode_error = "; ".join(errors) or None
         if errors:
             log.warning("node registration rejected", node=name, error=entry.decode_error)
@@ -434,6 +437,7 @@ class UsageCache:
                 arr.extend([fill] * n)
             self.device_ids.extend([""] * n)
         entry.devices = [d for _, d in devices]
+        self._devices_at[entry.index] = entry.devices
         entry.uuid_to_slot = {}
         for k, (vid, dev) in enumerate(devices):
             j = entry.offset + k
@@ -581,6 +585,7 @@ class UsageCache:
         self.handshake_deadlines.pop(name, None)
         self.annotated_nodes.discard(name)
         self._free_node_indexes.append(entry.index)
+        self._devices_at.pop(entry.index, None)
         # Pods charged to the node keep their records: they are released by their own events.
         for uid in self.node_pods.get(name, ()):
             self.pods[uid].resolved = []
@@ -747,13 +752,11 @@ class UsageCache:
             devices = vendor.decode_allocation(annotations)
             if devices:
                 entries.extend(collapse(devices, key, num_init, init_done))
-            decode_mig = getattr(vendor, "decode_mig_allocations", None)
-            if decode_mig is not None:
-                for uuid, start, size, runtime in decode_mig(annotations):
-                    if start + size <= 62:
-                        mask = ((1 << size) - 1) << start
-                        mig.append((uuid, mask) if runtime is None else
-                                   (uuid, mask, sys.intern(runtime[0]), *runtime[1:]))
+            for uuid, start, size, runtime in vendor.decode_partitions(annotations):
+                if start + size <= 62:
+                    mask = ((1 << size) - 1) << start
+                    mig.append((uuid, mask) if runtime is None else
+                               (uuid, mask, sys.intern(runtime[0]), *runtime[1:]))
         return PodUsage(uid=meta.get("uid", ""), namespace=meta.get("namespace", ""),
                         name=meta.get("name", ""), node=node, entries=entries,
                         resource_version=_rv(pod), mig=mig)

@@ -1,18 +1,22 @@
 """The vendor-neutral device interface.
 
-One module per vendor (``hami_py/devices/<vendor>.py``) implements :class:`DeviceVendor`, the way
-upstream keeps one package per vendor behind its ``Devices`` interface. Everything outside
-``devices/`` talks to vendors only through this interface, so adding Ascend or Cambricon means
-adding one module, not touching the cache or the scheduler.
+One module (or package) per family under ``hami_py/devices/`` implements :class:`DeviceVendor`,
+the way upstream keeps one package per vendor behind its ``Devices`` interface, plus one line in
+``registry.py``. Everything outside ``devices/`` talks to vendors only through this class: the
+cache, the filter, the binder and the webhook never name a vendor, its annotations or its rules.
+
+Every hook has a default that means "this family has no such thing", so a simple family (whole
+cards from node capacity) implements four methods, and a rich one (NVIDIA with MIG, Ascend with
+templates and NetworkID groups) overrides what it needs. Nothing is read with ``getattr``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable
 
 
 class DeviceDecodeError(ValueError):
-    """A node's registration annotation cannot be decoded; the message says exactly why."""
+    """A node's registration cannot be decoded; the message says exactly why."""
 
 
 class RequestError(ValueError):
@@ -25,7 +29,8 @@ class AllocationDecodeError(ValueError):
 
 @dataclass(slots=True)
 class DeviceInfo:
-    """One registered device, as the device plugin announced it."""
+    """One registered device, as the device plugin announced it (or as its node's capacity
+    implies, for the families whose plugins register nothing)."""
     id: str
     index: int
     count: int          # split count: how many pods may share it
@@ -58,6 +63,33 @@ class ContainerDevice:
     usedcores: int
 
 
+@dataclass(slots=True, frozen=True)
+class NodeView:
+    """What a vendor may read of a node to build its inventory. Families that register through
+    an annotation read ``annotations``; the ones whose plugins only advertise extended resources
+    (Cambricon, Enflame, Kunlun whole cards) synthesise devices from ``capacity``."""
+    name: str
+    annotations: dict[str, str]
+    labels: dict[str, str]
+    capacity: dict[str, object]
+    allocatable: dict[str, object]
+
+    @classmethod
+    def of(cls, annotations: dict[str, str] | None = None, *, name: str = "", labels: dict | None = None,
+           capacity: dict | None = None, allocatable: dict | None = None) -> NodeView:
+        return cls(name=name, annotations=annotations or {}, labels=labels or {},
+                   capacity=capacity or {}, allocatable=allocatable if allocatable is not None else capacity or {})
+
+    @classmethod
+    def from_node(cls, node: dict) -> NodeView:
+        """The view of a Kubernetes Node object (raw dict)."""
+        meta = node.get("metadata") or {}
+        status = node.get("status") or {}
+        return cls(name=meta.get("name") or "", annotations=meta.get("annotations") or {},
+                   labels=meta.get("labels") or {}, capacity=status.get("capacity") or {},
+                   allocatable=status.get("allocatable") or {})
+
+
 # A pod's allocation for one vendor: one list per container (init containers first), each a list
 # of devices. Empty inner lists keep the positions aligned with the containers.
 PodDevices = list[list[ContainerDevice]]
@@ -65,61 +97,139 @@ PodDevices = list[list[ContainerDevice]]
 # The registered mode of a device split into MIG instances: the cache keeps slice tables for it.
 MODE_MIG = "mig"
 
-# Reason code (see hami_py.scheduling.reasons) for a device a pod may not use, 0 when it may.
+# Reason code (see hami_py.reasons) for a device a pod may not use, 0 when it may.
 # A selector with a true ``per_kind`` attribute answers from the device's type and mode alone,
 # so the filter asks it once per kind of device instead of once per device.
 DeviceSelector = Callable[[DeviceInfo], int]
 
+# Kernel flags a family sets (``DeviceVendor.kernel_flags``); the kernel applies them per
+# request row of that family, so a family's rule never becomes a vendor branch in the filter.
+FLAG_EXCLUSIVE = 1     # a device already hosting a task takes no other (whole cards)
+FLAG_EQUAL_SHARE = 2   # a shared device takes only tasks of the memory size it already hosts
+FLAG_CHOOSE = 4        # collect every fitting device of the node, then the vendor's chooser picks
 
-class DeviceVendor(Protocol):
-    vendor_key: str                      # "NVIDIA"
-    register_annotation: str             # node annotation carrying the inventory
-    handshake_annotation: str | None
-    to_allocate_annotation: str | None   # pod annotation the device plugin consumes
-    allocated_annotation: str            # pod annotation the scheduler's cache reads back
+# The vendor's per-node choice among the devices that fit one request row (FLAG_CHOOSE):
+#     chooser(node_index, positions, nums) -> (chosen positions, node score adjustment) | reason
+# ``positions`` are offsets into the node's device list (``UsageCache.nodes[...].devices``), in
+# the order the policy prefers; the answer is ``nums`` of them, or a reason code (hami_py.reasons)
+# saying why none of the subsets is acceptable. It must bound its own work per node.
+Chooser = Callable[[int, list[int], int], "tuple[list[int], float] | int"]
+
+
+class DeviceVendor:
+    """One device family. Subclasses set the class attributes and override what they have."""
+
+    vendor_key: str = ""                      # "NVIDIA": the key in allocation annotations
+    # Node annotations: the inventory (None when it comes from node capacity), a companion that
+    # re-decodes the inventory when it changes (NVIDIA's pair scores), and the handshake.
+    register_annotation: str | None = None
+    companion_annotation: str | None = None
+    handshake_annotation: str | None = None
+    # Pod annotations: what the device plugin consumes, and what the cache reads back.
+    to_allocate_annotation: str | None = None
+    allocated_annotation: str = ""
+    # The resource whose allocatable count says whether the device plugin is alive.
+    count_resource_name: str = ""
+    # Upstream's allocatable-aware health: the count falling to 0 means the plugin left, at once.
+    health_follows_allocatable: bool = False
+    # HAMi's shared node lock (``hami.io/mutex.lock``) is taken at bind for this family's pods;
+    # ``extra_lock_annotation`` names the family's own lock, taken as well (Cambricon's).
+    uses_node_lock: bool = True
+    extra_lock_annotation: str | None = None
+    kernel_flags: int = 0
+
+    # -- resources and config --------------------------------------------------------------
 
     def resource_names(self) -> list[str]:
-        """Every extended resource name this vendor manages (for managedResources)."""
+        """Every extended resource name this family manages (for managedResources)."""
+        return []
 
     def quota_resources(self) -> tuple[str, str, int]:
         """(memory resource, core resource, memory factor) that namespace quotas may limit;
-        empty names when the vendor has no such resource."""
+        empty names when upstream checks no quota for the family."""
+        return "", "", 1
 
-    def parse_node_devices(self, annotations: dict[str, str]) -> list[DeviceInfo]:
-        """Decode the node's inventory; [] when the node has no registration for this vendor.
+    # -- inventory -------------------------------------------------------------------------
 
-        Raises DeviceDecodeError with a precise message when the annotation is garbled."""
+    def registration_inputs(self, node: NodeView) -> object:
+        """Whatever the inventory is decoded from: the cache decodes again only when it changes."""
+        annotations = node.annotations
+        return (annotations.get(self.register_annotation) if self.register_annotation else None,
+                annotations.get(self.companion_annotation) if self.companion_annotation else None)
+
+    def parse_node_devices(self, node: NodeView) -> list[DeviceInfo]:
+        """Decode the node's inventory; [] when the node has none of this family.
+
+        Raises DeviceDecodeError with a precise message when the registration is garbled."""
+        return []
+
+    def registration_source(self) -> str:
+        """Where the inventory comes from, for error messages."""
+        return self.register_annotation or f"{self.count_resource_name} capacity"
+
+    # -- requests and admission ------------------------------------------------------------
 
     def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:
-        """This vendor's request of one container (raw Kubernetes container dict), or None.
+        """This family's request of one container (raw Kubernetes container dict), or None.
 
         Raises RequestError when a resource is present but malformed."""
+        return None
 
     def mutate_admission(self, container: dict, pod: dict) -> bool:
-        """Apply this vendor's admission-time defaults to one container (raw dict, changed in
+        """Apply this family's admission-time defaults to one container (raw dict, changed in
         place; pod-level fields such as runtimeClassName go into ``pod``). True when the
-        container asks for this vendor's devices after the defaults.
+        container asks for this family's devices after the defaults.
 
         Raises RequestError when the container's request is invalid (the pod is refused)."""
+        return False
+
+    # -- fit -------------------------------------------------------------------------------
 
     def device_selector(self, pod_annotations: dict[str, str], node_annotations: dict[str, str]) -> DeviceSelector | None:
-        """A per-device gate for pods that pick or avoid devices (type, UUID, cordon), or None
-        when nothing restricts the pod on this node (the common case, which costs nothing)."""
+        """A per-device gate for pods that pick or avoid devices (type, UUID, cordon, mode), or
+        None when nothing restricts the pod on this node (the common case, which costs nothing).
+        ``node_annotations`` holds the node's ``hami.io/device-*`` annotations only."""
+        return None
 
-    def encode_allocation(self, pod_devices: PodDevices) -> dict[str, str]:
-        """The pod annotations that carry this allocation to the device plugin."""
+    def allows_partitions(self, pod_annotations: dict[str, str]) -> bool:
+        """Whether this pod may be given partitions of a device (MIG instances) at all."""
+        return True
+
+    def numa_bind(self, pod_annotations: dict[str, str]) -> bool:
+        """Whether the pod asks for all of this family's devices on one NUMA node."""
+        return False
+
+    def chooser(self, cache, pod_annotations: dict[str, str]) -> Chooser | None:
+        """The per-node choice for FLAG_CHOOSE families (see :data:`Chooser`); ``cache`` gives
+        the node's devices (``cache.devices_at(node_index)``) and usage arrays."""
+        return None
+
+    # -- allocation annotations ------------------------------------------------------------
+
+    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions: list[dict] = (),
+                          now: float = 0.0) -> dict[str, str]:
+        """Every pod annotation a decision writes for this family ({} when no container got one
+        of its devices). ``partitions`` lists the MIG-like instances the decision reserved."""
+        return {}
+
+    def decision_annotations(self) -> tuple[str, ...]:
+        """Every pod annotation key :meth:`encode_allocation` may write (cleared with a stale
+        decision)."""
+        return tuple(k for k in (self.to_allocate_annotation, self.allocated_annotation) if k)
 
     def decode_allocation(self, annotations: dict[str, str]) -> PodDevices | None:
         """Read back an allocation written by a scheduler (ours or upstream's); None if absent.
 
         Raises AllocationDecodeError when the annotation is garbled."""
+        return None
 
-    def encode_mig_allocations(self, instances: list[dict]) -> dict[str, str]:
-        """The annotation listing the MIG instances a decision reserved ({} for none, or for a
-        vendor without MIG)."""
+    def decode_partitions(self, annotations: dict[str, str]) -> list[tuple[str, int, int, tuple | None]]:
+        """The partitions a pod holds: (device id, slice start, size, runtime identity or None)."""
+        return []
 
-    # Optional, read with getattr (absent means "not this vendor's"):
-    #   score_annotation: str              node annotation with device pair scores (topology-aware)
-    #   count_resource_name: str           the device-count resource (registration upkeep)
-    #   health_follows_allocatable: bool   a count falling to 0 in allocatable means the plugin left
-    #   decode_mig_allocations(annotations) -> [(GPU uuid, slice start, size, runtime identity | None)]
+    # -- metrics -----------------------------------------------------------------------------
+
+    def core_metrics(self, total_cores: int, used_cores: int) -> tuple[int, int]:
+        """(limit, allocated) cores as the ``hami_*`` metrics report them: a family that counts
+        compute units rather than percent (AMD) converts here; the legacy names stay raw."""
+        return total_cores, used_cores

@@ -17,14 +17,14 @@ import orjson
 
 from hami_py.config import NvidiaConfig
 from hami_py.devices.base import (
-    ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, PodDevices, RequestError,
+    ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, DeviceVendor, NodeView, PodDevices, RequestError,
 )
 from hami_py.devices.codec import (
     decode_json_devices, decode_legacy_devices, decode_pod_devices,
     encode_pod_devices, go_quote, parse_go_bool,
 )
 from hami_py.quantity import INT32_MAX, INT64_MAX, parse_exact_int, parse_quantity_ceil
-from hami_py.scheduling.reasons import CARD_CORDONED, CARD_TYPE_MISMATCH, CARD_UUID_MISMATCH, OK
+from hami_py.devices.gates import make_selector, make_type_gate, non_blank, type_entries, uuid_entries
 
 VENDOR_KEY = "NVIDIA"
 
@@ -147,65 +147,6 @@ def _is_uint32(value) -> bool:
 # Device selection (type, mode, UUID, cordon)
 # ---------------------------------------------------------------------------------------------
 
-def _non_blank(annotations: dict[str, str], key: str) -> str | None:
-    """The annotation's value when it is present and not blank (blank means no constraint)."""
-    value = annotations.get(key)
-    if value is None or not value.strip():
-        return None
-    return value
-
-
-def _type_entries(value: str | None) -> tuple[str, ...] | None:
-    """A type list upper-cased once; blank entries are dropped (they match nothing upstream)."""
-    if value is None:
-        return None
-    return tuple(entry.strip().upper() for entry in value.split(",") if entry.strip())
-
-
-def _uuid_entries(value: str | None) -> frozenset[str] | None:
-    if value is None:
-        return None
-    return frozenset(entry.strip() for entry in value.split(","))
-
-
-def _make_type_gate(use: tuple[str, ...] | None, nouse: tuple[str, ...] | None, mode: str | None):
-    """A function device -> allowed by ``use-gputype``/``nouse-gputype``/``vgpu-mode``."""
-    upper_of: dict[str, str] = {}  # device type -> upper-cased, computed once per distinct type
-
-    def type_allowed(device: DeviceInfo) -> bool:
-        if mode is not None and device.mode not in mode:
-            return False  # the pod's mode text must contain the device's mode ("" always does)
-        if use is None and nouse is None:
-            return True
-        model = upper_of.get(device.type)
-        if model is None:
-            model = upper_of[device.type] = device.type.upper()
-        if use is not None and not any(entry in model for entry in use):
-            return False
-        return nouse is None or not any(entry in model for entry in nouse)
-
-    return type_allowed
-
-
-def _make_selector(cordoned: frozenset[str] | None, type_allowed,
-                   use_uuids: frozenset[str] | None, nouse_uuids: frozenset[str] | None) -> DeviceSelector:
-    # Checked in upstream's order (cordon, type, UUID), so the reason counted is upstream's.
-    def select(device: DeviceInfo) -> int:
-        if cordoned is not None and device.id in cordoned:
-            return CARD_CORDONED
-        if type_allowed is not None and not type_allowed(device):
-            return CARD_TYPE_MISMATCH
-        if use_uuids is not None and device.id not in use_uuids:
-            return CARD_UUID_MISMATCH
-        if nouse_uuids is not None and device.id in nouse_uuids:
-            return CARD_UUID_MISMATCH
-        return OK
-
-    # Without cordons and UUID lists the answer depends on the device's model and mode alone.
-    select.per_kind = cordoned is None and use_uuids is None and nouse_uuids is None
-    return select
-
-
 # ---------------------------------------------------------------------------------------------
 # The vendor
 # ---------------------------------------------------------------------------------------------
@@ -227,12 +168,12 @@ def _append_env(container: dict, name: str, value: str) -> None:
     env.append({"name": name, "value": value})
 
 
-class NvidiaVendor:
+class NvidiaVendor(DeviceVendor):
     """HAMi's NVIDIA vendor: vGPU sharing of memory (MiB or percent) and cores (percent)."""
 
     vendor_key = VENDOR_KEY
     register_annotation = REGISTER_ANNOTATION
-    score_annotation = PAIR_SCORE_ANNOTATION  # re-decode the inventory when the pair scores change
+    companion_annotation = PAIR_SCORE_ANNOTATION  # re-decode the inventory when the pair scores change
     handshake_annotation = HANDSHAKE_ANNOTATION
     to_allocate_annotation = TO_ALLOCATE_ANNOTATION
     allocated_annotation = ALLOCATED_ANNOTATION
@@ -271,7 +212,7 @@ class NvidiaVendor:
 
     # -- inventory ------------------------------------------------------------------------------
 
-    def parse_node_devices(self, annotations: dict[str, str]) -> list[DeviceInfo]:
+    def parse_node_devices(self, node: NodeView) -> list[DeviceInfo]:
         """The node's GPUs from ``hami.io/node-nvidia-register`` plus optional pair scores.
 
         JSON is what current plugins write (and all upstream decodes); the legacy colon format
@@ -279,6 +220,7 @@ class NvidiaVendor:
         inventory, or any garbled part (pair scores included), rejects the node's whole NVIDIA
         inventory with DeviceDecodeError, as upstream does.
         """
+        annotations = node.annotations
         text = annotations.get(REGISTER_ANNOTATION)
         if text is None:
             return []
@@ -485,12 +427,12 @@ class NvidiaVendor:
         (CardUuidMismatch). Blank annotations impose nothing. The comma lists are split here,
         once, not per device.
         """
-        cordon = _non_blank(node_annotations, CORDON_ANNOTATION)
-        use_type = _non_blank(pod_annotations, USE_TYPE_ANNOTATION)
-        nouse_type = _non_blank(pod_annotations, NOUSE_TYPE_ANNOTATION)
-        mode = _non_blank(pod_annotations, VGPU_MODE_ANNOTATION)
-        use_uuid = _non_blank(pod_annotations, USE_UUID_ANNOTATION)
-        nouse_uuid = _non_blank(pod_annotations, NOUSE_UUID_ANNOTATION)
+        cordon = non_blank(node_annotations, CORDON_ANNOTATION)
+        use_type = non_blank(pod_annotations, USE_TYPE_ANNOTATION)
+        nouse_type = non_blank(pod_annotations, NOUSE_TYPE_ANNOTATION)
+        mode = non_blank(pod_annotations, VGPU_MODE_ANNOTATION)
+        use_uuid = non_blank(pod_annotations, USE_UUID_ANNOTATION)
+        nouse_uuid = non_blank(pod_annotations, NOUSE_UUID_ANNOTATION)
         if cordon is None and use_type is None and nouse_type is None and mode is None \
                 and use_uuid is None and nouse_uuid is None:
             return None
@@ -499,26 +441,36 @@ class NvidiaVendor:
             cordoned = frozenset(entry.strip() for entry in cordon.split(",") if entry.strip())
         type_allowed = None
         if use_type is not None or nouse_type is not None or mode is not None:
-            type_allowed = _make_type_gate(_type_entries(use_type), _type_entries(nouse_type), mode)
-        return _make_selector(cordoned, type_allowed, _uuid_entries(use_uuid), _uuid_entries(nouse_uuid))
+            type_allowed = make_type_gate(type_entries(use_type), type_entries(nouse_type), mode)
+        return make_selector(cordoned, type_allowed, uuid_entries(use_uuid), uuid_entries(nouse_uuid))
 
     # -- allocation annotations -----------------------------------------------------------------
 
-    def encode_allocation(self, pod_devices: PodDevices) -> dict[str, str]:
-        """Both allocation annotations (identical text), or {} when no container got a GPU."""
+    def allows_partitions(self, pod_annotations: dict[str, str]) -> bool:
+        """``nvidia.com/vgpu-mode`` rules MIG out unless its text names ``mig``."""
+        mode = pod_annotations.get(VGPU_MODE_ANNOTATION)
+        return mode is None or "mig" in mode
+
+    def numa_bind(self, pod_annotations: dict[str, str]) -> bool:
+        return parse_numa_bind(pod_annotations)
+
+    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions: list[dict] = (),
+                          now: float = 0.0) -> dict[str, str]:
+        """Both allocation annotations (identical text), or {} when no container got a GPU; and
+        ``hami.io/vgpu-mig-allocations``, the MIG instances this decision reserved, as upstream
+        writes them (containerIndex, deviceIndex, gpuUUID, profile, placement{start,size})."""
         if not any(pod_devices):
             return {}
         text = encode_pod_devices(pod_devices)
-        return {TO_ALLOCATE_ANNOTATION: text, ALLOCATED_ANNOTATION: text}
+        out = {TO_ALLOCATE_ANNOTATION: text, ALLOCATED_ANNOTATION: text}
+        if partitions:
+            out[MIG_ALLOCATIONS_ANNOTATION] = orjson.dumps(partitions).decode()
+        return out
 
-    def encode_mig_allocations(self, instances: list[dict]) -> dict[str, str]:
-        """``hami.io/vgpu-mig-allocations``: the MIG instances this decision reserved, as upstream
-        writes them (containerIndex, deviceIndex, gpuUUID, profile, placement{start,size})."""
-        if not instances:
-            return {}
-        return {MIG_ALLOCATIONS_ANNOTATION: orjson.dumps(instances).decode()}
+    def decision_annotations(self) -> tuple[str, ...]:
+        return TO_ALLOCATE_ANNOTATION, ALLOCATED_ANNOTATION, MIG_ALLOCATIONS_ANNOTATION
 
-    def decode_mig_allocations(self, annotations: dict[str, str]) -> list[tuple[str, int, int, tuple | None]]:
+    def decode_partitions(self, annotations: dict[str, str]) -> list[tuple[str, int, int, tuple | None]]:
         """(gpuUUID, placement start, size, runtime) per instance; [] when absent or invalid, as
         upstream treats an annotation it cannot trust. ``runtime`` is None until the device plugin
         has created the instance and written its identity, then (profile, migUUID,

@@ -206,11 +206,8 @@ class RegistrationKeeper:
             self.observe_node("ADDED", node)
 
     def _record(self, vendor: DeviceVendor) -> VendorHandshake:
-        count_resource = getattr(vendor, "count_resource_name", None)
-        if count_resource is None:
-            count_resource = (vendor.resource_names()[:1] or [""])[0]
-        return VendorHandshake(vendor=vendor, count_resource=count_resource,
-                               follows_allocatable=bool(getattr(vendor, "health_follows_allocatable", False)))
+        return VendorHandshake(vendor=vendor, count_resource=vendor.count_resource_name,
+                               follows_allocatable=vendor.health_follows_allocatable)
 
     def _update(self, name: str, r: VendorHandshake, annotations: dict, allocatable: dict) -> None:
         value = annotations.get(r.vendor.handshake_annotation)

@@ -14,8 +14,7 @@ from itertools import compress, repeat
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
 from hami_py.devices.base import ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
-from hami_py.devices.nvidia import VGPU_MODE_ANNOTATION
-from hami_py.scheduling import reasons as R
+from hami_py import reasons as R
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
 from hami_py.scheduling.policies import Policies, pod_policies
 from hami_py.scheduling.requests import PodRequest
@@ -59,10 +58,12 @@ class Filterer:
         self.default_gpu_policy = default_gpu_policy
         self.kernel = kernel or _kernel.filter_nodes
 
-    def policies(self, pod: dict) -> Policies:
+    def policies(self, pod: dict, vendors=None) -> Policies:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        asked = self.vendors.values() if vendors is None else [self.vendors[k] for k in vendors]
         return pod_policies(annotations, default_node=self.default_node_policy,
-                            default_gpu=self.default_gpu_policy)
+                            default_gpu=self.default_gpu_policy,
+                            numa_bind=any(v.numa_bind(annotations) for v in asked))
 
     def decide(self, pod: dict, node_names: list[str], request: PodRequest, *,
                reserve: bool = True) -> FilterDecision:
@@ -72,7 +73,7 @@ class Filterer:
         uid = meta.get("uid") or ""
         namespace = meta.get("namespace") or "default"
         annotations = meta.get("annotations") or {}
-        policies = self.policies(pod)  # may raise PolicyError: checked before anything changes
+        policies = self.policies(pod, request.vendors)  # may raise PolicyError: checked before anything changes
         if reserve and uid:
             # A pod being filtered again never competes with its own earlier decision, which is
             # void now (kube-scheduler filters unbound pods only): released, so that events still
@@ -105,8 +106,7 @@ class Filterer:
         out_cores = array("i", bytes(4 * k))
         out_prof = array("i", bytes(4 * k))
         out_place = array("i", bytes(4 * k))
-        mode = annotations.get(VGPU_MODE_ANNOTATION)
-        mig_ok = mode is None or "mig" in mode
+        mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
         best = self.kernel(
             cache.total_mem, cache.total_cores, cache.count, cache.numa, cache.health, cache.vendor,
             cache.used_mem, cache.used_cores, cache.used,
@@ -145,10 +145,8 @@ class Filterer:
         allocation, mig = self._allocation(request, out_row, out_dev, out_mem, out_cores, out_prof, out_place)
         pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
         for key, devices in allocation.items():
-            vendor = self.vendors[key]
-            pod_annotations.update(vendor.encode_allocation(devices))
-            if mig.get(key):
-                pod_annotations.update(vendor.encode_mig_allocations(mig[key]))
+            pod_annotations.update(self.vendors[key].encode_allocation(
+                devices, node=winner, partitions=mig.get(key, []), now=now))
         reservation = None
         if reserve:
             entries = []

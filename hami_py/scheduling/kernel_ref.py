@@ -20,7 +20,7 @@ from __future__ import annotations
 from itertools import combinations, islice
 
 from hami_py.cache.quota import UNLIMITED
-from hami_py.scheduling import reasons as R
+from hami_py import reasons as R
 
 ROW_WIDTH = 7
 ROW_CONTAINER, ROW_IS_INIT, ROW_VENDOR, ROW_NUMS, ROW_MEMREQ, ROW_MEMPCT, ROW_CORESREQ = range(7)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hami_py.devices.codec import go_quote
-from hami_py.devices.nvidia import parse_numa_bind
 from hami_py.scheduling.kernel_ref import (
     KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK, POLICY_SPREAD,
 )
@@ -111,10 +110,12 @@ def scoring_weights(annotations: dict[str, str]) -> tuple[float, float, float]:
     return (float(values["slot"]), float(values["core"]), float(values["memory"]))
 
 
-def pod_policies(annotations: dict[str, str], *, default_node: str, default_gpu: str) -> Policies:
+def pod_policies(annotations: dict[str, str], *, default_node: str, default_gpu: str,
+                 numa_bind: bool = False) -> Policies:
+    """The pod's policies; ``numa_bind`` says whether one of its device families asks for all
+    its devices on one NUMA node (each family reads its own annotation)."""
     node_name = annotations.get(NODE_POLICY_ANNOTATION) or default_node
     gpu_name = annotations.get(GPU_POLICY_ANNOTATION) or default_gpu
-    numa_bind = parse_numa_bind(annotations)
     return Policies(
         node=node_policy_code(node_name),
         gpu=gpu_policy_code(gpu_name, numa_bind=numa_bind),

@@ -32,7 +32,6 @@ import structlog
 
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, UsageCache
 from hami_py.devices.base import DeviceVendor
-from hami_py.devices.nvidia import MIG_ALLOCATIONS_ANNOTATION
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.scheduling.filter import VGPU_NODE_LABEL, VGPU_TIME_ANNOTATION
 
@@ -41,9 +40,9 @@ log = structlog.get_logger(__name__)
 
 def decision_keys(vendors: Mapping[str, DeviceVendor]) -> list[str]:
     """Every pod annotation a filter's decision writes."""
-    keys = [VGPU_NODE_ANNOTATION, VGPU_TIME_ANNOTATION, MIG_ALLOCATIONS_ANNOTATION]
+    keys = [VGPU_NODE_ANNOTATION, VGPU_TIME_ANNOTATION]
     for vendor in vendors.values():
-        keys.extend(k for k in (vendor.to_allocate_annotation, vendor.allocated_annotation) if k)
+        keys.extend(k for k in vendor.decision_annotations() if k not in keys)
     return list(dict.fromkeys(keys))
 
 

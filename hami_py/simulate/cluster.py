@@ -32,7 +32,7 @@ from typing import Any
 import orjson
 
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION
-from hami_py.devices.base import AllocationDecodeError, DeviceDecodeError, DeviceInfo, DeviceVendor
+from hami_py.devices.base import AllocationDecodeError, DeviceDecodeError, DeviceInfo, DeviceVendor, NodeView
 from hami_py.devices.nvidia import REGISTER_ANNOTATION as NVIDIA_REGISTER_ANNOTATION
 from hami_py.fakeapi.objects import GPU_MODELS, gpu_node, gpu_uuid, registration
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
@@ -238,9 +238,9 @@ def _add_node(cluster: Cluster, node: dict, where: Where, *, vendors: dict[str, 
     devices: list[DeviceInfo] = []
     for vendor in vendors.values():
         try:
-            devices.extend(vendor.parse_node_devices(annotations))
+            devices.extend(vendor.parse_node_devices(NodeView.from_node(node)))
         except DeviceDecodeError as exc:
-            at = (annotation_where or {}).get(vendor.register_annotation, where)
+            at = (annotation_where or {}).get(vendor.register_annotation or "", where)
             raise at.error(f"the scheduler rejects this registration: {exc}") from None
     if not devices:
         return False

@@ -1,0 +1,232 @@
+"""The generic-template family: a count, a memory and a core resource, shared devices.
+
+Most of upstream's families (Cambricon, Hygon, Iluvatar, Ascend, Kunlun vXPU, and the next
+ones) differ from each other only in names, units and defaults: where the inventory comes from,
+how many MiB one unit of the memory resource is, what cores a container gets when it names
+none, and which annotations pick devices. :class:`TemplateVendor` is that shape, driven by a
+:class:`TemplateSpec`; a family module subclasses it and overrides the hook that makes it
+different (the inventory, the webhook, the chooser).
+
+Requests follow upstream's reading order (limits, then requests) and units, with the one
+deliberate difference NVIDIA has too: a value that is present but malformed raises
+:class:`RequestError` naming the container, the resource and the value, instead of silently
+turning the container into one without a device request (upstream drops it, and the pod is bound
+without devices, to fail later on the node).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import orjson
+
+from hami_py.devices.base import (
+    ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, DeviceVendor, PodDevices, RequestError,
+)
+from hami_py.devices.codec import decode_json_devices, decode_legacy_devices, decode_pod_devices, encode_pod_devices, go_quote
+from hami_py.devices.gates import uuid_selector
+from hami_py.quantity import INT32_MAX, parse_exact_int, parse_quantity_ceil
+
+MISSING = object()
+
+
+@dataclass(slots=True, frozen=True)
+class TemplateSpec:
+    """Names, units and defaults of one generic-template family."""
+    vendor_key: str
+    count_resource: str
+    memory_resource: str = ""
+    core_resource: str = ""
+    memory_unit: int = 1              # MiB per unit of the memory resource (×256 for MLU)
+    default_cores: int = 0
+    register_annotation: str | None = None
+    register_format: str = "json"     # "json" or "legacy" (the colon format)
+    handshake_annotation: str | None = None
+    to_allocate_annotation: str | None = None
+    allocated_annotation: str = ""
+    use_uuid: tuple[str, ...] = ()     # pod annotations admitting device ids
+    nouse_uuid: tuple[str, ...] = ()   # pod annotations refusing device ids
+    use_type: str | None = None
+    nouse_type: str | None = None
+    quota: bool = False                # upstream checks namespace quota for this family
+
+
+def quote_value(raw: object) -> str:
+    """A resource value as written in the pod (JSON numbers and null appear as JSON does)."""
+    if type(raw) is str:
+        return go_quote(raw)
+    if raw is None or type(raw) in (int, float, bool):
+        return go_quote(orjson.dumps(raw).decode())
+    return go_quote(repr(raw))
+
+
+def resource_lists(container: dict) -> tuple[dict, dict]:
+    resources = container.get("resources") or {}
+    if not isinstance(resources, dict):
+        return {}, {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    return (limits if isinstance(limits, dict) else {}), (requests if isinstance(requests, dict) else {})
+
+
+def lookup(limits: dict, requests: dict, resource: str) -> object:
+    """The value in limits, else in requests, else MISSING (upstream's reading order)."""
+    if not resource:
+        return MISSING
+    if resource in limits:
+        return limits[resource]
+    if resource in requests:
+        return requests[resource]
+    return MISSING
+
+
+def request_error(container: str, resource: str, raw: object, problem: str) -> RequestError:
+    return RequestError(f"container {go_quote(container)}: {resource} {quote_value(raw)} {problem}")
+
+
+def whole_number(container: str, resource: str, raw: object, *, low: int, high: int, unit: str = "") -> int:
+    """An exact integer in [low, high], or RequestError naming the container and the value."""
+    number = parse_exact_int(raw)
+    what = f"a whole number of {unit}" if unit else "a whole number"
+    if number is None:
+        raise request_error(container, resource, raw, f"is not {what}")
+    if not low <= number <= high:
+        raise request_error(container, resource, raw, f"is out of range: must be between {low} and {high}"
+                            + (f" {unit}" if unit else ""))
+    return number
+
+
+def rounded_quantity(container: str, resource: str, raw: object) -> int:
+    """The value rounded up, as admission reads it (Kubernetes' ``Quantity.Value()``)."""
+    value = parse_quantity_ceil(raw)
+    if value is None:
+        raise request_error(container, resource, raw, "is not a quantity")
+    return value
+
+
+def ensure_limits(container: dict) -> dict:
+    resources = container.get("resources")
+    if not isinstance(resources, dict):
+        resources = container["resources"] = {}
+    if not isinstance(resources.get("limits"), dict):
+        resources["limits"] = {}
+    return resources["limits"]
+
+
+def append_env(container: dict, name: str, value: str) -> None:
+    """Append, as upstream does: an existing variable of that name is not replaced."""
+    env = container.get("env")
+    if not isinstance(env, list):
+        env = container["env"] = []
+    env.append({"name": name, "value": value})
+
+
+class TemplateVendor(DeviceVendor):
+    """A family of shared devices following upstream's generic template fit."""
+
+    def __init__(self, spec: TemplateSpec):
+        self.spec = spec
+        self.vendor_key = spec.vendor_key
+        self.register_annotation = spec.register_annotation
+        self.handshake_annotation = spec.handshake_annotation
+        self.to_allocate_annotation = spec.to_allocate_annotation
+        self.allocated_annotation = spec.allocated_annotation
+        self.count_resource_name = spec.count_resource
+        self._max_memory = INT32_MAX // max(spec.memory_unit, 1)
+
+    # -- resources -------------------------------------------------------------------------
+
+    def resource_names(self) -> list[str]:
+        spec = self.spec
+        return [n for n in (spec.count_resource, spec.memory_resource, spec.core_resource) if n]
+
+    def quota_resources(self) -> tuple[str, str, int]:
+        spec = self.spec
+        if not spec.quota:
+            return "", "", 1
+        return spec.memory_resource, spec.core_resource, max(spec.memory_unit, 1)
+
+    # -- inventory -------------------------------------------------------------------------
+
+    def parse_node_devices(self, node) -> list[DeviceInfo]:
+        """The registration annotation, decoded; devices of other families' kinds are kept as
+        registered (the plugin of this family wrote them)."""
+        text = node.annotations.get(self.spec.register_annotation) if self.spec.register_annotation else None
+        if text is None:
+            return []
+        if self.spec.register_format == "legacy":
+            devices = decode_legacy_devices(text)
+        else:
+            devices = decode_json_devices(text)
+        if not devices:
+            raise DeviceDecodeError("the registration lists no device")
+        return devices
+
+    # -- requests --------------------------------------------------------------------------
+
+    def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:
+        spec = self.spec
+        limits, requests = resource_lists(container)
+        raw = lookup(limits, requests, spec.count_resource)
+        if raw is MISSING:
+            return None
+        name = str(container.get("name") or "")
+        nums = whole_number(name, spec.count_resource, raw, low=0, high=INT32_MAX)
+        if nums == 0:
+            return None
+        memreq = self.request_memory(name, limits, requests)
+        cores = self.request_cores(name, limits, requests)
+        return self.finish_request(ContainerRequest(spec.vendor_key, nums, memreq, 100 if memreq == 0 else 0, cores),
+                                   pod_annotations=pod_annotations)
+
+    def request_memory(self, container: str, limits: dict, requests: dict) -> int:
+        """The memory asked for, in MiB (0 when not asked: the whole device, ``mempct`` 100)."""
+        spec = self.spec
+        raw = lookup(limits, requests, spec.memory_resource)
+        if raw is MISSING:
+            return 0
+        unit = "MiB" if spec.memory_unit == 1 else f"units of {spec.memory_unit} MiB"
+        return whole_number(container, spec.memory_resource, raw, low=0, high=self._max_memory,
+                            unit=unit) * spec.memory_unit
+
+    def request_cores(self, container: str, limits: dict, requests: dict) -> int:
+        spec = self.spec
+        raw = lookup(limits, requests, spec.core_resource)
+        if raw is MISSING:
+            return spec.default_cores
+        return whole_number(container, spec.core_resource, raw, low=0, high=INT32_MAX)
+
+    def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
+        """A family's last word on a parsed request (rounding, derived cores)."""
+        return request
+
+    # -- admission -------------------------------------------------------------------------
+
+    def mutate_admission(self, container: dict, pod: dict) -> bool:
+        """Upstream's webhook for these families only recognises the count in limits."""
+        limits, _ = resource_lists(container)
+        return self.spec.count_resource in limits
+
+    # -- fit -------------------------------------------------------------------------------
+
+    def device_selector(self, pod_annotations: dict[str, str], node_annotations: dict[str, str]) -> DeviceSelector | None:
+        spec = self.spec
+        return uuid_selector(pod_annotations, spec.use_uuid, spec.nouse_uuid,
+                             use_type=spec.use_type, nouse_type=spec.nouse_type)
+
+    # -- allocation annotations ------------------------------------------------------------
+
+    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions: list[dict] = (),
+                          now: float = 0.0) -> dict[str, str]:
+        if not any(pod_devices):
+            return {}
+        text = encode_pod_devices(pod_devices)
+        out = {self.spec.allocated_annotation: text}
+        if self.spec.to_allocate_annotation:
+            out[self.spec.to_allocate_annotation] = text
+        return out
+
+    def decode_allocation(self, annotations: dict[str, str]) -> PodDevices | None:
+        text = annotations.get(self.spec.allocated_annotation)
+        if text is None:
+            return None
+        return decode_pod_devices(text)
