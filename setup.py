@@ -15,6 +15,7 @@ setup(
     version="0.1.0",
     description="A HAMi-compatible Kubernetes scheduler extender for sharing GPUs between pods",
     packages=find_packages(include=["hami_py", "hami_py.*"]),
+    package_data={"hami_py": ["data/*.yaml"]},
     ext_modules=cythonize(
         extensions,
         language_level=3,
@@ -24,6 +25,7 @@ setup(
     install_requires=[
         "aiohttp", "kubernetes-asyncio", "orjson", "structlog", "prometheus-client", "PyYAML",
     ],
-    entry_points={"console_scripts": ["hami-scheduler = hami_py.cli:main"]},
+    # ``scheduler`` is the command HAMi's Helm chart runs in the extender container.
+    entry_points={"console_scripts": ["hami-scheduler = hami_py.cli:main", "scheduler = hami_py.cli:main"]},
     zip_safe=False,
 )

@@ -18,7 +18,7 @@ from hami_py.aio import cancel_and_wait
 from hami_py.allocation_metrics import AllocationMetrics, quota_samples
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
-from hami_py.devices.registry import build_vendors
+from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.http.server import DEFAULT_BODY_LIMIT, build_app, build_metrics_app
 from hami_py.http.tls import DEFAULT_CHECK_INTERVAL_S, ReloadingTLS
 from hami_py.http.webhook import build_webhook_app, webhook_route
@@ -67,6 +67,8 @@ class Options:
     leader_elect_resource_namespace: str = ""
     legacy_metrics: bool = False
     device_config_file: str = ""
+    enable_ascend: bool = False          # upstream's switches for the families it gates
+    enable_iluvatar: bool = False
     kubeconfig: str | None = None
     debug: bool = False
     verbosity: int = 0
@@ -102,7 +104,8 @@ class SchedulerApp:
     def __init__(self, options: Options, *, device_config: DeviceConfig, configuration):
         self.options = options
         self.configuration = configuration
-        self.vendors = build_vendors(device_config)
+        self.vendors = build_vendors(device_config, FamilySwitches(
+            enable_ascend=options.enable_ascend, enable_iluvatar=options.enable_iluvatar))
         self.metrics = Metrics()
         self._pod_events_counter = self.metrics.watch_events.labels("pods")
         self._node_events_counter = self.metrics.watch_events.labels("nodes")

@@ -111,6 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--leader-elect-resource-namespace", default="")
     flag("--legacy-metrics", default=False, type=_bool, nargs="?", const=True)
     flag("--device-config-file", default="", help="device configuration YAML (upstream's schema)")
+    flag("--enable-ascend", default=False, type=_bool, nargs="?", const=True,
+         help="schedule the Ascend NPUs of the device config's vnpus section")
+    flag("--enable-iluvatar", default=False, type=_bool, nargs="?", const=True,
+         help="schedule the Iluvatar GPUs of the device config's iluvatars section")
     flag("--kubeconfig", default=None, help="kubeconfig file (else $KUBECONFIG, else in-cluster)")
     flag("--debug", default=False, type=_bool, nargs="?", const=True, help="debug logging")
     flag("-v", "--v", dest="verbosity", default=0, type=int, help="log verbosity (klog style)")
@@ -132,6 +136,7 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         leader_elect=ns.leader_elect, leader_elect_resource_name=ns.leader_elect_resource_name,
         leader_elect_resource_namespace=ns.leader_elect_resource_namespace,
         legacy_metrics=ns.legacy_metrics, device_config_file=ns.device_config_file,
+        enable_ascend=ns.enable_ascend, enable_iluvatar=ns.enable_iluvatar,
         kubeconfig=ns.kubeconfig, debug=ns.debug, verbosity=ns.verbosity,
         body_limit=ns.max_request_bytes,
     )

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hami_py.config import (
     CHART_DEFAULT_DEVICE_CONFIG, ConfigError, DeviceConfig, MigProfileAllowlistEntry, NvidiaConfig,
     load_device_config, parse_device_config,
 )
 
-FIXTURE = Path(__file__).parent / "fixtures" / "device-config.yaml"
+FIXTURE = Path(__file__).parent.parent / "manifests" / "device-config.yaml"
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -34,9 +35,13 @@ def error_of(tmp_path: Path, text: str) -> str:
 # chart defaults
 # ---------------------------------------------------------------------------------------------
 
-def test_fixture_is_the_chart_default():
-    assert load_device_config(FIXTURE) == DeviceConfig.default()
-    assert FIXTURE.read_text().endswith(CHART_DEFAULT_DEVICE_CONFIG)
+def test_the_shipped_manifest_carries_the_built_in_default():
+    """One document, two places: the package's default and the ConfigMap ``kubectl apply`` ships."""
+    configmap = next(d for d in yaml.safe_load_all(FIXTURE.read_text()) if d and d.get("kind") == "ConfigMap")
+    shipped = configmap["data"]["device-config.yaml"]
+    assert parse_device_config(shipped) == DeviceConfig.default()
+    body = lambda text: [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]  # noqa: E731
+    assert body(shipped) == body(CHART_DEFAULT_DEVICE_CONFIG)
 
 
 def test_chart_default_nvidia_section():

@@ -78,7 +78,10 @@ class NodeEntry:
     register_text: dict[str, str | None] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
-    plugin_gone: bool = False           # registration upkeep judged its device plugin gone
+    # Families whose device plugin registration upkeep judged gone on this node: their devices
+    # are left out (the node's other families stay usable); ``registered`` keeps them all.
+    gone_vendors: frozenset = frozenset()
+    registered: list = field(default_factory=list)     # [(vendor id, DeviceInfo)] as decoded
     # First seen asking for a handshake (Requesting_) that no plugin has answered, with nothing
     # allocatable: not used until the plugin answers or allocatable devices appear (upstream
     # adds no such node either; the kubelet would refuse its pods, OutOf<resource>).
@@ -86,6 +89,10 @@ class NodeEntry:
     decode_error: str | None = None
     lock_value: str | None = None       # hami.io/mutex.lock as last seen (a hint for the bind)
     resource_version: str = ""
+
+    @property
+    def plugin_gone(self) -> bool:
+        return bool(self.gone_vendors)
 
 
 def collapse(pod_devices: PodDevices, vendor: str, num_init: int, init_done: bool) -> list[UsageEntry]:
@@ -223,6 +230,7 @@ class UsageCache:
         self.handshake_deadlines: dict[str, float] = {}
         self._lock_waiters: dict[str, list[asyncio.Future]] = {}   # binds queued for a node's lock, in order
         self._free_node_indexes: list[int] = []
+        self._gate_annotations = frozenset(k for v in vendors.values() for k in v.gate_annotations)
         self._devices_at: dict[int, list[DeviceInfo]] = {}   # node index -> its devices, in slice order
         self._dead_slots = 0
         # Pods.
@@ -245,17 +253,17 @@ class UsageCache:
     def synced(self) -> bool:
         return self.nodes_synced and self.pods_synced
 
-    def set_plugin_gone(self, name: str, gone: bool) -> None:
-        """Registration upkeep (hami_py/k8s/registration.py) judged the node's device plugin gone,
-        or back: a gone node is left out of /filter like an unregistered one, its devices kept."""
+    def set_plugin_gone(self, name: str, gone: frozenset[str]) -> None:
+        """Registration upkeep (hami_py/k8s/registration.py) judged these families' device plugins
+        on the node gone (or back, when they leave the set): their devices are left out of
+        /filter as if unregistered, the node's other families stay. The pods charged keep their
+        records; their devices are found again when the plugin comes back."""
         entry = self.nodes.get(name)
-        if entry is None or entry.plugin_gone == gone:
+        gone = frozenset(gone)
+        if entry is None or entry.gone_vendors == gone:
             return
-        entry.plugin_gone = gone
-        if gone or not entry.length:
-            self.node_index_of.pop(name, None)
-        else:
-            self.node_index_of[name] = entry.index
+        entry.gone_vendors = gone
+        self._place_devices(entry, entry.registered)
 
     def live_reservation(self, uid: str, node: str) -> PodUsage | None:
         """The decision this process's /filter reserved for pod ``uid`` on ``node``, if it still
@@ -376,7 +384,8 @@ class UsageCache:
             if res and str(allocatable.get(res, "0")) not in ("0", ""):
                 allocatable_positive = True
         # Keep only what the per-pod device selectors may read (cordon list and the like).
-        entry.annotations = {k: v for k, v in annotations.items() if k.startswith("hami.io/device-")}
+        gates = self._gate_annotations
+        entry.annotations = {k: v for k, v in annotations.items() if k.startswith("hami.io/device-") or k in gates}
         if entry.annotations:
             self.annotated_nodes.add(name)
         else:
@@ -428,6 +437,10 @@ class UsageCache:
         return len(self.node_offset) - 1
 
     def _place_devices(self, entry: NodeEntry, devices: list[tuple[int, DeviceInfo]]) -> None:
+        entry.registered = devices
+        if entry.gone_vendors:
+            gone_ids = {self.vendor_ids[k] for k in entry.gone_vendors if k in self.vendor_ids}
+            devices = [(vid, dev) for vid, dev in devices if vid not in gone_ids]
         n = len(devices)
         if n != entry.length:
             self._kill_slice(entry)
@@ -456,7 +469,7 @@ class UsageCache:
         self.node_offset[entry.index] = entry.offset
         self.node_len[entry.index] = entry.length
         self._place_pair_scores(entry)
-        if entry.length and not entry.plugin_gone:
+        if entry.length:
             self.node_index_of[entry.name] = entry.index
         else:
             self.node_index_of.pop(entry.name, None)

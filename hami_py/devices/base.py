@@ -135,7 +135,11 @@ class DeviceVendor:
     # HAMi's shared node lock (``hami.io/mutex.lock``) is taken at bind for this family's pods;
     # ``extra_lock_annotation`` names the family's own lock, taken as well (Cambricon's).
     uses_node_lock: bool = True
+    # Node annotations this family's device selector reads, besides the generic ``hami.io/device-*``
+    # ones (e.g. a node-level switch): the cache keeps them for the selector.
+    gate_annotations: tuple[str, ...] = ()
     extra_lock_annotation: str | None = None
+    extra_lock_expiry_s: float = 120.0
     kernel_flags: int = 0
 
     # -- resources and config --------------------------------------------------------------
@@ -188,7 +192,8 @@ class DeviceVendor:
     def device_selector(self, pod_annotations: dict[str, str], node_annotations: dict[str, str]) -> DeviceSelector | None:
         """A per-device gate for pods that pick or avoid devices (type, UUID, cordon, mode), or
         None when nothing restricts the pod on this node (the common case, which costs nothing).
-        ``node_annotations`` holds the node's ``hami.io/device-*`` annotations only."""
+        ``node_annotations`` holds the node's ``hami.io/device-*`` annotations and the family's
+        ``gate_annotations`` only."""
         return None
 
     def allows_partitions(self, pod_annotations: dict[str, str]) -> bool:

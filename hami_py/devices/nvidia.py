@@ -513,3 +513,8 @@ class NvidiaVendor(DeviceVendor):
         if text is None:
             return None
         return decode_pod_devices(text)
+
+
+def build_family(config, switches) -> list[NvidiaVendor]:
+    """NVIDIA is always built (upstream always initialises it), from the ``nvidia`` section."""
+    return [NvidiaVendor(config.nvidia)]

@@ -1,24 +1,56 @@
-"""Which device vendors this scheduler manages, built from the device config.
+"""Which device families this scheduler manages, built from the device config.
 
-The cache, the filter and the webhook iterate over the mapping this module builds and never
-name a vendor themselves. NVIDIA is the only vendor so far; Ascend, Cambricon, Hygon, Metax and
-the others join here as their modules are written, each from its own config section.
+The cache, the filter, the binder and the webhook iterate over the mapping this module builds and
+never name a family themselves. Each family module exposes ``build_family(config, switches)``
+returning its vendors (none, one, or one per configured chip kind, as Ascend and Iluvatar have);
+adding a family is one module plus one line in ``FAMILIES``.
+
+The order is upstream's initialisation order with NVIDIA first: it fixes the vendor ids, the
+order of ``managedResources`` and the order in which a multi-family pod's annotations are built.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceVendor
-from hami_py.devices.nvidia import NvidiaVendor
 
 
-def build_vendors(config: DeviceConfig) -> dict[str, DeviceVendor]:
-    """Vendor key -> vendor, for every vendor the config enables.
+@dataclass(slots=True, frozen=True)
+class FamilySwitches:
+    """The command-line switches upstream gates families with (``--enable-ascend`` ...)."""
+    enable_ascend: bool = False
+    enable_iluvatar: bool = False
+
+
+def _families() -> list[Callable[[DeviceConfig, FamilySwitches], list[DeviceVendor]]]:
+    from hami_py.devices import nvidia
+    families = [nvidia.build_family]
+    # One line per family (each module owns its config section and its switch).
+    from hami_py.devices import cambricon; families.append(cambricon.build_family)  # noqa: E702
+    from hami_py.devices import hygon; families.append(hygon.build_family)  # noqa: E702
+    from hami_py.devices import iluvatar; families.append(iluvatar.build_family)  # noqa: E702
+    from hami_py.devices import enflame; families.append(enflame.build_family)  # noqa: E702
+    from hami_py.devices import kunlun; families.append(kunlun.build_family)  # noqa: E702
+    from hami_py.devices import ascend; families.append(ascend.build_family)  # noqa: E702
+    return families
+
+
+def build_vendors(config: DeviceConfig, switches: FamilySwitches | None = None) -> dict[str, DeviceVendor]:
+    """Vendor key -> vendor, for every family the config and the switches enable.
 
     NVIDIA is always built, even without an ``nvidia`` section (then with empty resource names,
     so it matches no container), as upstream always initialises it.
     """
-    vendors: list[DeviceVendor] = [NvidiaVendor(config.nvidia)]
-    return {vendor.vendor_key: vendor for vendor in vendors}
+    switches = switches or FamilySwitches()
+    vendors: dict[str, DeviceVendor] = {}
+    for build in _families():
+        for vendor in build(config, switches):
+            if vendor.vendor_key in vendors:
+                raise ValueError(f"device config: two device kinds share the vendor key {vendor.vendor_key!r}")
+            vendors[vendor.vendor_key] = vendor
+    return vendors
 
 
 def managed_resource_names(vendors: dict[str, DeviceVendor]) -> list[str]:

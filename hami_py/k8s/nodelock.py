@@ -6,11 +6,17 @@ the plugin finds "its" pod by the lock. The lock is the node annotation ``hami.i
 Every write is a merge patch carrying the node's resourceVersion, so the API server refuses it
 (409) when anyone changed the node in between: two schedulers can never both believe they hold it.
 An expired lock, or one whose owner pod no longer exists, is taken over; only the owner releases.
+
+Some device families' plugins also wait for a lock of their own (Cambricon's
+``cambricon.com/dsmlu.lock``, a bare RFC3339 time that expires after 2 minutes). Such a lock is
+set in the same compare-and-set patch as HAMi's, so a bind still costs one write, and it is
+refused while another bind's copy is younger than its expiry.
 """
 from __future__ import annotations
 
 import asyncio
 import random
+from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import structlog
@@ -21,6 +27,13 @@ log = structlog.get_logger(__name__)
 
 LOCK_ANNOTATION = "hami.io/mutex.lock"
 CAS_ATTEMPTS = 5
+
+
+@dataclass(slots=True, frozen=True)
+class ExtraLock:
+    """A family's own node lock: a node annotation holding the time it was taken."""
+    annotation: str
+    expiry_s: float
 
 
 class NodeLockError(Exception):
@@ -52,6 +65,29 @@ def lock_value(namespace: str, name: str, now: datetime | None = None) -> str:
     return f"{now.strftime('%Y-%m-%dT%H:%M:%SZ')},{namespace},{name}"
 
 
+def _now_text() -> str:
+    return datetime.now(timezone.utc).strftime('%Y-%m-%dT%H:%M:%SZ')
+
+
+def _check_extra_locks(node: str, extra: tuple[ExtraLock, ...], held: dict[str, str]) -> None:
+    """Refuse while a family's own lock is younger than its expiry (an unreadable time counts as
+    expired, as a lock nobody can interpret can never be released by its reader either)."""
+    now = datetime.now(timezone.utc)
+    for lock in extra:
+        text = held.get(lock.annotation)
+        if not text:
+            continue
+        try:
+            taken = datetime.fromisoformat(text.strip())
+        except ValueError:
+            continue
+        if taken.tzinfo is None:
+            taken = taken.replace(tzinfo=timezone.utc)
+        if (now - taken).total_seconds() <= lock.expiry_s:
+            raise NodeLockError(f"node {node} has been locked within {go_duration(lock.expiry_s)} "
+                                f"({lock.annotation}): node lock contention", contention=True)
+
+
 def parse_lock(value: str) -> tuple[datetime, str | None, str | None]:
     """(time, owner namespace, owner name); legacy values carry only the time."""
     if "," in value:
@@ -80,18 +116,28 @@ class NodeLocker:
         self.hint = hint
 
     async def _read(self, node: str) -> tuple[str | None, str]:
+        value, rv, _ = await self._read_all(node, ())
+        return value, rv
+
+    async def _read_all(self, node: str, extra: tuple[ExtraLock, ...]) -> tuple[str | None, str, dict[str, str]]:
         obj = await self.client.get(node_path(node))
         meta = obj.get("metadata") or {}
-        return (meta.get("annotations") or {}).get(LOCK_ANNOTATION), meta.get("resourceVersion", "")
+        annotations = meta.get("annotations") or {}
+        return (annotations.get(LOCK_ANNOTATION), meta.get("resourceVersion", ""),
+                {x.annotation: annotations[x.annotation] for x in extra if annotations.get(x.annotation)})
 
-    async def _cas(self, node: str, value: str | None, rv: str) -> None:
-        body = {"metadata": {"annotations": {LOCK_ANNOTATION: value}, "resourceVersion": rv}}
+    async def _cas(self, node: str, value: str | None, rv: str, extra: tuple[ExtraLock, ...] = ()) -> None:
+        annotations: dict[str, str | None] = {LOCK_ANNOTATION: value}
+        for lock in extra:
+            annotations[lock.annotation] = None if value is None else _now_text()
+        body = {"metadata": {"annotations": annotations, "resourceVersion": rv}}
         await self.client.patch(node_path(node), body)
 
-    async def acquire(self, node: str, namespace: str, name: str) -> None:
-        """Take the lock for pod namespace/name, or raise NodeLockError."""
+    async def acquire(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = ()) -> None:
+        """Take the lock for pod namespace/name (and the families' own ``extra`` locks, in the
+        same patch), or raise NodeLockError."""
         suffix = f",{namespace},{name}"
-        seen = self.hint(node) if self.hint is not None else None
+        seen = self.hint(node) if self.hint is not None and not extra else None
         if seen is not None and not seen[0]:
             try:
                 await self._cas(node, lock_value(namespace, name), seen[1])
@@ -100,7 +146,8 @@ class NodeLocker:
                 if not exc.conflict:
                     raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
         for attempt in range(CAS_ATTEMPTS):
-            current, rv = await self._read(node)
+            current, rv, held = await self._read_all(node, extra)
+            _check_extra_locks(node, extra, held)
             if current:
                 try:
                     stamp, owner_ns, owner_name = parse_lock(current)
@@ -115,7 +162,7 @@ class NodeLocker:
                         contention=True)
                 log.info("taking over node lock", node=node, previous=current)
             try:
-                await self._cas(node, lock_value(namespace, name), rv)
+                await self._cas(node, lock_value(namespace, name), rv, extra)
                 return
             except KubeApiError as exc:
                 if not exc.conflict:
@@ -135,17 +182,17 @@ class NodeLocker:
             raise NodeLockError(f"checking node lock owner {namespace}/{name}: {exc}", contention=False) from None
         return False
 
-    async def release(self, node: str, namespace: str, name: str) -> bool:
-        """Drop the lock if (and only if) pod namespace/name holds it. Best effort, never raises:
-        True once the pod holds no lock on the node (released, or never held), False when every
-        attempt failed."""
+    async def release(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = ()) -> bool:
+        """Drop the lock if (and only if) pod namespace/name holds it, with the ``extra`` locks
+        taken alongside it. Best effort, never raises: True once the pod holds no lock on the
+        node (released, or never held), False when every attempt failed."""
         suffix = f",{namespace},{name}"
         for attempt in range(CAS_ATTEMPTS):
             try:
                 current, rv = await self._read(node)
                 if not current or not current.endswith(suffix):
                     return True
-                await self._cas(node, None, rv)
+                await self._cas(node, None, rv, extra)
                 return True
             except KubeApiError as exc:
                 if exc.not_found:

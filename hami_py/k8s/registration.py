@@ -233,7 +233,7 @@ class RegistrationKeeper:
         r.value, r.allocatable, r.register_text = value, count, text
 
     def _publish(self, name: str, records: list[VendorHandshake]) -> None:
-        self.cache.set_plugin_gone(name, any(r.gone and r.registered for r in records))
+        self.cache.set_plugin_gone(name, frozenset(r.vendor.vendor_key for r in records if r.gone and r.registered))
 
     def _wants_write(self, r: VendorHandshake) -> bool:
         if not r.registered or (r.written_over is not _UNSET and r.written_over == r.value):

@@ -22,7 +22,7 @@ import structlog
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
-from hami_py.k8s.nodelock import NodeLocker, NodeLockError, go_duration
+from hami_py.k8s.nodelock import ExtraLock, NodeLocker, NodeLockError, go_duration
 from hami_py.scheduling.requests import parse_pod_requests
 
 log = structlog.get_logger(__name__)
@@ -110,10 +110,11 @@ class Binder:
             self._report(pod, req, message)
             raise BindError(message)
         locked = locking = False
+        needs_lock, extra = self._locks_for(pod)
         try:
-            if self._needs_lock(pod):
+            if needs_lock:
                 locking = True
-                await self._lock(req, pod)
+                await self._lock(req, pod, extra)
                 locked, locking = True, False
                 if reservation is not None and self.cache.live_reservation(req.uid, req.node) is not reservation:
                     # The wait for the lock let the node's registration or the pod change under
@@ -123,7 +124,7 @@ class Binder:
             await self._create_binding(req)
         except (KubeApiError, NodeLockError, BindError) as exc:
             if locked:
-                await self.locker.release(req.node, req.namespace, req.name)
+                await self.locker.release(req.node, req.namespace, req.name, extra=extra)
             if not isinstance(exc, BindOutcomeUnknown):
                 self.cache.release_pod(req.uid)
             # Reading the node is the lock's first step: a 404 there is upstream's missing node.
@@ -160,14 +161,20 @@ class Binder:
         if self.on_result is not None:
             self.on_result(pod, req.node, error)
 
-    def _needs_lock(self, pod: dict) -> bool:
-        """Upstream locks only for pods whose app containers were given devices."""
+    def _locks_for(self, pod: dict) -> tuple[bool, tuple[ExtraLock, ...]]:
+        """Whether the node lock is taken (upstream locks only for pods given devices of a family
+        that locks), and the families' own locks taken with it."""
         usage = self.cache.pods.get((pod.get("metadata") or {}).get("uid", ""))
-        if usage is not None:
-            return bool(usage.entries)
-        return bool(self.cache.pod_usage_from_object(pod))
+        if usage is None:
+            usage = self.cache.pod_usage_from_object(pod)
+        if usage is None:
+            return False, ()
+        families = [self.vendors[key] for key in dict.fromkeys(e.vendor for e in usage.entries) if key in self.vendors]
+        extra = tuple(ExtraLock(v.extra_lock_annotation, v.extra_lock_expiry_s)
+                      for v in families if v.extra_lock_annotation)
+        return any(v.uses_node_lock for v in families) or bool(extra), extra
 
-    async def _lock(self, req: BindRequest, pod: dict) -> None:
+    async def _lock(self, req: BindRequest, pod: dict, extra: tuple[ExtraLock, ...] = ()) -> None:
         """Take the node lock. Held by another pod (its allocation in progress: the device plugin
         releases the lock when it has allocated), wait for the node watch to show it change, for
         up to ``lock_wait_s`` (PodGroup members: ``lock_retry_timeout_s``, as upstream): a bind
@@ -180,7 +187,7 @@ class Binder:
         woken = False
         while True:
             try:
-                await self.locker.acquire(req.node, req.namespace, req.name)
+                await self.locker.acquire(req.node, req.namespace, req.name, extra=extra)
                 return
             except NodeLockError as exc:
                 left = deadline - time.monotonic()
