@@ -95,7 +95,7 @@ def test_compaction_keeps_every_device_column_with_its_device():
     for name in survivors[:200]:
         i = int(name[1:])
         cache.upsert_node(_node(name, MODELS[i % 3], "hami-core", 4, []))
-    assert cache._dead_slots < 1024                         # a compaction happened
+    assert cache.table.dead_slots < 1024                        # a compaction happened
     for name in survivors:
         entry = cache.nodes[name]
         model = MODELS[int(name[1:]) % 3]
