@@ -110,6 +110,11 @@ def test_compaction_keeps_every_device_column_with_its_device():
         if dev_id and cache.vendor[j] >= 0:
             assert (cache.used[j], cache.used_mem[j], cache.used_cores[j]) == recount.get(dev_id, (0, 0, 0))
     assert sum(cache.used_mem) == 2000
+    # The facade's columns (what /filter hands the kernel) are still the table's, compacted.
+    for name in cache.table.kernel_arrays():
+        assert getattr(cache, name) is getattr(cache.table, name), name
+    assert len(cache.total_mem) == len(cache.dev_mig) == len(cache.device_ids) == sum(
+        e.length for e in cache.nodes.values()) + cache.table.dead_slots
 
 
 def test_a_registration_naming_one_device_id_twice_is_refused():
