@@ -26,7 +26,7 @@ from hami_py.devices.template import (
     MISSING, TemplateSpec, TemplateVendor, ensure_limits, lookup, resource_lists, rounded_quantity,
     whole_number,
 )
-from hami_py.quantity import INT32_MAX, parse_exact_int
+from hami_py.quantity import INT64_MAX, parse_exact_int
 from hami_py.reasons import NUMA_NOT_FIT
 
 # -- names ---------------------------------------------------------------------------------------
@@ -296,7 +296,9 @@ class VXPUVendor(TemplateVendor):
         raw = lookup(limits, requests, spec.memory_resource)
         if raw is MISSING:
             return 0
-        mib = whole_number(container, spec.memory_resource, raw, low=0, high=INT32_MAX, unit="MiB")
+        # Any whole number is a share size: above half a card is the whole card, as upstream
+        # (and as the webhook rounds "24Gi").
+        mib = whole_number(container, spec.memory_resource, raw, low=0, high=INT64_MAX, unit="MiB")
         return round_vxpu_memory(mib)
 
     def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
