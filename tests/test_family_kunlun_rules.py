@@ -64,3 +64,29 @@ async def test_vxpu_shares_of_one_size_share_a_card(api, app, extender):
     [[half]] = decode_pod_devices(_annotations(api, "h1")["hami.io/xpu-devices-allocated"])
     assert half.uuid != dev.uuid and (half.usedmem, half.usedcores) == (49152, 50)
     assert_books_balance(app)
+
+
+async def test_two_cards_on_an_empty_board_come_from_one_group(api, app, extender):
+    names = await register_nodes(api, app, kunlun_node("k1", cards="8"))
+    _, result = await place(api, extender, xpu_pod("pair", {"kunlunxin.com/xpu": "2"}), names)
+    assert result["NodeNames"] == ["k1"], result
+    ann = _annotations(api, "pair")
+    assert ann["BAIDU_COM_DEVICE_IDX"] == "0,1"
+    assert ann["hami.io/kunlun-allocated"] == "k1-kunlun-0,kunlun,98304,100:k1-kunlun-1,kunlun,98304,100:;"
+    assert_books_balance(app)
+
+
+async def test_a_card_holding_a_quarter_takes_only_quarters(api, app, extender):
+    one = [dict(XPU_CARDS[0])]
+    names = await register_nodes(api, app, kunlun_node("v1", xpu_register=orjson.dumps(one).decode()))
+    _, result = await place(api, extender, xpu_pod("q1", {"kunlunxin.com/vxpu": "1",
+                                                          "kunlunxin.com/vxpu-memory": "24576"}), names)
+    assert result["NodeNames"] == ["v1"], result
+    _, result = await place(api, extender, xpu_pod("h1", {"kunlunxin.com/vxpu": "1",
+                                                          "kunlunxin.com/vxpu-memory": "49152"}), names)
+    assert result["NodeNames"] is None and "v1" in result["FailedNodes"], result
+    _, result = await place(api, extender, xpu_pod("q2", {"kunlunxin.com/vxpu": "1",
+                                                          "kunlunxin.com/vxpu-memory": "24576"}), names)
+    assert result["NodeNames"] == ["v1"], result
+    assert [d["usedmem"] for d in app.cache.device_usage("v1")] == [49152]
+    assert_books_balance(app)
