@@ -5,7 +5,6 @@ Placement that depends on the kernel's FLAG_* rules is in test_family_kunlun_rul
 from __future__ import annotations
 
 import itertools
-import random
 from array import array
 
 import orjson
@@ -284,7 +283,8 @@ def test_vxpu_without_memory_is_a_whole_card_and_memory_is_read_from_requests_to
 # -- selectors --------------------------------------------------------------------------------------
 
 def test_both_uuid_annotation_families_select_cards():
-    dev = lambda i: DeviceInfo(id=f"k1-kunlun-{i}", index=i, count=100, devmem=1, devcore=100, type="kunlun")  # noqa: E731
+    def dev(i):
+        return DeviceInfo(id=f"k1-kunlun-{i}", index=i, count=100, devmem=1, devcore=100, type="kunlun")
     assert WHOLE.device_selector({}, {}) is None
     select = WHOLE.device_selector({"hami.io/use-xpu-uuid": "k1-kunlun-0,k1-kunlun-1",
                                     "baidu.com/use-gpuuuid": "k1-kunlun-1"}, {})
@@ -400,7 +400,8 @@ async def test_a_garbled_xpu_registration_is_refused_while_the_nodes_gpus_work(a
 
 async def test_a_garbled_capacity_is_refused_precisely_end_to_end(api, app, extender):
     names = await register_nodes(api, app, kunlun_node("bad", cards="2.5", gpus=1))
-    assert app.cache.nodes["bad"].decode_error == "kunlunxin.com/xpu capacity: kunlunxin.com/xpu '2.5' is not a whole number of cards"
+    assert app.cache.nodes["bad"].decode_error == \
+        "kunlunxin.com/xpu capacity: kunlunxin.com/xpu '2.5' is not a whole number of cards"
     _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000, gpucores=10), names)
     assert result["NodeNames"] == ["bad"], result
 
@@ -418,7 +419,8 @@ async def test_a_malformed_request_is_refused_with_its_value(api, app, extender)
 async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, extender):
     names = await register_nodes(api, app, kunlun_node("k1", cards="8"))
     pod = xpu_pod("legacy", {"kunlunxin.com/xpu": "2"}, annotations={
-        "hami.io/vgpu-node": "k1", "hami.io/kunlun-allocated": "k1-kunlun-0,kunlun,98304,100:k1-kunlun-4,kunlun,98304,100:;",
+        "hami.io/vgpu-node": "k1",
+        "hami.io/kunlun-allocated": "k1-kunlun-0,kunlun,98304,100:k1-kunlun-4,kunlun,98304,100:;",
         "BAIDU_COM_DEVICE_IDX": "0,4"})
     pod["spec"]["nodeName"] = "k1"
     pod["status"]["phase"] = "Running"

@@ -216,7 +216,8 @@ def decode_drs_capacity(text: str, node: str) -> list[DeviceInfo]:
         raw_capacity = _field(dev, "capacity")
         capacity = _capacity(raw_capacity)
         if capacity is None or capacity <= 0:
-            raise DeviceDecodeError(f'device {position}: field "capacity": {raw_capacity!r} is not a positive slice count')
+            raise DeviceDecodeError(
+                f'device {position}: field "capacity": {raw_capacity!r} is not a positive slice count')
         minor = (minor or "").strip() or str(index)
         out.append(DeviceInfo(id=f"{node}-enflame-drs-{index}", index=index, count=capacity, devmem=max_mem * 1024,
                               devcore=100, type=DRS_KEY, health=True,
