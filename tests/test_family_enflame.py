@@ -6,7 +6,9 @@ import pytest
 
 from hami_py.config import ConfigError, DeviceConfig
 from hami_py.devices import enflame
-from hami_py.devices.base import ContainerDevice, ContainerRequest, DeviceDecodeError, NodeView, RequestError
+from hami_py.devices.base import (
+    ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, NodeView, RequestError,
+)
 from hami_py.devices.enflame import (
     DrsAssignment, DrsProfile, DrsRequest, EnflameConfig, collect_profiles, drs_annotations, parse_profile,
     select_profile,
@@ -106,6 +108,12 @@ def test_profile_names_and_the_profile_choice():
     assert select_profile(profiles, DrsRequest(direct=False, memory=16384)).name == "3g.20gb"    # MiB
     assert select_profile(profiles, DrsRequest(direct=False, cores=60)).name == "6g.40gb"
     assert select_profile(profiles, DrsRequest(direct=False, memory=41)) is None
+    # upstream's TestFit_SelectProfileByMemoryCoreRequest: 20480 MiB and 40 % on a card whose custom
+    # info has no maxSlice (it is then read from the profile names) -> 3g.20gb, charged 20480 / 50.
+    bare = [DeviceInfo(id="node-a-enflame-drs-0", index=0, count=6, devmem=40960, devcore=0, type="Enflame",
+                       health=True, custom={"minor": "0", "index": "0", "profiles": devices[0].custom["profiles"]})]
+    chosen = select_profile(collect_profiles(bare), DrsRequest(direct=False, memory=20480, cores=40))
+    assert (chosen.name, chosen.id, chosen.memory_gb * 1024, chosen.core_percent) == ("3g.20gb", "1", 20480, 50)
 
 
 def test_drs_requests_are_parsed_then_refused_until_the_kernel_can_charge_them():
