@@ -24,7 +24,7 @@ from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.k8s.registration import is_requesting
 from hami_py.reasons import CARD_UUID_MISMATCH, MODE_NOT_FIT, OK
-from tests.conftest import assert_books_balance, keeper_passes, place, register_nodes, wait_until
+from tests.conftest import assert_books_balance, create_quota, keeper_passes, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 ON = FamilySwitches(enable_ascend=True)
@@ -641,7 +641,30 @@ async def test_hami_core_pod_goes_only_to_nodes_running_the_soft_split(api, app,
     # A hard-split pod is welcome on either.
     _, result = await place(api, extender, npu_pod("hard-1", memory=16384), ["hard"])
     assert result["NodeNames"] == ["hard"]
+    # A node whose plugin writes no hami-vnpu-core follows vnpus.hamiVnpuCore (false in the chart).
+    legacy = npu_node("legacy", {"Ascend910B3": 2})
+    del legacy["metadata"]["annotations"]["hami-vnpu-core"]
+    await register_nodes(api, app, legacy)
+    _, result = await place(api, extender, npu_pod("soft-3", memory=10000, soft=True), ["legacy"])
+    assert result["FailedNodes"] == {"legacy": "2/2 ModeNotFit"}
     assert_books_balance(app)
+
+
+async def test_global_hami_vnpu_core_applies_where_the_node_says_nothing(api):
+    config = DeviceConfig.default()
+    config.other_sections["vnpus"]["hamiVnpuCore"] = True
+    legacy = npu_node("legacy", {"Ascend910B3": 2})
+    del legacy["metadata"]["annotations"]["hami-vnpu-core"]
+    async with running_scheduler(api, options=embedded_options(enable_ascend=True), device_config=config) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            names = await register_nodes(api, app, legacy, npu_node("hard", {"Ascend910B3": 2}))
+            _, result = await place(api, extender, npu_pod("soft-1", memory=10000, cores=20, soft=True), names)
+            assert result["NodeNames"] == ["legacy"], result
+            _, result = await place(api, extender, npu_pod("soft-2", memory=10000, soft=True), ["hard"])
+            assert result["FailedNodes"] == {"hard": "2/2 ModeNotFit"}
+        finally:
+            await extender.close()
 
 
 async def test_garbled_registration_is_refused_and_the_nodes_other_families_still_work(api, app, extender):
@@ -666,6 +689,17 @@ async def test_malformed_ascend_request_is_refused_precisely(api, app, extender)
     assert 'huawei.com/Ascend910B3-memory "16Gi" is out of range: Ascend memory is in MiB' in result["Error"]
     assert "default/bad" in result["Error"]
     assert all(d["usedmem"] == 0 for d in app.cache.device_usage("ascend-1"))
+
+
+async def test_namespace_quota_on_npu_memory_is_enforced(api, app, extender):
+    names = await register_nodes(api, app, npu_node("ascend-1", {"Ascend910B3": 8}))
+    await create_quota(api, app, {"limits.huawei.com/Ascend910B3-memory": "40000"}, namespace="default")
+    _, result = await place(api, extender, npu_pod("first", memory=32768), names)
+    assert result["NodeNames"] == ["ascend-1"]
+    _, result = await place(api, extender, npu_pod("second", memory=16384), names)
+    assert result["NodeNames"] is None
+    assert result["FailedNodes"] == {"ascend-1": "8/8 ResourceQuotaNotFit"}
+    assert_books_balance(app)
 
 
 async def test_allocation_is_read_back_after_a_restart(api, app, extender):
