@@ -330,3 +330,42 @@ async def test_admission_over_http(api, app, extender):
     assert status == 200 and answer["response"]["allowed"] is False
     assert answer["response"]["status"]["message"] == \
         f'container "main": {MEMORY} "99999999999" is out of range: must be between 0 and 2147483647 MiB'
+
+
+async def test_pod_asking_for_gpu_and_dcu_binds_under_one_node_lock(api, app, extender):
+    """Inventory row lock-reentrant: NVIDIA and Hygon both lock ``hami.io/mutex.lock``; one lock
+    annotation serves both families and the bind succeeds."""
+    from hami_py.fakeapi.objects import gpu_node
+    node = gpu_node("nv-dcu", gpus=1, annotations={REGISTER: REGISTRATION, HANDSHAKE: "Reported 2026-01-01 00:00:00"})
+    node["status"]["allocatable"][COUNT] = "8"
+    names = await register_nodes(api, app, node)
+    both = pod("both", {"name": "cuda", "image": "cuda:12", "resources": {"limits": {
+        "nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}},
+        ctr(limits={COUNT: "1", MEMORY: "1024", CORES: "10"}, name="dtk"))
+    stored, result = await place(api, extender, both, names)
+    assert result["NodeNames"] == ["nv-dcu"], result
+    ann = api.get("pods", "both", namespace="default")["metadata"]["annotations"]
+    assert [len(c) for c in decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])] == [1, 0]
+    assert [len(c) for c in decode_pod_devices(ann[ALLOCATED])] == [0, 1]
+    before = app.device_plugin.allocated
+    assert (await extender.bind(stored, "nv-dcu"))["Error"] == ""
+    await wait_until(lambda: app.device_plugin.allocated > before, "device plugin allocation")
+    assert api.get("pods", "both", namespace="default")["spec"]["nodeName"] == "nv-dcu"
+    assert "hami.io/mutex.lock" not in api.get("nodes", "nv-dcu")["metadata"]["annotations"]
+    assert_books_balance(app)
+
+
+@pytest.mark.parametrize("scheduler_options", [embedded_options(registration_interval_s=0.05)])
+async def test_a_gone_dcu_plugin_drops_only_the_dcus_of_the_node(api, app, extender):
+    """Upstream's health is per vendor: the node's GPUs stay schedulable."""
+    from hami_py.fakeapi.objects import gpu_node, gpu_pod
+    node = gpu_node("nd", gpus=1, annotations={REGISTER: REGISTRATION, HANDSHAKE: _stale_request()})
+    node["status"]["allocatable"][COUNT] = "0"
+    api.create("nodes", node)
+    await wait_until(lambda: HANDSHAKE not in api.get("nodes", "nd")["metadata"]["annotations"],
+                     "the gone DCU plugin's handshake removed")
+    await wait_until(lambda: "nd" in app.cache.node_index_of, "node usable")
+    _, result = await place(api, extender, pod("dcu", ctr(limits={COUNT: "1", MEMORY: "1024"})), ["nd"])
+    assert result["FailedNodes"] == {"nd": "NodeInsufficientDevice"}, result
+    _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000), ["nd"])
+    assert result["NodeNames"] == ["nd"], result
