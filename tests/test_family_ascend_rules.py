@@ -206,15 +206,16 @@ def scheduler_options():
 
 async def test_several_910b3_npus_come_from_one_network(api, app, extender):
     names = await register_nodes(api, app, npu_node("ascend-1", {"Ascend910B3": 8}))
-    seed = npu_uuid("ascend-1", "Ascend910B3", 0)
+    seed = npu_uuid("ascend-1", "Ascend910B3", 7)
     _, result = await place(api, extender, npu_pod("seed", memory=16384,
                                                    annotations={"hami.io/use-Ascend910B3-uuid": seed}), names)
     assert result["NodeNames"] == ["ascend-1"]
-    # NPU 0 cannot give a whole NPU any more: network 0 has 3 left, network 1 has 4.
+    # NPU 7 cannot give a whole NPU any more: network 1 has 3 left, network 0 has 4. (First-fit
+    # would walk 6, 5, 4, 3 across both networks.)
     _, result = await place(api, extender, npu_pod("train", count=4, memory=65536), names)
     assert result["NodeNames"] == ["ascend-1"], result
     ann, devices = _allocated(api, "train", "Ascend910B3")
-    assert {d.uuid for d in devices[0]} == {npu_uuid("ascend-1", "Ascend910B3", i) for i in (4, 5, 6, 7)}
+    assert {d.uuid for d in devices[0]} == {npu_uuid("ascend-1", "Ascend910B3", i) for i in (0, 1, 2, 3)}
     runtime = orjson.loads(ann["huawei.com/Ascend910B3"])
     assert [r["memory"] for r in runtime] == [65536] * 4 and all("temp" not in r for r in runtime)
     assert_books_balance(app)
@@ -222,15 +223,15 @@ async def test_several_910b3_npus_come_from_one_network(api, app, extender):
 
 async def test_910c_pods_get_whole_modules(api, app, extender):
     names = await register_nodes(api, app, npu_node("super-1", {"Ascend910C": 8}))
-    busy = ",".join(npu_uuid("super-1", "Ascend910C", i) for i in (4, 5, 6, 7))
-    _, result = await place(api, extender, npu_pod("busy", "Ascend910C", count=4,
-                                                   annotations={"hami.io/use-Ascend910C-uuid": busy}), names)
-    assert result["NodeNames"] == ["super-1"], result
-    # hami-features v-ascend: NPUs 0-3 free → the four NPUs of modules 0 and 1.
+    for i in (1, 6):     # modules 0 and 3 half taken (single NPUs are first-fit)
+        _, result = await place(api, extender, npu_pod(f"busy-{i}", "Ascend910C", annotations={
+            "hami.io/use-Ascend910C-uuid": npu_uuid("super-1", "Ascend910C", i)}), names)
+        assert result["NodeNames"] == ["super-1"], result
+    # Free: 0, 2, 3, 4, 5, 7. First-fit would walk 7, 5, 4, 3; whole modules are 1 and 2.
     _, result = await place(api, extender, npu_pod("job", "Ascend910C", count=4), names)
     assert result["NodeNames"] == ["super-1"], result
     ann, devices = _allocated(api, "job", "Ascend910C")
-    assert sorted(d.uuid for d in devices[0]) == sorted(npu_uuid("super-1", "Ascend910C", i) for i in range(4))
+    assert sorted(d.uuid for d in devices[0]) == sorted(npu_uuid("super-1", "Ascend910C", i) for i in (2, 3, 4, 5))
     assert len(orjson.loads(ann["huawei.com/Ascend910C"])) == 4
     assert_books_balance(app)
 
@@ -251,8 +252,9 @@ async def test_node_score_prefers_the_node_whose_npus_share_a_network(api, app, 
     spread_out = npu_registration("scattered", "Ascend910B3", 8)
     for i, dev in enumerate(spread_out):
         dev["custominfo"] = {"NetworkID": i}
-    names = await register_nodes(api, app, npu_node("grouped", {"Ascend910B3": 8}),
-                                 npu_node("scattered", registrations={"Ascend910B3": spread_out},
-                                          allocatable={"huawei.com/Ascend910B3": "32"}))
+    # Listed first, so a tie (no NetworkID term) would give it the pod.
+    names = await register_nodes(api, app, npu_node("scattered", registrations={"Ascend910B3": spread_out},
+                                                    allocatable={"huawei.com/Ascend910B3": "32"}),
+                                 npu_node("grouped", {"Ascend910B3": 8}))
     _, result = await place(api, extender, npu_pod("train", count=4, memory=65536), names)
     assert result["NodeNames"] == ["grouped"], result

@@ -26,7 +26,6 @@ from hami_py.devices.base import (
     FLAG_CHOOSE, Chooser, DeviceDecodeError, DeviceInfo, DeviceSelector, PodDevices, RequestError,
 )
 from hami_py.devices.codec import decode_json_devices, encode_pod_devices
-from hami_py.devices.gates import uuid_selector
 from hami_py.devices.template import (
     MISSING, TemplateSpec, TemplateVendor, append_env, ensure_limits, lookup, request_error, resource_lists,
     rounded_quantity, whole_number,
@@ -196,6 +195,8 @@ class AscendVendor(TemplateVendor):
         if config.common_word == topology.ASCEND910C and config.super_pod:
             if count == 1:
                 # The smallest unit of a super-pod 910C is one module: its two NPUs.
+                log.info("Ascend910C request of 1 NPU raised to one module (2 NPUs)", container=name,
+                         pod=(pod.get("metadata") or {}).get("name", ""))
                 limits[count_name] = "2"
                 if count_name in requests:
                     requests[count_name] = "2"
