@@ -101,7 +101,8 @@ def test_model_lookup_by_name_and_family():
 
 # -- the kind demo's patches ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("fake_device", ["ascend910b3", "mlu370", "kunlun", "kunlun-vxpu", "z100", "gcu"])
+@pytest.mark.parametrize("fake_device", ["ascend910b3", "ascend910b4", "ascend310p", "mlu370", "kunlun",
+                                         "kunlun-vxpu", "z100", "gcu"])
 def test_kind_patch_decodes(fake_device):
     """What hack/kind/fake-gpu-nodes.sh applies for FAKE_DEVICE=<family>, decoded by the family."""
     module, vendor_key, count, devmem, _ = EXPECTED[fake_device]
@@ -119,9 +120,34 @@ def test_kind_patch_decodes(fake_device):
     assert len(devices) == count and {d.devmem for d in devices} == {devmem}
 
 
-def test_kind_scripts_name_every_fake_device():
-    script = (ROOT / "hack/kind/fake-gpu-nodes.sh").read_text()
-    assert "hami_py.fakeapi.families" in script
+@pytest.mark.parametrize("fake_device", ["ascend910b3", "mlu370", "kunlun", "kunlun-vxpu", "z100", "gcu"])
+def test_kind_demo_pods_ask_for_the_family(fake_device):
+    """The demo pods of each FAKE_DEVICE parse as requests of that family's vendor."""
+    from hami_py.devices.registry import build_vendors
+    from hami_py.scheduling.requests import parse_pod_requests
+    module, vendor_key, *_ = EXPECTED[fake_device]
+    family_vendors(module)
+    vendors = build_vendors(DeviceConfig.default(), SWITCHES)
+    out = subprocess.run([sys.executable, "-m", "hami_py.fakeapi.families", "--family", fake_device,
+                          "--demo-pods", "hami-demo"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    lines = out.splitlines()
+    assert lines
+    for line in lines:
+        name, text = line.split("\t")
+        pod = json.loads(text)
+        pod["metadata"].setdefault("annotations", {})
+        assert pod["metadata"]["name"] == name and pod["metadata"]["namespace"] == "hami-demo"
+        request = parse_pod_requests(pod, vendors, {k: i for i, k in enumerate(vendors)})
+        assert request is not None
+        assert {key for per_container in request.per_container for key in per_container} == {vendor_key}
+
+
+def test_kind_scripts_take_the_family_from_fake_device():
+    env = (ROOT / "hack/kind/env.sh").read_text()
+    assert "hami_py.fakeapi.families" in env and 'FAKE_DEVICE="${FAKE_DEVICE:-nvidia}"' in env
+    assert "families --family" in (ROOT / "hack/kind/fake-gpu-nodes.sh").read_text()
+    assert "--demo-pods" in (ROOT / "hack/kind/demo.sh").read_text()
+    assert "export FAKE_DEVICE" in (ROOT / "Makefile").read_text()
     for line in subprocess.run([sys.executable, "-m", "hami_py.fakeapi.families", "--list"], cwd=ROOT,
                                capture_output=True, text=True, check=True).stdout.splitlines():
         assert line.split()[0] in BY_KEY
