@@ -44,6 +44,10 @@ kind-up:
 kind-deploy: image
 	hack/kind/deploy.sh
 
+# FAKE_DEVICE: the device family the demo fakes on the workers (nvidia, ascend910b3, mlu370,
+# kunlun, ...: python -m hami_py.fakeapi.families --list).
+FAKE_DEVICE ?= nvidia
+kind-demo: export FAKE_DEVICE := $(FAKE_DEVICE)
 kind-demo:
 	hack/kind/demo.sh
 

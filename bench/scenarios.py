@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -35,7 +35,10 @@ from bench.load import filter_body, filter_outcome, post, run_filters, run_sched
 from bench.cluster import PLUGIN_PERIOD_S
 from bench.procs import BenchError, ClusterProcess, SchedulerProcess, parse_prometheus, process_cpu_seconds
 from bench.profiling import Profiler
-from bench.seed import BENCH_NAMESPACE, ClusterShape, blocker_name, node_name, node_names
+
+from bench.seed import (
+    BENCH_NAMESPACE, FAMILY_VENDOR, ClusterShape, blocker_name, mixed_unavailable, node_name, node_names,
+)
 
 PHASES = ("filter", "requests", "schedule", "burst", "lag", "contention")
 POD_EVENTS = 'hami_watch_events_total{resource="pods"}'
@@ -80,6 +83,13 @@ class ClusterPlan:
     request_count_pods: int = 0        # pods whose API requests are counted (kube-scheduler's pattern)
     manifest_budget: bool = False      # start the scheduler with manifests/deployment.yaml's --kube-qps/--kube-burst
     contention: ContentionPlan | None = None
+    # The /filter stream's pods, round robin: None is NVIDIA's (1 GPU, 4 GiB, 10 %), else a
+    # family key of bench.seed.FAMILY_LIMITS (one Ascend 910B3 share, one Kunlun XPU ...).
+    filter_families: tuple[str | None, ...] = (None,)
+    scheduler_args: tuple[str, ...] = ()
+    # Run an all-NVIDIA cluster of the same size first and report this one's /filter beside it
+    # (the mixed scenario: results["mixed"], not a row of the cluster tables).
+    compare_with_nvidia: bool = False
 
 
 @dataclass(frozen=True)
@@ -120,6 +130,12 @@ FULL = Plan(
         # per allocation: time to all bound, and how many binds met a held node lock.
         ClusterPlan("contention", ClusterShape(3, 8, probe_nodes=1), concurrencies=(),
                     contention=ContentionPlan(pods=50, allocation_delay_s=0.1)),
+        # 1 000 nodes: 500 NVIDIA, 300 Ascend 910B3, 200 Kunlun P800, 8 devices each, 8 000 pods;
+        # /filter for a stream of each family's pods, beside an all-NVIDIA 1 000-node cluster
+        # measured in the same run (MIXED_RATIO_TARGET).
+        ClusterPlan("mixed", ClusterShape(1000, 8000, probe_nodes=2, layout="mixed"), 1000,
+                    phase_time_limit_s=40.0, filter_rounds=3, filter_families=(None, "ascend910b3", "kunlun"),
+                    scheduler_args=("--enable-ascend=true",), compare_with_nvidia=True),
     ),
 )
 
@@ -132,10 +148,14 @@ QUICK = Plan(
                     EventsPlan(burst_pods=1000, load_rate=20_000, load_seconds=1.5, idle_probes=5,
                                replay_seconds=0.5),
                     phase_time_limit_s=5.0),
+        ClusterPlan("mixed", ClusterShape(100, 800, probe_nodes=2, layout="mixed"), 60, concurrencies=(1,),
+                    phase_time_limit_s=5.0, filter_families=(None, "ascend910b3", "kunlun"),
+                    scheduler_args=("--enable-ascend=true",), compare_with_nvidia=True),
     ),
 )
 
 PLANS = {"full": FULL, "quick": QUICK}
+MIXED_RATIO_TARGET = 1.3      # mixed-cluster /filter p50 and p99 over the all-NVIDIA cluster's
 
 
 class Sentinel:
@@ -242,12 +262,13 @@ class Context:
         """Every pod event committed so far has been applied by the scheduler."""
         await self.sentinel().lag()
 
-    async def pending(self, count: int, *, what: str, annotations: dict | None = None) -> list[dict]:
+    async def pending(self, count: int, *, what: str, annotations: dict | None = None,
+                      families: tuple[str | None, ...] = (None,)) -> list[dict]:
         if count <= 0:
             return []
         return await self.cluster.call("POST", "/pending", {
             "prefix": self.prefix(what), "count": count, "gpus": 1, "gpumem": 4096, "gpucores": 10,
-            "annotations": annotations or {}})
+            "annotations": annotations or {}, "families": list(families)})
 
     async def cleanup(self, pods: list[dict]) -> None:
         """Delete the pods a measurement made; return once the scheduler has applied it."""
@@ -333,7 +354,9 @@ async def phase_filter(ctx: Context) -> list[dict]:
 
 
 async def _filter_round(ctx: Context, concurrency: int) -> dict:
-    pods = await ctx.pending(ctx.plan.filter_samples + WARMUP_REQUESTS, what=f"filter-c{concurrency}")
+    families = ctx.plan.filter_families
+    pods = await ctx.pending(ctx.plan.filter_samples + WARMUP_REQUESTS, what=f"filter-c{concurrency}",
+                             families=families)
     bodies = [filter_body(orjson.dumps(p), ctx.names_raw) for p in pods]
     await run_filters(ctx.session, ctx.scheduler.url, bodies[:WARMUP_REQUESTS], concurrency=concurrency,
                       time_limit_s=ctx.plan.phase_time_limit_s)
@@ -350,6 +373,12 @@ async def _filter_round(ctx: Context, concurrency: int) -> dict:
            "patch_mean_ms": _patch_mean_ms(before, after),
            "server_cpu_ms": 1000 * used["cpu_s"] / n if n else float("nan"),
            "outcomes": dict(run.outcomes), "errors": dict(run.errors)}
+    if len(families) > 1 and concurrency == 1:   # one at a time: latency k is body k's
+        by_family: dict[str, list[float]] = {}
+        for k, latency in enumerate(run.latencies):
+            family = families[(WARMUP_REQUESTS + k) % len(families)]
+            by_family.setdefault(FAMILY_VENDOR.get(family, "NVIDIA"), []).append(latency)
+        row["by_family"] = {name: summarize_ms(values) for name, values in by_family.items()}
     await ctx.cleanup(pods)
     return row
 
@@ -553,12 +582,14 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
     if budget:   # as the scheduler got them: a later --scheduler-arg overrides the manifest's
         result["scheduler_args"] = [*budget, *scheduler_args]
     scheduler = SchedulerProcess(kubeconfig=cluster.kubeconfig, log_path=workdir / "scheduler.log", wrap=wrap,
-                                 extra_args=[*budget, *scheduler_args], extra_env=dict(scheduler_env or {}))
+                                 extra_args=[*budget, *plan.scheduler_args, *scheduler_args],
+                                 extra_env=dict(scheduler_env or {}))
     try:
         await cluster.start()
         say(f"[{plan.name}] seeding {shape.nodes} nodes, {shape.pods} pods")
         seeded = await cluster.call("POST", "/seed", {"nodes": shape.nodes, "pods": shape.pods,
-                                                      "probe_nodes": shape.probe_nodes, "seed": shape.seed})
+                                                      "probe_nodes": shape.probe_nodes, "seed": shape.seed,
+                                                      "layout": shape.layout})
         result["seed_s"] = seeded["seconds"]
         scheduler.start()
         result["ready_s"] = await scheduler.wait_ready(session)
@@ -604,3 +635,40 @@ def manifest_budget_args() -> list[str]:
     if len(wanted) != 2:
         raise BenchError(f"manifests/deployment.yaml gives hami-py {wanted}, not --kube-qps and --kube-burst")
     return wanted
+
+
+async def run_mixed(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdir: Path,
+                    say=lambda text: None, **kwargs) -> dict:
+    """The mixed-cluster /filter figure beside the all-NVIDIA one, from the same run: the same
+    N and P, all NVIDIA, measured first, then the mixed cluster with its mixed pod stream.
+    Skipped (with the reason) while a family it needs has no vendor yet."""
+    reason = mixed_unavailable()
+    if reason:
+        say(f"[{plan.name}] skipped: {reason}")
+        return {"name": plan.name, "skipped": reason}
+    baseline_plan = replace(plan, name=f"{plan.name}-nvidia", shape=replace(plan.shape, layout="nvidia"),
+                            filter_families=(None,), scheduler_args=(), compare_with_nvidia=False)
+    mixed_plan = replace(plan, compare_with_nvidia=False)
+    out: dict = {"name": plan.name, "nodes": plan.shape.nodes, "pods": plan.shape.pods,
+                 "families": [FAMILY_VENDOR.get(f, "NVIDIA") for f in plan.filter_families],
+                 "target_ratio": MIXED_RATIO_TARGET}
+    for key, cluster_plan in (("nvidia", baseline_plan), ("mixed", mixed_plan)):
+        t0 = time.monotonic()
+        out[key] = await run_cluster(cluster_plan, session=session, workdir=workdir / cluster_plan.name,
+                                     phases=("filter",), say=say, **kwargs)
+        out[key]["seconds"] = time.monotonic() - t0
+    out["ratios"] = mixed_ratios(out)
+    return out
+
+
+def mixed_ratios(result: dict) -> list[dict]:
+    """Per concurrency: mixed p50 and p99 over the all-NVIDIA cluster's."""
+    rows = []
+    base = {r["concurrency"]: r for r in result["nvidia"].get("filter", [])}
+    for r in result["mixed"].get("filter", []):
+        b = base.get(r["concurrency"])
+        if b is None:
+            continue
+        rows.append({"concurrency": r["concurrency"], "p50": r["p50"] / b["p50"] if b["p50"] else float("nan"),
+                     "p99": r["p99"] / b["p99"] if b["p99"] else float("nan")})
+    return rows

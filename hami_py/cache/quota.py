@@ -1,7 +1,7 @@
 """Namespace ResourceQuotas on device memory and cores, and what the namespace's pods use of them.
 
-Upstream tracks only ``spec.hard`` keys ``limits.<memory or core resource>`` (for NVIDIA
-``limits.nvidia.com/gpumem`` and ``limits.nvidia.com/gpucores``) with exact integer values. Usage is
+Upstream tracks only ``spec.hard`` keys ``limits.<memory or core resource>`` (the names each family's
+``quota_resources()`` gives, e.g. ``limits.<vendor>/gpumem``) with exact integer values. Usage is
 the sum of the namespace's pod allocations as the usage cache charges them, updated as the cache
 changes, so a filter reads the headroom in O(1). When several quotas in one namespace limit the
 same resource, the smallest limit applies (Kubernetes enforces every quota; upstream keeps whichever

@@ -18,7 +18,7 @@ Deliberate differences from upstream (docs/COMPATIBILITY.md):
 * The patch lists only the fields the webhook changed. Upstream diffs the submitted JSON with
   its Go re-encoding of the pod, so it can also rewrite fields it does not touch (canonical
   quantities, dropped unknown fields).
-* A device request that is present but malformed (``nvidia.com/gpu: "1.5"``) is refused at
+* A device request that is present but malformed (a device count of ``"1.5"``) is refused at
   admission with the reason. Upstream admits the pod, which is later bound without devices.
 * The quota check falls back to the review's namespace when the pod object carries none.
 """
@@ -371,7 +371,7 @@ def json_patch(before: object, after: object) -> list[dict]:
 
 
 def _escape(token: str) -> str:
-    # RFC 6901: "~" first, then "/" ("nvidia.com/gpu" becomes "nvidia.com~1gpu").
+    # RFC 6901: "~" first, then "/" ("example.com/gpu" becomes "example.com~1gpu").
     return token.replace("~", "~0").replace("/", "~1")
 
 
