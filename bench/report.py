@@ -299,14 +299,18 @@ def render_mixed(results: dict) -> list[str]:
         q = ratios.get(r["concurrency"])
         if b is None or q is None:
             continue
+        cpu = q.get("server_cpu_ms")
         rows.append([str(r["concurrency"]), f"{_num(b['p50'], 2)} / {_num(b['p99'], 2)}",
                      f"{_num(r['p50'], 2)} / {_num(r['p99'], 2)}", f"{q['p50']:.2f}× / {q['p99']:.2f}×",
+                     f"{_num(b['server_cpu_ms'], 2)} / {_num(r['server_cpu_ms'], 2)}"
+                     + (f" ({cpu:.2f}×)" if cpu is not None and math.isfinite(cpu) else ""),
                      f"{r['outcomes'].get('placed', 0)}/{r['n']}",
                      f"≤ {target:g}× {_verdict(q['p50'] <= target and q['p99'] <= target)}"])
     out = [f"**mixed cluster /filter** (ms, p50 / p99; N={m['nodes']:,}, P={m['pods']:,}: 50 % NVIDIA, 30 % "
            "Ascend 910B3, 20 % Kunlun P800, 8 devices a node; the pod stream cycles "
            f"{', '.join(m['families'])}; the all-NVIDIA cluster of the same N and P measured in the same run)", ""]
-    out += _table(["conc", "all NVIDIA", "mixed", "ratio", "placed (mixed)", "target"], rows)
+    out += _table(["conc", "all NVIDIA", "mixed", "ratio", "server CPU ms/req (NVIDIA / mixed)", "placed (mixed)",
+                   "target (p50 and p99)"], rows)
     one = next((r for r in m["mixed"].get("filter", []) if r.get("by_family")), None)
     if one:
         out += ["", "by family at concurrency 1 (p50 / p99 ms): " + "; ".join(

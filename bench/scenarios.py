@@ -669,6 +669,8 @@ def mixed_ratios(result: dict) -> list[dict]:
         b = base.get(r["concurrency"])
         if b is None:
             continue
-        rows.append({"concurrency": r["concurrency"], "p50": r["p50"] / b["p50"] if b["p50"] else float("nan"),
-                     "p99": r["p99"] / b["p99"] if b["p99"] else float("nan")})
+        def ratio(key: str) -> float:
+            return r[key] / b[key] if b.get(key) else float("nan")
+        rows.append({"concurrency": r["concurrency"], "p50": ratio("p50"), "p99": ratio("p99"),
+                     "server_cpu_ms": ratio("server_cpu_ms")})
     return rows
