@@ -410,7 +410,8 @@ class EnflameDRSVendor(DeviceVendor):
         raise not_supported(container, self.count_resource if request is not None and request.direct
                             else self.memory_resource)
 
-    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0):
+    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0,
+                          pod_annotations=None):
         if not any(pod_devices):
             return {}
         # Unreachable while container_request refuses every DRS request.
