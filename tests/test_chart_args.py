@@ -70,3 +70,10 @@ async def test_the_scheduler_starts_and_serves_with_the_charts_ascend_and_iluvat
         assert app.ready
         assert app.options.enable_ascend and app.options.enable_iluvatar
         assert set(app.vendors) >= set(build_vendors(DeviceConfig.default(), FamilySwitches(True, True)))
+
+
+def test_the_charts_command_is_installed():
+    """The chart runs ``command: [scheduler, ...]``, which replaces the image's entry point."""
+    from importlib.metadata import entry_points
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("scheduler") == "hami_py.cli:main" == scripts.get("hami-scheduler")
