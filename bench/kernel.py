@@ -16,7 +16,7 @@ import statistics
 import time
 from array import array
 
-from bench.seed import ClusterShape, build_nodes, build_placed_pods, node_names, pending_pod
+from bench.seed import FAMILY_VENDOR, ClusterShape, build_nodes, build_placed_pods, family_vendors, node_names, pending_pod
 from hami_py import _kernel
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
@@ -27,7 +27,7 @@ from hami_py.scheduling.requests import parse_pod_requests
 
 
 def build_cache(shape: ClusterShape) -> tuple[UsageCache, dict]:
-    vendors = build_vendors(DeviceConfig.default())
+    vendors = family_vendors() if shape.layout != "nvidia" else build_vendors(DeviceConfig.default())
     cache = UsageCache(vendors)
     cache.replace_nodes(build_nodes(shape))
     pods = []
@@ -92,3 +92,20 @@ def kernel_bench(shape: ClusterShape, *, min_seconds: float = 1.0, python_calls:
             "cython_us": cython_us, "python_us": python_us, "speedup": python_us / cython_us,
             "decide_us": statistics.median(decide_s) * 1e6, "agree": agree,
             "calls": {"cython": len(cython_s), "python": len(python_s), "decide": len(decide_s)}}
+
+
+def decide_by_family(shape: ClusterShape, families: tuple[str | None, ...], *, calls: int = 200) -> dict[str, float]:
+    """µs per in-process ``Filterer.decide`` (median of ``calls``, nothing reserved) on the
+    cluster ``shape`` seeds, for a pending pod of each family: the scheduler's own share of a
+    /filter, without HTTP, the pod patch or the other processes on the cores."""
+    cache, vendors = build_cache(shape)
+    names = node_names(shape)
+    decider = Filterer(cache, vendors)
+    out = {}
+    for family in families:
+        pod = pending_pod("decide-probe", family=family)
+        pod["metadata"]["uid"] = "decide-probe"
+        request = parse_pod_requests(pod, vendors, cache.vendor_ids)
+        times = _time_calls(lambda: decider.decide(pod, names, request, reserve=False), min_calls=calls, min_seconds=0)
+        out[FAMILY_VENDOR.get(family, "NVIDIA")] = statistics.median(times) * 1e6
+    return out

@@ -308,9 +308,18 @@ def render_mixed(results: dict) -> list[str]:
                      f"≤ {target:g}× {_verdict(q['p50'] <= target and q['p99'] <= target)}"])
     out = [f"**mixed cluster /filter** (ms, p50 / p99; N={m['nodes']:,}, P={m['pods']:,}: 50 % NVIDIA, 30 % "
            "Ascend 910B3, 20 % Kunlun P800, 8 devices a node; the pod stream cycles "
-           f"{', '.join(m['families'])}; the all-NVIDIA cluster of the same N and P measured in the same run)", ""]
+           f"{', '.join(m['families'])}; the all-NVIDIA cluster of the same N and P measured in the same run"
+           + (", the two clusters' rounds alternating" if m.get("interleaved") else "") + ")", ""]
     out += _table(["conc", "all NVIDIA", "mixed", "ratio", "server CPU ms/req (NVIDIA / mixed)", "placed (mixed)",
                    "target (p50 and p99)"], rows)
+    decide = m.get("decide_us")
+    if decide:
+        base_us = decide["nvidia"].get("NVIDIA")
+        mixed = decide["mixed"]
+        mean = sum(mixed.values()) / len(mixed) if mixed else float("nan")
+        out += ["", f"in-process decide() (µs, median, nothing reserved): all-NVIDIA cluster {_num(base_us, 0)}; "
+                    "mixed cluster " + ", ".join(f"{k} {_num(v, 0)}" for k, v in mixed.items())
+                + (f" (mean {_num(mean, 0)}, {mean / base_us:.2f}× the all-NVIDIA one)" if base_us else "")]
     one = next((r for r in m["mixed"].get("filter", []) if r.get("by_family")), None)
     if one:
         out += ["", "by family at concurrency 1 (p50 / p99 ms): " + "; ".join(

@@ -571,6 +571,31 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
     whole life from its first instruction (start-up included). ``scheduler_args`` and ``scheduler_env`` are
     added to the scheduler's command line and environment (experiments: other flags, a
     sitecustomize on PYTHONPATH, PYTHONMALLOC…)."""
+    async with started_cluster(plan, session=session, workdir=workdir, profiler=profiler,
+                               profile_startup=profile_startup, scheduler_args=scheduler_args,
+                               scheduler_env=scheduler_env, say=say) as (ctx, result):
+        runs = (("filter", plan.filter_samples, "/filter latency", phase_filter),
+                ("requests", plan.request_count_pods, "API requests per pod", phase_requests),
+                ("schedule", plan.schedule_pods, "filter+bind throughput", phase_schedule),
+                ("burst", plan.events, "watch event burst", phase_burst),
+                ("lag", plan.events, "delete-to-free lag", phase_lag),
+                ("contention", plan.contention, "node lock contention", phase_contention))
+        for phase, planned, title, run in runs:
+            if phase in phases and planned:
+                say(f"[{plan.name}] {title}")
+                result[phase] = await run(ctx)
+                result["rss_after_mb"][phase] = ctx.scheduler.memory().rss_mb
+    return result
+
+
+@asynccontextmanager
+async def started_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdir: Path,
+                          profiler: Profiler | None = None, profile_startup: bool = False,
+                          scheduler_args: tuple[str, ...] = (), scheduler_env: dict[str, str] | None = None,
+                          say=lambda text: None):
+    """A seeded cluster and a ready, settled scheduler with its sentinels: ``(ctx, result)``;
+    on exit the end-of-run memory and /metrics figures go into ``result``, and both processes
+    are stopped (always)."""
     shape = plan.shape
     if shape.probe_nodes < 1:
         raise BenchError(f"cluster {plan.name} needs at least one probe node (its sentinels)")
@@ -601,18 +626,8 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
         await ctx.settle()
         result["settled_s"] = time.monotonic() - scheduler.t_spawn
         await ctx.make_sentinels()
-        runs = (("filter", plan.filter_samples, "/filter latency", phase_filter),
-                ("requests", plan.request_count_pods, "API requests per pod", phase_requests),
-                ("schedule", plan.schedule_pods, "filter+bind throughput", phase_schedule),
-                ("burst", plan.events, "watch event burst", phase_burst),
-                ("lag", plan.events, "delete-to-free lag", phase_lag),
-                ("contention", plan.contention, "node lock contention", phase_contention))
         result["rss_after_mb"] = {}    # where the memory grows, phase by phase
-        for phase, planned, title, run in runs:
-            if phase in phases and planned:
-                say(f"[{plan.name}] {title}")
-                result[phase] = await run(ctx)
-                result["rss_after_mb"][phase] = scheduler.memory().rss_mb
+        yield ctx, result
         result["memory_end"] = vars(scheduler.memory())
         samples, seconds, size = await ctx.scrape()
         result["metrics_scrape"] = {"seconds": seconds, "mb": size / 1e6, "pod_events": samples.get(POD_EVENTS),
@@ -621,7 +636,6 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
     finally:
         await scheduler.stop()
         await cluster.stop()
-    return result
 
 
 def manifest_budget_args() -> list[str]:
@@ -639,9 +653,11 @@ def manifest_budget_args() -> list[str]:
 
 async def run_mixed(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdir: Path,
                     say=lambda text: None, **kwargs) -> dict:
-    """The mixed-cluster /filter figure beside the all-NVIDIA one, from the same run: the same
-    N and P, all NVIDIA, measured first, then the mixed cluster with its mixed pod stream.
-    Skipped (with the reason) while a family it needs has no vendor yet."""
+    """The mixed-cluster /filter figure beside the all-NVIDIA one, from the same run: both
+    clusters (the same N and P, one all NVIDIA) run side by side, and their /filter rounds
+    alternate (NVIDIA, mixed, NVIDIA, ...), so that the load other processes put on the shared
+    cores falls on both alike. Each cluster's round with the median p99 is reported, as in the
+    filter phase. Skipped (with the reason) while a family it needs has no vendor yet."""
     reason = mixed_unavailable()
     if reason:
         say(f"[{plan.name}] skipped: {reason}")
@@ -651,13 +667,30 @@ async def run_mixed(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdi
     mixed_plan = replace(plan, compare_with_nvidia=False)
     out: dict = {"name": plan.name, "nodes": plan.shape.nodes, "pods": plan.shape.pods,
                  "families": [FAMILY_VENDOR.get(f, "NVIDIA") for f in plan.filter_families],
-                 "target_ratio": MIXED_RATIO_TARGET}
-    for key, cluster_plan in (("nvidia", baseline_plan), ("mixed", mixed_plan)):
-        t0 = time.monotonic()
-        out[key] = await run_cluster(cluster_plan, session=session, workdir=workdir / cluster_plan.name,
-                                     phases=("filter",), say=say, **kwargs)
-        out[key]["seconds"] = time.monotonic() - t0
+                 "target_ratio": MIXED_RATIO_TARGET, "interleaved": True}
+    async with started_cluster(baseline_plan, session=session, workdir=workdir / baseline_plan.name, say=say,
+                               **kwargs) as (base_ctx, base_result), \
+            started_cluster(mixed_plan, session=session, workdir=workdir / mixed_plan.name, say=say,
+                            **kwargs) as (mixed_ctx, mixed_result):
+        await base_ctx.settle()      # quiet again while the second one started
+        say(f"[{plan.name}] /filter latency, rounds alternating between the two clusters")
+        rows: dict[str, list[dict]] = {"nvidia": [], "mixed": []}
+        for concurrency in plan.concurrencies:
+            rounds: dict[str, list[dict]] = {"nvidia": [], "mixed": []}
+            for _ in range(plan.filter_rounds if concurrency == 1 else 1):
+                for key, ctx in (("nvidia", base_ctx), ("mixed", mixed_ctx)):
+                    rounds[key].append(await _filter_round(ctx, concurrency))
+            for key, taken in rounds.items():
+                taken.sort(key=lambda r: r["p99"])
+                row = taken[len(taken) // 2]
+                rows[key].append({**row, "p99_rounds": [r["p99"] for r in taken]})
+        base_result["filter"], mixed_result["filter"] = rows["nvidia"], rows["mixed"]
+    out["nvidia"], out["mixed"] = base_result, mixed_result
     out["ratios"] = mixed_ratios(out)
+    from bench.kernel import decide_by_family    # in this process: the caches are built here
+    say(f"[{plan.name}] in-process decide() per family")
+    out["decide_us"] = {"nvidia": decide_by_family(baseline_plan.shape, (None,)),
+                        "mixed": decide_by_family(mixed_plan.shape, plan.filter_families)}
     return out
 
 

@@ -127,6 +127,8 @@ async def test_the_mixed_scenario_measures_both_clusters(tmp_path):
     by_family = result["mixed"]["filter"][0]["by_family"]
     assert set(by_family) == {"NVIDIA", "Ascend910B3", "kunlun"}
     assert all(v["n"] == 4 for v in by_family.values())
+    assert set(result["decide_us"]["mixed"]) == {"NVIDIA", "Ascend910B3", "kunlun"}
+    assert all(_positive(v) for d in result["decide_us"].values() for v in d.values()), result["decide_us"]
     [ratio] = result["ratios"]
     assert _positive(ratio["p50"]) and _positive(ratio["p99"])
     table = "\n".join(report.render_mixed({"mixed": result}))

@@ -146,6 +146,16 @@ def test_drs_webhook_validates_and_mirrors_as_upstream():
     assert DRS.admission(ctr({"cpu": "1"})) is False
 
 
+def test_the_webhook_leaves_other_containers_exactly_as_they_came():
+    """A container without DRS resources gains no empty ``requests`` (one JSON-patch operation
+    more on every admitted pod, and a spec the user never wrote)."""
+    plain = {"name": "main", "resources": {"limits": {"cpu": "1"}}}
+    assert DRS.admission(plain) is False
+    assert plain == {"name": "main", "resources": {"limits": {"cpu": "1"}}}
+    bare = {"name": "side"}
+    assert DRS.admission(bare) is False and bare == {"name": "side"}
+
+
 def test_the_webhook_refuses_a_drs_pod_with_the_reason():
     response, _ = admit(make_pod(container(limits={"enflame.com/drs-gcu": "3"})))
     assert not response["allowed"]

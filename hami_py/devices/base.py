@@ -212,9 +212,10 @@ class DeviceVendor:
     # -- allocation annotations ------------------------------------------------------------
 
     def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions: list[dict] = (),
-                          now: float = 0.0) -> dict[str, str]:
+                          now: float = 0.0, pod_annotations: dict[str, str] | None = None) -> dict[str, str]:
         """Every pod annotation a decision writes for this family ({} when no container got one
-        of its devices). ``partitions`` lists the MIG-like instances the decision reserved."""
+        of its devices). ``partitions`` lists the MIG-like instances the decision reserved;
+        ``pod_annotations`` are the pod's own (a family whose annotations depend on the pod's mode)."""
         return {}
 
     def decision_annotations(self) -> tuple[str, ...]:

@@ -374,6 +374,13 @@ class EnflameDRSVendor(DeviceVendor):
     def admission(self, container: dict) -> bool:
         """Upstream's DRS webhook: validate and mirror each present value into limits and
         requests. True when the container asks for DRS partitions."""
+        limits, requests = resource_lists(container)
+        name = str(container.get("name") or "")
+        raw = lookup(limits, requests, self.count_resource)
+        memory = lookup(limits, requests, self.memory_resource)
+        cores = lookup(limits, requests, self.core_resource)
+        if raw is MISSING and memory is MISSING and cores is MISSING:
+            return False      # not a DRS container: left exactly as it came (no empty lists added)
         resources = container.get("resources")
         if not isinstance(resources, dict):
             resources = container["resources"] = {}
@@ -381,18 +388,12 @@ class EnflameDRSVendor(DeviceVendor):
             if not isinstance(resources.get(part), dict):
                 resources[part] = {}
         limits, requests = resources["limits"], resources["requests"]
-        name = str(container.get("name") or "")
-        raw = lookup(limits, requests, self.count_resource)
         if raw is not MISSING:
             if rounded_quantity(name, self.count_resource, raw) <= 0:
                 raise request_error(name, self.count_resource, raw, "must be greater than 0")
             limits.setdefault(self.count_resource, raw)
             requests.setdefault(self.count_resource, raw)
             return True
-        memory = lookup(limits, requests, self.memory_resource)
-        cores = lookup(limits, requests, self.core_resource)
-        if memory is MISSING and cores is MISSING:
-            return False
         if memory is not MISSING and rounded_quantity(name, self.memory_resource, memory) <= 0:
             raise request_error(name, self.memory_resource, memory, "must be greater than 0")
         if cores is not MISSING and not 0 < rounded_quantity(name, self.core_resource, cores) <= 100:
@@ -410,7 +411,8 @@ class EnflameDRSVendor(DeviceVendor):
         raise not_supported(container, self.count_resource if request is not None and request.direct
                             else self.memory_resource)
 
-    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0):
+    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0,
+                          pod_annotations=None):
         if not any(pod_devices):
             return {}
         # Unreachable while container_request refuses every DRS request.

@@ -255,7 +255,8 @@ class KunlunVendor(TemplateVendor):
     def chooser(self, cache, pod_annotations: dict[str, str]):
         return topology_chooser(cache, score=True)
 
-    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0):
+    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0,
+                          pod_annotations=None):
         if not any(pod_devices):
             return {}
         out = {KUNLUN_ALLOCATED: encode_pod_devices(pod_devices)}

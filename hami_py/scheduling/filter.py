@@ -26,6 +26,11 @@ VGPU_NODE_LABEL = "hami.io/vgpu-node"     # the decision's node, also as a label
 LISTED_NODE_SCORES = 20
 
 
+def _concerns(node_annotations: dict[str, str], gate_keys: set[str]) -> bool:
+    """Whether a node's kept annotations can change the gates of a pod of these families."""
+    return any(k in gate_keys or k.startswith("hami.io/device-") for k in node_annotations)
+
+
 class FilterDecision:
     """The outcome of one filter: the winner (or None), why the others failed, the annotations to
     write, the reservation made, and for the FilteringSucceed event the number of nodes that fit
@@ -146,7 +151,7 @@ class Filterer:
         pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
         for key, devices in allocation.items():
             pod_annotations.update(self.vendors[key].encode_allocation(
-                devices, node=winner, partitions=mig.get(key, []), now=now))
+                devices, node=winner, partitions=mig.get(key, []), now=now, pod_annotations=annotations))
         reservation = None
         if reserve:
             entries = []
@@ -190,13 +195,16 @@ class Filterer:
         Only pods that pick or avoid devices, and nodes that cordon some, pay for this."""
         cache = self.cache
         vendors = [self.vendors[k] for k in request.vendors]
-        # The pod's own gates are parsed once; only nodes that cordon devices need their own.
+        # The pod's own gates are parsed once; only nodes whose annotations concern the pod's
+        # families (a cordon list, a family's node switch) need gates of their own.
         pod_selectors = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, {}) for v in vendors}
-        annotated = cache.annotated_nodes
+        gate_keys = {k for v in vendors for k in v.gate_annotations}
+        annotated = {n for n in cache.annotated_nodes if _concerns(cache.nodes[n].annotations, gate_keys)} \
+            if cache.annotated_nodes else set()
         pod_wide = any(sel is not None for sel in pod_selectors.values())
         # Model and mode gates are judged kind by kind over all devices at once; what is left
         # (cordons, UUID lists) device by device on the nodes concerned.
-        mask = self._kind_mask(pod_selectors) if pod_wide else None
+        mask = kind_mask = self._kind_mask(pod_selectors) if pod_wide else None
         if pod_wide and mask is None:
             marked = [n for c, n in enumerate(node_names) if cand_idx[c] >= 0]
         else:
@@ -207,13 +215,21 @@ class Filterer:
             mask = array("b", bytes(len(cache.total_mem)))
         for name in marked:
             entry = cache.nodes[name]
-            selectors = pod_selectors if name not in annotated else {
-                cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations) for v in vendors}
+            if name in annotated:
+                selectors = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations)
+                             for v in vendors}
+                if kind_mask is None and all(sel is None for sel in selectors.values()):
+                    continue      # nothing restricts the pod here: the fresh mask's zeros stand
+            else:
+                selectors = pod_selectors
             for k, dev in enumerate(entry.devices):
                 j = entry.offset + k
-                sel = selectors.get(cache.vendor[j])
-                if sel is not None:
-                    mask[j] = sel(dev)
+                vid = cache.vendor[j]
+                if vid in selectors:
+                    sel = selectors[vid]
+                    # A node's own gates replace the pod-wide ones (its annotations may lift
+                    # what the pod-wide judgement, made without them, refused).
+                    mask[j] = sel(dev) if sel is not None else 0
         return mask
 
     def _kind_mask(self, pod_selectors: dict[int, DeviceSelector | None]) -> array | None:
