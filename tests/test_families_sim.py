@@ -208,10 +208,7 @@ def write(tmp_path, name: str, text: str) -> str:
 
 
 @pytest.mark.parametrize("family,model,module,vendor,request_lines", [
-    pytest.param("", "MLU370", "cambricon", "MLU", "device: MLU\n    gpumem: 12Gi\n    gpucores: 25",
-                 marks=pytest.mark.xfail(reason="the simulated device plugin (fakeapi/deviceplugin.py) does not release "
-                                                "Cambricon's own cambricon.com/dsmlu.lock, so a second MLU bind on a node "
-                                                "waits for it", strict=False)),
+    ("", "MLU370", "cambricon", "MLU", "device: MLU\n    gpumem: 12Gi\n    gpucores: 25"),
     ("", "Z100", "hygon", "DCU", "device: z100\n    gpumem: 8Gi"),
     ("kunlun-vxpu", "P800", "kunlun", "XPU", "device: XPU\n    gpumem: 24Gi"),
     ("", "S60", "enflame", "GCU", "device: gcu"),

@@ -16,7 +16,8 @@ from hami_py.devices.base import ContainerDevice, ContainerRequest
 from hami_py.devices.cambricon import CambriconConfig, CambriconVendor, build_family, device_index
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.registry import FamilySwitches, build_vendors
-from hami_py.embedded import embedded_options
+from hami_py.embedded import embedded_options, running_scheduler
+from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.reasons import CARD_UUID_MISMATCH, OK
 from tests.conftest import assert_books_balance, create_quota, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
@@ -270,27 +271,35 @@ async def test_mlu_pod_is_filtered_and_bound_with_upstreams_annotations(api, app
     assert ann[PROFILE] == f"{index}_100_10"
     assert (await _bind(app, extender, stored, "mlu-1"))["Error"] == ""
     assert api.get("pods", "p", namespace="default")["spec"]["nodeName"] == "mlu-1"
-    # the family's own lock, an RFC3339 time (HAMi's shared lock was released by the plugin)
+    # HAMi's shared lock is never taken for an MLU pod; the family's own was released by the
+    # (simulated) Cambricon plugin once it allocated
     node_ann = api.get("nodes", "mlu-1")["metadata"]["annotations"]
-    datetime.strptime(node_ann[DSMLU_LOCK], "%Y-%m-%dT%H:%M:%SZ")
-    assert "hami.io/mutex.lock" not in node_ann
+    assert DSMLU_LOCK not in node_ann and "hami.io/mutex.lock" not in node_ann
     usage = {d["id"]: d for d in app.cache.device_usage("mlu-1")}
     assert (usage[device.uuid]["used"], usage[device.uuid]["usedmem"], usage[device.uuid]["usedcores"]) == (1, 2560, 100)
     assert_books_balance(app)
 
 
-@pytest.mark.parametrize("scheduler_options", [embedded_options(node_lock_wait_s=0)])
-async def test_a_fresh_dsmlu_lock_refuses_the_next_bind_on_the_node(api, app, extender):
-    """Inventory row cambricon-lock: a second MLU bind within 2 minutes of the first fails."""
-    names = await register_nodes(api, app, mlu_node("locked"))
-    first, _ = await place(api, extender, pod("first", ctr(limits={COUNT: "1", MEMORY: "10"})), names)
-    assert (await _bind(app, extender, first, "locked"))["Error"] == ""
-    second, result = await place(api, extender, pod("second", ctr(limits={COUNT: "1", MEMORY: "10"})), names)
-    assert result["NodeNames"] == ["locked"]
-    bound = await extender.bind(second, "locked")
-    assert "node locked has been locked within" in bound["Error"] and DSMLU_LOCK in bound["Error"], bound
-    assert api.get("pods", "second", namespace="default")["spec"].get("nodeName") is None
-    assert_books_balance(app)
+async def test_a_fresh_dsmlu_lock_refuses_the_next_bind_on_the_node(api):
+    """Inventory row cambricon-lock: the bind sets ``cambricon.com/dsmlu.lock`` (an RFC3339 time);
+    while no plugin releases it, a second MLU bind within 2 minutes of the first fails."""
+    async with running_scheduler(api, options=embedded_options(node_lock_wait_s=0), device_plugin=False) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            names = await register_nodes(api, app, mlu_node("locked"))
+            first, _ = await place(api, extender, pod("first", ctr(limits={COUNT: "1", MEMORY: "10"})), names)
+            assert (await extender.bind(first, "locked"))["Error"] == ""
+            node_ann = api.get("nodes", "locked")["metadata"]["annotations"]
+            datetime.strptime(node_ann[DSMLU_LOCK], "%Y-%m-%dT%H:%M:%SZ")
+            assert "hami.io/mutex.lock" not in node_ann
+            second, result = await place(api, extender, pod("second", ctr(limits={COUNT: "1", MEMORY: "10"})), names)
+            assert result["NodeNames"] == ["locked"]
+            bound = await extender.bind(second, "locked")
+            assert "node locked has been locked within" in bound["Error"] and DSMLU_LOCK in bound["Error"], bound
+            assert api.get("pods", "second", namespace="default")["spec"].get("nodeName") is None
+            assert_books_balance(app)
+        finally:
+            await extender.close()
 
 
 async def test_default_cores_make_a_card_exclusive(api, app, extender):

@@ -213,13 +213,23 @@ class Filterer:
             if not marked:
                 return array("b")
             mask = array("b", bytes(len(cache.total_mem)))
+        # Nodes with the same annotations get the same gates: built once per distinct set (every
+        # node of a family may carry the same node switch, as Ascend's plugin writes hami-vnpu-core).
+        node_gates: dict[tuple, dict[int, DeviceSelector | None]] = {}
         for name in marked:
             entry = cache.nodes[name]
             if name in annotated:
-                selectors = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations)
-                             for v in vendors}
-                if kind_mask is None and all(sel is None for sel in selectors.values()):
-                    continue      # nothing restricts the pod here: the fresh mask's zeros stand
+                key = tuple(sorted(entry.annotations.items()))
+                selectors = node_gates.get(key)
+                if selectors is None:
+                    selectors = node_gates[key] = {
+                        cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations)
+                        for v in vendors}
+                if all(sel is None for sel in selectors.values()):
+                    # Nothing restricts the pod here: the node's slice is free of any pod-wide mark.
+                    if kind_mask is not None and entry.length:
+                        mask[entry.offset:entry.offset + entry.length] = array("b", bytes(entry.length))
+                    continue
             else:
                 selectors = pod_selectors
             for k, dev in enumerate(entry.devices):
