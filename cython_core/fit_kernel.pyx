@@ -197,9 +197,21 @@ cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, int *picked_pr
 
 
 cdef int run_chooser(object choosers, int v, Py_ssize_t ni, int nums, int *picked, long long *picked_mem,
-                     int *picked_prof, int *picked_place, Py_ssize_t npicked, double *delta) except -1 with gil:
+                     int *picked_prof, int *picked_place, Py_ssize_t npicked, double *delta,
+                     list errors) noexcept with gil:
     """kernel_ref._choose: 0 with ``picked[:nums]`` rewritten to the chooser's picks (in its order)
-    and ``delta`` set, or the reason code it refused the node with; ValueError on a bad answer."""
+    and ``delta`` set, or the reason code it refused the node with; -1 when it raised (a bad
+    answer is a ValueError), the exception then in ``errors`` for filter_nodes to raise once its
+    buffers are freed (a try/finally around the hot loop costs it a few per cent)."""
+    try:
+        return choose(choosers, v, ni, nums, picked, picked_mem, picked_prof, picked_place, npicked, delta)
+    except BaseException as exc:
+        errors.append(exc)
+        return -1
+
+
+cdef int choose(object choosers, int v, Py_ssize_t ni, int nums, int *picked, long long *picked_mem,
+                int *picked_prof, int *picked_place, Py_ssize_t npicked, double *delta) except -1:
     cdef Py_ssize_t i, t
     chooser = choosers[v] if v < len(choosers) else None
     if chooser is None:
@@ -286,8 +298,14 @@ def filter_nodes(table, query):
     for c in range(n_cand):
         if candidates[c] >= 0 and node_len[candidates[c]] > max_len:
             max_len = node_len[candidates[c]]
+    cdef int row_vendor
     for r in range(n_rows):
         total_nums += rows[r * ROW_WIDTH + ROW_NUMS]
+        # Per-vendor arrays are indexed by the rows' vendor ids unchecked below.
+        row_vendor = rows[r * ROW_WIDTH + ROW_VENDOR]
+        if (row_vendor < 0 or row_vendor >= vendor_flags.shape[0] or row_vendor >= quota_mem.shape[0]
+                or row_vendor >= quota_cores.shape[0]):
+            raise ValueError(f"request row {r} names vendor id {row_vendor}, beyond the query's per-vendor arrays")
     if max_len == 0:
         max_len = 1
     # A MIG GPU can give one container several instances (at most one per slice, and a mask has
@@ -337,283 +355,285 @@ def filter_nodes(table, query):
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
     cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
-    cdef bint better, any_mig, revisit, refuse_used, equal_share, choose, collect_all
-    try:
-        for r in range(n_rows):   # per-vendor arrays are indexed by the rows' vendor ids unchecked
-            v = rows[r * ROW_WIDTH + ROW_VENDOR]
-            if v < 0 or v >= vendor_flags.shape[0] or v >= quota_mem.shape[0] or v >= quota_cores.shape[0]:
-                raise ValueError(f"request row {r} names vendor id {v}, beyond the query's per-vendor arrays")
-        with nogil:
-            for c in range(n_cand):
-                ni = candidates[c]
-                if ni < 0:
-                    out_status[c] = NODE_UNREGISTERED
-                    out_score[c] = 0.0
-                    continue
-                off = node_offset[ni]
-                n = node_len[ni]
-                s_u = 0; s_c = 0; s_uc = 0; s_tc = 0; s_um = 0; s_tm = 0
-                for j in range(off, off + n):
-                    s_u += used[j]
-                    s_c += count[j]
-                    s_uc += used_cores[j]
-                    s_tc += total_cores[j]
-                    s_um += used_mem[j]
-                    s_tm += total_mem[j]
-                if s_c == 0 or s_tc == 0 or s_tm == 0:
-                    node_score = 0.0
+    cdef bint better, any_mig, revisit, refuse_used, equal_share, choosing, collect_all
+    cdef list errors = []
+    with nogil:
+        for c in range(n_cand):
+            ni = candidates[c]
+            if ni < 0:
+                out_status[c] = NODE_UNREGISTERED
+                out_score[c] = 0.0
+                continue
+            off = node_offset[ni]
+            n = node_len[ni]
+            s_u = 0; s_c = 0; s_uc = 0; s_tc = 0; s_um = 0; s_tm = 0
+            for j in range(off, off + n):
+                s_u += used[j]
+                s_c += count[j]
+                s_uc += used_cores[j]
+                s_tc += total_cores[j]
+                s_um += used_mem[j]
+                s_tm += total_mem[j]
+            if s_c == 0 or s_tc == 0 or s_tm == 0:
+                node_score = 0.0
+            else:
+                node_score = 10.0 * (<double> s_u / s_c + <double> s_uc / s_tc + <double> s_um / s_tm)
+            out_score[c] = node_score
+            for k in range(n):
+                app_used[k] = used[off + k]
+                app_mem[k] = used_mem[off + k]
+                app_cores[k] = used_cores[off + k]
+                app_mig[k] = mig_used[off + k]
+                q_init_mem[k] = 0
+                q_init_cores[k] = 0
+                q_app_mem[k] = 0
+                q_app_cores[k] = 0
+            nchosen = 0
+            status = NODE_FIT
+            current_container = -1
+            s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
+            for r in range(n_rows):
+                base = r * ROW_WIDTH
+                container = rows[base + ROW_CONTAINER]
+                if rows[base + ROW_IS_INIT]:
+                    if container != current_container:
+                        for k in range(n):
+                            ini_used[k] = used[off + k]
+                            ini_mem[k] = used_mem[off + k]
+                            ini_cores[k] = used_cores[off + k]
+                            ini_mig[k] = mig_used[off + k]
+                    s_used = ini_used; s_mem = ini_mem; s_cores = ini_cores; s_mig = ini_mig
                 else:
-                    node_score = 10.0 * (<double> s_u / s_c + <double> s_uc / s_tc + <double> s_um / s_tm)
-                out_score[c] = node_score
+                    s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
+                current_container = container
+                is_init = rows[base + ROW_IS_INIT]
+                v = rows[base + ROW_VENDOR]
+                qm = quota_mem[v]
+                qc = quota_cores[v]
+                nums = rows[base + ROW_NUMS]
+                memreq = rows[base + ROW_MEMREQ]
+                mempct = rows[base + ROW_MEMPCT]
+                cores = rows[base + ROW_CORESREQ]
+                if cores > 100:
+                    cores = 100
+                flags = vendor_flags[v]
+                refuse_used = mutex or (flags & FLAG_EXCLUSIVE)
+                equal_share = (flags & FLAG_EQUAL_SHARE) != 0
+                choosing = (flags & FLAG_CHOOSE) != 0
+                collect_all = topology or choosing   # every fitting device, not the first nums
+                ncands = 0
+                any_mig = False
                 for k in range(n):
-                    app_used[k] = used[off + k]
-                    app_mem[k] = used_mem[off + k]
-                    app_cores[k] = used_cores[off + k]
-                    app_mig[k] = mig_used[off + k]
-                    q_init_mem[k] = 0
-                    q_init_cores[k] = 0
-                    q_app_mem[k] = 0
-                    q_app_cores[k] = 0
-                nchosen = 0
-                status = NODE_FIT
-                current_container = -1
-                s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
-                for r in range(n_rows):
-                    base = r * ROW_WIDTH
-                    container = rows[base + ROW_CONTAINER]
-                    if rows[base + ROW_IS_INIT]:
-                        if container != current_container:
-                            for k in range(n):
-                                ini_used[k] = used[off + k]
-                                ini_mem[k] = used_mem[off + k]
-                                ini_cores[k] = used_cores[off + k]
-                                ini_mig[k] = mig_used[off + k]
-                        s_used = ini_used; s_mem = ini_mem; s_cores = ini_cores; s_mig = ini_mig
+                    if vendor[off + k] == v:
+                        cand[ncands] = <int> k
+                        ncands += 1
+                        if dev_mig[off + k]:
+                            any_mig = True
+                if nums > ncands and not (mig_ok and any_mig):
+                    status = NODE_INSUFFICIENT_DEVICE
+                    break
+                for i in range(ncands):
+                    k = cand[i]
+                    j = off + k
+                    if count[j] == 0 or total_cores[j] == 0 or total_mem[j] == 0:
+                        score[i] = 0.0
                     else:
-                        s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
-                    current_container = container
-                    is_init = rows[base + ROW_IS_INIT]
-                    v = rows[base + ROW_VENDOR]
-                    qm = quota_mem[v]
-                    qc = quota_cores[v]
-                    nums = rows[base + ROW_NUMS]
-                    memreq = rows[base + ROW_MEMREQ]
-                    mempct = rows[base + ROW_MEMPCT]
-                    cores = rows[base + ROW_CORESREQ]
-                    if cores > 100:
-                        cores = 100
-                    flags = vendor_flags[v]
-                    refuse_used = mutex or (flags & FLAG_EXCLUSIVE)
-                    equal_share = (flags & FLAG_EQUAL_SHARE) != 0
-                    choose = (flags & FLAG_CHOOSE) != 0
-                    collect_all = topology or choose   # every fitting device, not the first nums
-                    ncands = 0
-                    any_mig = False
-                    for k in range(n):
-                        if vendor[off + k] == v:
-                            cand[ncands] = <int> k
-                            ncands += 1
-                            if dev_mig[off + k]:
-                                any_mig = True
-                    if nums > ncands and not (mig_ok and any_mig):
-                        status = NODE_INSUFFICIENT_DEVICE
-                        break
-                    for i in range(ncands):
-                        k = cand[i]
-                        j = off + k
-                        if count[j] == 0 or total_cores[j] == 0 or total_mem[j] == 0:
-                            score[i] = 0.0
-                        else:
-                            mem = resolve_mem(memreq, mempct, total_mem[j])
-                            score[i] = 10.0 * (w_slot * ((<double> (1 + s_used[k])) / count[j])
-                                               + w_core * ((<double> (cores + s_cores[k])) / total_cores[j])
-                                               + w_mem * ((<double> (mem + s_mem[k])) / total_mem[j]))
-                    # Insertion sort: nodes carry a handful of devices.
-                    for i in range(1, ncands):
-                        tmp_k = cand[i]
-                        tmp_s = score[i]
-                        tmp_u = s_used[tmp_k]
-                        k = i - 1
-                        while k >= 0 and prefer(tmp_s, numa[off + tmp_k], tmp_k, tmp_u,
-                                                score[k], numa[off + cand[k]], cand[k], s_used[cand[k]],
-                                                gpu_policy, numa_bind):
-                            cand[k + 1] = cand[k]
-                            score[k + 1] = score[k]
-                            k -= 1
-                        cand[k + 1] = tmp_k
-                        score[k + 1] = tmp_s
-                    memset(counts, 0, sizeof(counts))
-                    for k in range(n):
-                        pick_occ[k] = 0
-                    npicked = 0
-                    need = nums
-                    prev_numa = -1
-                    i = -1
-                    revisit = False
-                    while True:
-                        if not revisit:
-                            i += 1
-                        revisit = False
-                        if i >= ncands:
-                            break
-                        k = cand[i]
-                        j = off + k
-                        if not health[j]:
-                            counts[CARD_NOT_HEALTH] += 1
-                            continue
-                        m = mask[j] if has_mask else 0
-                        if m == CARD_CORDONED or m == CARD_TYPE_MISMATCH:
-                            counts[m] += 1
-                            continue
-                        if numa_bind and numa[j] != prev_numa:
-                            if npicked > 0 and not collect_all:
-                                counts[NUMA_NOT_FIT] += <int> npicked
-                            npicked = 0
-                            for kk in range(n):
-                                pick_occ[kk] = 0
-                            need = nums
-                            prev_numa = numa[j]
-                        if m != 0:
-                            counts[m] += 1
-                            continue
-                        if count[j] <= s_used[k]:
-                            counts[CARD_TIME_SLICING_EXHAUSTED] += 1
-                            continue
-                        if refuse_used and s_used[k] > 0:
-                            counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-                            continue
                         mem = resolve_mem(memreq, mempct, total_mem[j])
-                        if qm != UNLIMITED or qc != UNLIMITED:
-                            # The pod's charge if it also took this device: per device
-                            # max(init peak, app sum) over this vendor's devices, picks included.
-                            tm = 0
-                            tc = 0
-                            for a in range(ncands):
-                                kk = cand[a]
-                                add_m = 0
-                                add_c = 0
-                                for b in range(npicked):
-                                    if picked[b] == kk:
-                                        add_m += picked_mem[b]
-                                        add_c += cores
-                                if kk == k:
-                                    add_m += mem
-                                    add_c += cores
-                                if is_init:
-                                    tm += max(max(q_init_mem[kk], add_m), q_app_mem[kk])
-                                    tc += max(max(q_init_cores[kk], add_c), q_app_cores[kk])
-                                else:
-                                    tm += max(q_init_mem[kk], q_app_mem[kk] + add_m)
-                                    tc += max(q_init_cores[kk], q_app_cores[kk] + add_c)
-                            if (qm != UNLIMITED and tm > qm) or (qc != UNLIMITED and tc > qc):
-                                counts[RESOURCE_QUOTA_NOT_FIT] += 1
-                                continue
-                        if total_mem[j] - s_mem[k] < mem:
-                            counts[CARD_INSUFFICIENT_MEMORY] += 1
-                            continue
-                        if total_cores[j] - s_cores[k] < cores:
-                            counts[CARD_INSUFFICIENT_CORE] += 1
-                            continue
-                        if equal_share and s_used[k] > 0 and s_mem[k] != s_used[k] * mem:
-                            counts[CARD_NOT_FOUND_CUSTOM_FILTER_RULE] += 1
-                            continue
-                        if total_cores[j] == 100 and cores == 100 and s_used[k] > 0:
-                            counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-                            continue
-                        if total_cores[j] != 0 and s_cores[k] == total_cores[j] and cores == 0:
-                            counts[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
-                            continue
-                        prof = -1
-                        place = -1
-                        if dev_mig[j]:
-                            mig_select(j, s_mig[k] | pick_occ[k], mem, mig_prof_off, mig_prof_len, prof_mem,
-                                       prof_place_off, prof_place_len, place_mask, &prof, &place)
-                            if prof < 0:
-                                counts[CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
-                                continue
-                            pick_occ[k] |= place_mask[place]
-                            revisit = True
-                        picked[npicked] = <int> k
-                        picked_mem[npicked] = mem
-                        picked_prof[npicked] = prof
-                        picked_place[npicked] = place
-                        npicked += 1
-                        if not collect_all:
-                            need -= 1
-                            if need == 0:
-                                break
-                    if collect_all and npicked >= nums:
-                        if choose:
-                            refused = run_chooser(choosers, v, ni, nums, picked, picked_mem, picked_prof,
-                                                  picked_place, npicked, &delta)
-                            if refused:   # the vendor refuses every subset: its reason
-                                status = NODE_DEVICE_REASONS
-                                for i in range(N_DEVICE_REASONS):
-                                    out_reasons[c * N_DEVICE_REASONS + i] = counts[i]
-                                out_reasons[c * N_DEVICE_REASONS + refused] += 1
-                                out_total[c] = <int> ncands
-                                break
-                            npicked = nums
-                            node_score += delta
-                            out_score[c] = node_score
-                        elif npicked > nums:
-                            npicked = topology_pick(picked, picked_mem, picked_prof, picked_place, npicked,
-                                                    nums, pair_score, node_pair_offset[ni], n, combo,
-                                                    best_combo)
-                        need = 0
-                    if need > 0:
-                        if npicked > 0:
-                            counts[ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += <int> npicked
-                        status = NODE_DEVICE_REASONS
-                        for i in range(N_DEVICE_REASONS):
-                            out_reasons[c * N_DEVICE_REASONS + i] = counts[i]
-                        out_total[c] = <int> ncands
+                        score[i] = 10.0 * (w_slot * ((<double> (1 + s_used[k])) / count[j])
+                                           + w_core * ((<double> (cores + s_cores[k])) / total_cores[j])
+                                           + w_mem * ((<double> (mem + s_mem[k])) / total_mem[j]))
+                # Insertion sort: nodes carry a handful of devices.
+                for i in range(1, ncands):
+                    tmp_k = cand[i]
+                    tmp_s = score[i]
+                    tmp_u = s_used[tmp_k]
+                    k = i - 1
+                    while k >= 0 and prefer(tmp_s, numa[off + tmp_k], tmp_k, tmp_u,
+                                            score[k], numa[off + cand[k]], cand[k], s_used[cand[k]],
+                                            gpu_policy, numa_bind):
+                        cand[k + 1] = cand[k]
+                        score[k + 1] = score[k]
+                        k -= 1
+                    cand[k + 1] = tmp_k
+                    score[k + 1] = tmp_s
+                memset(counts, 0, sizeof(counts))
+                for k in range(n):
+                    pick_occ[k] = 0
+                npicked = 0
+                need = nums
+                prev_numa = -1
+                i = -1
+                revisit = False
+                while True:
+                    if not revisit:
+                        i += 1
+                    revisit = False
+                    if i >= ncands:
                         break
-                    for i in range(npicked):
-                        k = picked[i]
-                        use_mem = picked_mem[i]
-                        use_cores = cores
-                        if picked_prof[i] >= 0:  # a MIG instance is charged as its profile
-                            use_mem = prof_mem[picked_prof[i]]
-                            use_cores = prof_core[picked_prof[i]]
-                            s_mig[k] |= place_mask[picked_place[i]]
-                        s_used[k] += 1
-                        s_mem[k] += use_mem
-                        s_cores[k] += use_cores
-                        if is_init:
-                            q_init_mem[k] = max(q_init_mem[k], use_mem)
-                            q_init_cores[k] = max(q_init_cores[k], use_cores)
-                        else:
-                            q_app_mem[k] += use_mem
-                            q_app_cores[k] += use_cores
-                        ch_row[nchosen] = <int> r
-                        ch_dev[nchosen] = <int> (off + k)
-                        ch_mem[nchosen] = use_mem
-                        ch_cores[nchosen] = <int> use_cores
-                        ch_prof[nchosen] = picked_prof[i]
-                        ch_place[nchosen] = picked_place[i]
-                        nchosen += 1
-                out_status[c] = status
-                if status != NODE_FIT:
-                    continue
-                if best < 0:
-                    better = True
-                elif node_policy == POLICY_SPREAD:
-                    better = node_score < best_score
-                else:
-                    better = node_score > best_score
-                if better:
-                    best = <int> c
-                    best_score = node_score
-                    for i in range(nchosen):
-                        out_row[i] = ch_row[i]
-                        out_dev[i] = ch_dev[i]
-                        out_mem[i] = ch_mem[i]
-                        out_cores[i] = ch_cores[i]
-                        out_prof[i] = ch_prof[i]
-                        out_place[i] = ch_place[i]
-    finally:
-        free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
+                    k = cand[i]
+                    j = off + k
+                    if not health[j]:
+                        counts[CARD_NOT_HEALTH] += 1
+                        continue
+                    m = mask[j] if has_mask else 0
+                    if m == CARD_CORDONED or m == CARD_TYPE_MISMATCH:
+                        counts[m] += 1
+                        continue
+                    if numa_bind and numa[j] != prev_numa:
+                        if npicked > 0 and not collect_all:
+                            counts[NUMA_NOT_FIT] += <int> npicked
+                        npicked = 0
+                        for kk in range(n):
+                            pick_occ[kk] = 0
+                        need = nums
+                        prev_numa = numa[j]
+                    if m != 0:
+                        counts[m] += 1
+                        continue
+                    if count[j] <= s_used[k]:
+                        counts[CARD_TIME_SLICING_EXHAUSTED] += 1
+                        continue
+                    if refuse_used and s_used[k] > 0:
+                        counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                        continue
+                    mem = resolve_mem(memreq, mempct, total_mem[j])
+                    if qm != UNLIMITED or qc != UNLIMITED:
+                        # The pod's charge if it also took this device: per device
+                        # max(init peak, app sum) over this vendor's devices, picks included.
+                        tm = 0
+                        tc = 0
+                        for a in range(ncands):
+                            kk = cand[a]
+                            add_m = 0
+                            add_c = 0
+                            for b in range(npicked):
+                                if picked[b] == kk:
+                                    add_m += picked_mem[b]
+                                    add_c += cores
+                            if kk == k:
+                                add_m += mem
+                                add_c += cores
+                            if is_init:
+                                tm += max(max(q_init_mem[kk], add_m), q_app_mem[kk])
+                                tc += max(max(q_init_cores[kk], add_c), q_app_cores[kk])
+                            else:
+                                tm += max(q_init_mem[kk], q_app_mem[kk] + add_m)
+                                tc += max(q_init_cores[kk], q_app_cores[kk] + add_c)
+                        if (qm != UNLIMITED and tm > qm) or (qc != UNLIMITED and tc > qc):
+                            counts[RESOURCE_QUOTA_NOT_FIT] += 1
+                            continue
+                    if total_mem[j] - s_mem[k] < mem:
+                        counts[CARD_INSUFFICIENT_MEMORY] += 1
+                        continue
+                    if total_cores[j] - s_cores[k] < cores:
+                        counts[CARD_INSUFFICIENT_CORE] += 1
+                        continue
+                    if equal_share and s_used[k] > 0 and s_mem[k] != s_used[k] * mem:
+                        counts[CARD_NOT_FOUND_CUSTOM_FILTER_RULE] += 1
+                        continue
+                    if total_cores[j] == 100 and cores == 100 and s_used[k] > 0:
+                        counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                        continue
+                    if total_cores[j] != 0 and s_cores[k] == total_cores[j] and cores == 0:
+                        counts[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
+                        continue
+                    prof = -1
+                    place = -1
+                    if dev_mig[j]:
+                        mig_select(j, s_mig[k] | pick_occ[k], mem, mig_prof_off, mig_prof_len, prof_mem,
+                                   prof_place_off, prof_place_len, place_mask, &prof, &place)
+                        if prof < 0:
+                            counts[CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
+                            continue
+                        pick_occ[k] |= place_mask[place]
+                        revisit = True
+                    picked[npicked] = <int> k
+                    picked_mem[npicked] = mem
+                    picked_prof[npicked] = prof
+                    picked_place[npicked] = place
+                    npicked += 1
+                    if not collect_all:
+                        need -= 1
+                        if need == 0:
+                            break
+                if collect_all and npicked >= nums:
+                    if choosing:
+                        refused = run_chooser(choosers, v, ni, nums, picked, picked_mem, picked_prof,
+                                              picked_place, npicked, &delta, errors)
+                        if refused < 0:   # the chooser raised: stop, and raise once freed
+                            status = -1
+                            break
+                        if refused:   # the vendor refuses every subset: its reason
+                            status = NODE_DEVICE_REASONS
+                            for i in range(N_DEVICE_REASONS):
+                                out_reasons[c * N_DEVICE_REASONS + i] = counts[i]
+                            out_reasons[c * N_DEVICE_REASONS + refused] += 1
+                            out_total[c] = <int> ncands
+                            break
+                        npicked = nums
+                        node_score += delta
+                        out_score[c] = node_score
+                    elif npicked > nums:
+                        npicked = topology_pick(picked, picked_mem, picked_prof, picked_place, npicked,
+                                                nums, pair_score, node_pair_offset[ni], n, combo,
+                                                best_combo)
+                    need = 0
+                if need > 0:
+                    if npicked > 0:
+                        counts[ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += <int> npicked
+                    status = NODE_DEVICE_REASONS
+                    for i in range(N_DEVICE_REASONS):
+                        out_reasons[c * N_DEVICE_REASONS + i] = counts[i]
+                    out_total[c] = <int> ncands
+                    break
+                for i in range(npicked):
+                    k = picked[i]
+                    use_mem = picked_mem[i]
+                    use_cores = cores
+                    if picked_prof[i] >= 0:  # a MIG instance is charged as its profile
+                        use_mem = prof_mem[picked_prof[i]]
+                        use_cores = prof_core[picked_prof[i]]
+                        s_mig[k] |= place_mask[picked_place[i]]
+                    s_used[k] += 1
+                    s_mem[k] += use_mem
+                    s_cores[k] += use_cores
+                    if is_init:
+                        q_init_mem[k] = max(q_init_mem[k], use_mem)
+                        q_init_cores[k] = max(q_init_cores[k], use_cores)
+                    else:
+                        q_app_mem[k] += use_mem
+                        q_app_cores[k] += use_cores
+                    ch_row[nchosen] = <int> r
+                    ch_dev[nchosen] = <int> (off + k)
+                    ch_mem[nchosen] = use_mem
+                    ch_cores[nchosen] = <int> use_cores
+                    ch_prof[nchosen] = picked_prof[i]
+                    ch_place[nchosen] = picked_place[i]
+                    nchosen += 1
+            if status < 0:
+                break
+            out_status[c] = status
+            if status != NODE_FIT:
+                continue
+            if best < 0:
+                better = True
+            elif node_policy == POLICY_SPREAD:
+                better = node_score < best_score
+            else:
+                better = node_score > best_score
+            if better:
+                best = <int> c
+                best_score = node_score
+                for i in range(nchosen):
+                    out_row[i] = ch_row[i]
+                    out_dev[i] = ch_dev[i]
+                    out_mem[i] = ch_mem[i]
+                    out_cores[i] = ch_cores[i]
+                    out_prof[i] = ch_prof[i]
+                    out_place[i] = ch_place[i]
+    free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
+    if errors:
+        raise errors[0]
     return best
 
 

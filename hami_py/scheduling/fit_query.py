@@ -27,6 +27,10 @@ TABLE_COLUMNS = (
 OUTPUTS = ("out_status", "out_reasons", "out_total", "out_score",
            "out_row", "out_dev", "out_mem", "out_cores", "out_prof", "out_place")
 
+_NO_MASK = array("b")   # read only: an empty mask means no device is masked
+_ZERO_I, _ZERO_Q, _ZERO_D = array("i", [0]), array("q", [0]), array("d", [0.0])
+_N_REASONS = R.N_DEVICE_REASONS
+
 _INPUTS = (
     "candidates", "rows", "mask", "node_policy", "gpu_policy", "numa_bind", "mutex",
     "w_slot", "w_core", "w_mem", "quota_mem", "quota_cores", "topology", "mig_ok",
@@ -59,33 +63,35 @@ class FitQuery:
                  topology: bool = False, mig_ok: bool = True):
         self.candidates = candidates
         self.rows = rows
-        self.mask = array("b") if mask is None else mask
+        self.mask = _NO_MASK if mask is None else mask
         self.node_policy = node_policy
         self.gpu_policy = gpu_policy
-        self.numa_bind = int(numa_bind)
-        self.mutex = int(mutex)
+        self.numa_bind = numa_bind
+        self.mutex = mutex
         self.w_slot, self.w_core, self.w_mem = weights
         self.quota_mem = quota_mem
         self.quota_cores = quota_cores
-        self.topology = int(topology)
-        self.mig_ok = int(mig_ok)
+        self.topology = topology
+        self.mig_ok = mig_ok
         self.vendor_flags = vendor_flags
         self.choosers = choosers
         self._allocate(len(candidates), devices)
 
     def _allocate(self, n: int, k: int) -> None:
-        # Zeroed from bytes: the fastest way to a zeroed array (this runs once per filter).
-        k = max(k, 1)
-        self.out_status = array("i", bytes(4 * n))
-        self.out_reasons = array("i", bytes(4 * n * R.N_DEVICE_REASONS))
-        self.out_total = array("i", bytes(4 * n))
-        self.out_score = array("d", bytes(8 * n))
-        self.out_row = array("i", bytes(4 * k))
-        self.out_dev = array("i", bytes(4 * k))
-        self.out_mem = array("q", bytes(8 * k))
-        self.out_cores = array("i", bytes(4 * k))
-        self.out_prof = array("i", bytes(4 * k))
-        self.out_place = array("i", bytes(4 * k))
+        # Repeating a one-element zero array is the quickest way to a zeroed one (several times
+        # quicker than from bytes), and this runs once per filter.
+        if k < 1:
+            k = 1
+        self.out_status = _ZERO_I * n
+        self.out_reasons = _ZERO_I * (n * _N_REASONS)
+        self.out_total = _ZERO_I * n
+        self.out_score = _ZERO_D * n
+        self.out_row = _ZERO_I * k
+        self.out_dev = _ZERO_I * k
+        self.out_mem = _ZERO_Q * k
+        self.out_cores = _ZERO_I * k
+        self.out_prof = _ZERO_I * k
+        self.out_place = _ZERO_I * k
 
     def clone(self) -> FitQuery:
         """The same inputs with zeroed outputs of its own (to run another kernel on them)."""
