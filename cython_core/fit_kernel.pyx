@@ -355,7 +355,7 @@ def filter_nodes(table, query):
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
     cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
-    cdef bint better, any_mig, revisit, refuse_used, equal_share, choosing, collect_all
+    cdef bint better, any_mig, revisit, exclusive, equal_share, choosing, collect_all
     cdef list errors = []
     with nogil:
         for c in range(n_cand):
@@ -417,7 +417,7 @@ def filter_nodes(table, query):
                 if cores > 100:
                     cores = 100
                 flags = vendor_flags[v]
-                refuse_used = mutex or (flags & FLAG_EXCLUSIVE)
+                exclusive = (flags & FLAG_EXCLUSIVE) != 0
                 equal_share = (flags & FLAG_EQUAL_SHARE) != 0
                 choosing = (flags & FLAG_CHOOSE) != 0
                 collect_all = topology or choosing   # every fitting device, not the first nums
@@ -490,10 +490,13 @@ def filter_nodes(table, query):
                     if m != 0:
                         counts[m] += 1
                         continue
+                    if exclusive and s_used[k] > 0:
+                        counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                        continue
                     if count[j] <= s_used[k]:
                         counts[CARD_TIME_SLICING_EXHAUSTED] += 1
                         continue
-                    if refuse_used and s_used[k] > 0:
+                    if mutex and s_used[k] > 0:
                         counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                         continue
                     mem = resolve_mem(memreq, mempct, total_mem[j])

@@ -483,6 +483,15 @@ def test_exclusive_family_refuses_a_device_in_use():
     assert best == 0 and out["dev"] == [1]                       # the idle one is taken
 
 
+def test_a_busy_whole_card_of_an_exclusive_family_reads_exclusive_not_time_slicing():
+    """A whole card has one slot: the family's reason comes before the slot count (upstream's)."""
+    cols = _plain_node(used=[1], used_mem=[0], count=1)
+    best, out = _fit(cols, _one_row(), FLAG_EXCLUSIVE)
+    assert _failure_text(out) == "1/1 ExclusiveDeviceAllocateConflict"
+    best, out = _fit(cols, _one_row(), 0)
+    assert _failure_text(out) == "1/1 CardTimeSlicingExhausted"
+
+
 def test_exclusive_family_gives_one_pod_one_device_per_container():
     """The pod's own first container makes the device busy for the second."""
     rows = _one_row() + [1, 0, 0, 1, 4000, 101, 0]

@@ -107,12 +107,14 @@ def filter_nodes(table, query):
     ``node_pair_offset[node]``, -1 when the node published none).
 
     Device families' rules, per vendor id in ``vendor_flags``: FLAG_EXCLUSIVE refuses a device
-    that hosts a task (as ``mutex`` does, for that family's rows only); FLAG_EQUAL_SHARE refuses a
-    shared device whose tasks do not all hold the memory this row asks (reason
-    CARD_NOT_FOUND_CUSTOM_FILTER_RULE); FLAG_CHOOSE collects every device that fits the row (as
-    ``topology`` does, NUMA regrouping included) and lets ``choosers[vendor]`` pick ``nums`` of
-    them, adding its score delta to the node's score, or refuse the node with a reason of its own
-    (counted once, on top of the walk's counts; see ``_choose``).
+    that hosts a task (as ``mutex`` does, for that family's rows only, but before the slot count,
+    so a busy whole card reads ExclusiveDeviceAllocateConflict, upstream's reason, rather than
+    CardTimeSlicingExhausted); FLAG_EQUAL_SHARE refuses a shared device whose tasks do not all
+    hold the memory this row asks (CARD_NOT_FOUND_CUSTOM_FILTER_RULE); FLAG_CHOOSE collects every
+    device that fits the row (as ``topology`` does, NUMA regrouping included) and lets
+    ``choosers[vendor]`` pick ``nums`` of them, adding its score delta to the node's score, or
+    refuse the node with a reason of its own (counted once, on top of the walk's counts; see
+    ``_choose``).
 
     MIG: a device with ``dev_mig`` set hands out MIG instances. Its profiles are
     ``[mig_prof_off[j], +mig_prof_len[j])`` in the profile table (sorted by memory, then slices), each
@@ -219,7 +221,7 @@ def filter_nodes(table, query):
             qm = quota_mem[v]
             qc = quota_cores[v]
             flags = vendor_flags[v]
-            refuse_used = mutex or flags & FLAG_EXCLUSIVE
+            exclusive = flags & FLAG_EXCLUSIVE
             equal_share = flags & FLAG_EQUAL_SHARE
             choose = flags & FLAG_CHOOSE
             collect_all = topology or choose   # every fitting device, not the first nums
@@ -264,10 +266,15 @@ def filter_nodes(table, query):
                 if m != 0:
                     counts[m] += 1
                     continue
+                if exclusive and s_used_l[k] > 0:
+                    # Before the slot count: a whole card (count 1) of such a family is refused
+                    # as upstream refuses it, for being busy, not for its slots.
+                    counts[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                    continue
                 if count[j] <= s_used_l[k]:
                     counts[R.CARD_TIME_SLICING_EXHAUSTED] += 1
                     continue
-                if refuse_used and s_used_l[k] > 0:
+                if mutex and s_used_l[k] > 0:
                     counts[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                     continue
                 mem = resolve_mem(memreq, mempct, total_mem[j])
