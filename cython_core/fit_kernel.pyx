@@ -490,11 +490,14 @@ def filter_nodes(table, query):
                     if m != 0:
                         counts[m] += 1
                         continue
+                    if count[j] <= s_used[k]:
+                        if exclusive and s_used[k] > 0:
+                            counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                        else:
+                            counts[CARD_TIME_SLICING_EXHAUSTED] += 1
+                        continue
                     if exclusive and s_used[k] > 0:
                         counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-                        continue
-                    if count[j] <= s_used[k]:
-                        counts[CARD_TIME_SLICING_EXHAUSTED] += 1
                         continue
                     if mutex and s_used[k] > 0:
                         counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
