@@ -214,8 +214,8 @@ class Filterer:
             if not marked:
                 return array("b")
             mask = array("b", bytes(len(cache.total_mem)))
-        # Nodes with the same annotations get the same gates: built once per distinct set (every
-        # node of a family may carry the same node switch, as Ascend's plugin writes hami-vnpu-core).
+        # Nodes with the same annotations get the same gates: built once per distinct set (a
+        # family's plugin may write the same node switch on every node it runs on).
         node_gates: dict[tuple, dict[int, DeviceSelector | None]] = {}
         for name in marked:
             entry = cache.nodes[name]

@@ -14,7 +14,7 @@ policies and the pod's requests as flat rows of ``ROW_WIDTH`` int32 values:
 Rows are ordered by container, init containers first. The rules are upstream HAMi's generic
 device fit (hami-scheduling.md §7, §8, §9, §10) with two deliberate fixes: candidates are matched
 by vendor id, not by substring of the model name, and the per-device score includes the request
-being placed (upstream's exact-type comparison makes that term vanish for NVIDIA).
+being placed (upstream's exact-type comparison makes that term vanish for its main family).
 """
 from __future__ import annotations
 
@@ -122,7 +122,7 @@ def filter_nodes(table, query):
     holds the slices taken. A request fits when some profile with enough memory has a free placement;
     the instance then counts the profile's memory and cores, and the same GPU is offered again so one
     container may get several instances of it. ``mig_ok`` is false when the pod's
-    ``nvidia.com/vgpu-mode`` rules MIG out (then the device-count precheck is not relaxed).
+    family's ``allows_partitions`` rules MIG out (then the device-count precheck is not relaxed).
 
     Per candidate position ``c``: ``out_status[c]`` (reasons.NODE_*), ``out_score[c]`` (with the
     choosers' score deltas), and for a device-level failure ``out_reasons[c * N_DEVICE_REASONS + r]``
