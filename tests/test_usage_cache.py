@@ -14,6 +14,7 @@ from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import A100_80, H200, L40S, gpu_node, gpu_pod, registration
 from hami_py.scheduling.filter import Filterer
+from hami_py.scheduling.fit_query import TABLE_COLUMNS
 from hami_py.scheduling.requests import parse_pod_requests
 
 VENDORS = build_vendors(DeviceConfig.default())
@@ -111,6 +112,7 @@ def test_compaction_keeps_every_device_column_with_its_device():
             assert (cache.used[j], cache.used_mem[j], cache.used_cores[j]) == recount.get(dev_id, (0, 0, 0))
     assert sum(cache.used_mem) == 2000
     # The facade's columns (what /filter hands the kernel) are still the table's, compacted.
+    assert set(TABLE_COLUMNS) <= set(cache.table.kernel_arrays())
     for name in cache.table.kernel_arrays():
         assert getattr(cache, name) is getattr(cache.table, name), name
     assert len(cache.total_mem) == len(cache.dev_mig) == len(cache.device_ids) == sum(

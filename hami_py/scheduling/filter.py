@@ -13,8 +13,9 @@ from itertools import compress, repeat
 
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
-from hami_py.devices.base import ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
+from hami_py.devices.base import FLAG_CHOOSE, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
 from hami_py import reasons as R
+from hami_py.scheduling.fit_query import FitQuery
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
 from hami_py.scheduling.policies import Policies, pod_policies
 from hami_py.scheduling.requests import PodRequest
@@ -62,6 +63,12 @@ class Filterer:
         self.default_node_policy = default_node_policy
         self.default_gpu_policy = default_gpu_policy
         self.kernel = kernel or _kernel.filter_nodes
+        # The kernel's per-vendor rules, indexed by vendor id; choosers are made per filter, for
+        # the FLAG_CHOOSE families the pod asks for (a list of None when it asks for none).
+        self.vendor_flags = array("i", [vendors[key].kernel_flags if key in vendors else 0
+                                        for key in cache.vendor_ids])
+        self._choosing = {key: i for key, i in cache.vendor_ids.items() if self.vendor_flags[i] & FLAG_CHOOSE}
+        self._no_choosers = [None] * len(cache.vendor_ids)
 
     def policies(self, pod: dict, vendors=None) -> Policies:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -100,28 +107,22 @@ class Filterer:
         quota_mem, quota_cores = cache.quota.headroom(namespace)
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
-        out_status = array("i", bytes(4 * n))
-        out_reasons = array("i", bytes(4 * n * nr))
-        out_total = array("i", bytes(4 * n))
-        out_score = array("d", bytes(8 * n))
-        k = max(request.total_nums, 1)
-        out_row = array("i", bytes(4 * k))
-        out_dev = array("i", bytes(4 * k))
-        out_mem = array("q", bytes(8 * k))
-        out_cores = array("i", bytes(4 * k))
-        out_prof = array("i", bytes(4 * k))
-        out_place = array("i", bytes(4 * k))
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
-        best = self.kernel(
-            cache.total_mem, cache.total_cores, cache.count, cache.numa, cache.health, cache.vendor,
-            cache.used_mem, cache.used_cores, cache.used,
-            cache.node_offset, cache.node_len, cand_idx, request.rows, mask,
-            policies.node, policies.gpu, int(policies.numa_bind), int(policies.mutex), *policies.weights,
-            quota_mem, quota_cores, int(policies.topology), cache.pair_score, cache.node_pair_offset,
-            int(mig_ok), cache.dev_mig, cache.mig_used, cache.mig_prof_off, cache.mig_prof_len,
-            cache.prof_mem, cache.prof_core, cache.prof_place_off, cache.prof_place_len, cache.place_mask,
-            out_status, out_reasons, out_total, out_score, out_row, out_dev, out_mem, out_cores,
-            out_prof, out_place)
+        choosers = self._no_choosers
+        if self._choosing and (asked := [k for k in request.vendors if k in self._choosing]):
+            choosers = list(choosers)
+            for key in asked:
+                choosers[self._choosing[key]] = self.vendors[key].chooser(cache, annotations)
+        query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
+                         gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
+                         weights=policies.weights, quota_mem=quota_mem, quota_cores=quota_cores,
+                         topology=policies.topology, mig_ok=mig_ok, vendor_flags=self.vendor_flags,
+                         choosers=choosers)
+        best = self.kernel(cache, query)
+        out_status, out_reasons, out_total, out_score = (
+            query.out_status, query.out_reasons, query.out_total, query.out_score)
+        out_row, out_dev, out_mem, out_cores, out_prof, out_place = (
+            query.out_row, query.out_dev, query.out_mem, query.out_cores, query.out_prof, query.out_place)
 
         failed: dict[str, str] = {}
         texts: dict[tuple[bytes, int], str] = {}
@@ -213,8 +214,8 @@ class Filterer:
             if not marked:
                 return array("b")
             mask = array("b", bytes(len(cache.total_mem)))
-        # Nodes with the same annotations get the same gates: built once per distinct set (every
-        # node of a family may carry the same node switch, as Ascend's plugin writes hami-vnpu-core).
+        # Nodes with the same annotations get the same gates: built once per distinct set (a
+        # family's plugin may write the same node switch on every node it runs on).
         node_gates: dict[tuple, dict[int, DeviceSelector | None]] = {}
         for name in marked:
             entry = cache.nodes[name]
