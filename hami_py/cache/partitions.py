@@ -1,4 +1,4 @@
-"""Partition tables: devices cut into fixed instances (NVIDIA MIG) rather than shared by quota.
+"""Partition tables: devices cut into fixed instances (MIG mode) rather than shared by quota.
 
 A partitioned GPU is not charged by adding memory and cores: each instance takes a run of slices,
 what a GPU has taken is the union of its pods' slices, and each profile may only sit at fixed
