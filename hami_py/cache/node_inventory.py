@@ -72,8 +72,11 @@ class NodeInventory:
         self.nodes = nodes
         self.node_selector = node_selector or {}
         self.handshake_timeout_s = handshake_timeout_s
-        # Nodes carrying per-device annotations (cordons): only they need a device mask.
+        # Nodes carrying per-device annotations (cordons) or a family's node switch: only they
+        # need gates of their own. Grouped by the annotations they carry, so a filter builds the
+        # gates once per group (a family's plugin may write the same switch on all its nodes).
         self.annotated_nodes: set[str] = set()
+        self.annotation_groups: dict[tuple, set[str]] = {}
         # Nodes whose handshake is pending with nothing allocatable: name → the wall-clock time
         # the stamp goes stale, when /filter leaves them out (upstream's handshake rule).
         self.handshake_deadlines: dict[str, float] = {}
@@ -109,11 +112,9 @@ class NodeInventory:
         self._judge_handshake(entry, annotations, allocatable, first_seen)
         # Keep only what the per-pod device selectors may read (cordon list and the like).
         gates = self._gate_annotations
-        entry.annotations = {k: v for k, v in annotations.items() if k.startswith("hami.io/device-") or k in gates}
-        if entry.annotations:
-            self.annotated_nodes.add(name)
-        else:
-            self.annotated_nodes.discard(name)
+        kept = {k: v for k, v in annotations.items() if k.startswith("hami.io/device-") or k in gates}
+        if kept != entry.annotations or first_seen:
+            self._regroup(entry, kept)
         view = NodeView(name=name, annotations=annotations, labels=labels,
                         capacity=(node.get("status") or {}).get("capacity") or {}, allocatable=allocatable)
         texts = {k: v.registration_inputs(view) for k, v in self.vendors.items()}
@@ -193,6 +194,20 @@ class NodeInventory:
         entry.gone_vendors = gone
         self._place_devices(entry, entry.registered)
 
+    def _regroup(self, entry: NodeEntry, kept: dict[str, str]) -> None:
+        old = self.annotation_groups.get(entry.annotation_key)
+        if old is not None:
+            old.discard(entry.name)
+            if not old:
+                del self.annotation_groups[entry.annotation_key]
+        entry.annotations = kept
+        entry.annotation_key = tuple(sorted(kept.items()))
+        if kept:
+            self.annotated_nodes.add(entry.name)
+            self.annotation_groups.setdefault(entry.annotation_key, set()).add(entry.name)
+        else:
+            self.annotated_nodes.discard(entry.name)
+
     def remove_node(self, name: str) -> None:
         entry = self.nodes.pop(name, None)
         if entry is None:
@@ -200,7 +215,7 @@ class NodeInventory:
         self._wake_lock_waiter(name, every=True)
         self.table.release(entry)
         self.handshake_deadlines.pop(name, None)
-        self.annotated_nodes.discard(name)
+        self._regroup(entry, {})
         # Pods charged to the node keep their records: they are released by their own events.
         self.ledger.unresolve_node(name)
 

@@ -55,6 +55,7 @@ class NodeEntry:
     uuid_to_slot: dict[str, int] = field(default_factory=dict)
     register_text: dict[str, str | None] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)
+    annotation_key: tuple = ()          # ``annotations`` as a sorted tuple: its group in the inventory
     labels: dict[str, str] = field(default_factory=dict)
     # Families whose device plugin registration upkeep judged gone on this node: their devices
     # are left out (the node's other families stay usable); ``registered`` keeps them all.

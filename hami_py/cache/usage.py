@@ -46,7 +46,7 @@ _LEDGER_ATTRIBUTES = (
     "finish_pod_relist", "recount",
 )
 _INVENTORY_ATTRIBUTES = (
-    "nodes", "annotated_nodes", "handshake_deadlines",
+    "nodes", "annotated_nodes", "annotation_groups", "handshake_deadlines",
     "upsert_node", "remove_node", "set_plugin_gone", "replace_nodes", "begin_node_relist", "relist_nodes_page",
     "finish_node_relist", "lock_hint", "wait_lock_release", "lock_waiters", "first_lock_waiter",
 )
