@@ -18,6 +18,7 @@ from hami_py.aio import cancel_and_wait
 from hami_py.allocation_metrics import AllocationMetrics, quota_samples
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
+from hami_py.devices.base import DeviceVendor
 from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.http.server import DEFAULT_BODY_LIMIT, build_app, build_metrics_app
 from hami_py.http.tls import DEFAULT_CHECK_INTERVAL_S, ReloadingTLS
@@ -101,10 +102,13 @@ def split_host_port(address: str, *, default_host: str) -> tuple[str, int]:
 
 
 class SchedulerApp:
-    def __init__(self, options: Options, *, device_config: DeviceConfig, configuration):
+    def __init__(self, options: Options, *, device_config: DeviceConfig, configuration,
+                 vendors: dict[str, DeviceVendor] | None = None):
+        """``vendors``: the families already built from ``device_config`` (the CLI builds them
+        first, to refuse a bad config before connecting); built here when not given."""
         self.options = options
         self.configuration = configuration
-        self.vendors = build_vendors(device_config, FamilySwitches(
+        self.vendors = vendors if vendors is not None else build_vendors(device_config, FamilySwitches(
             enable_ascend=options.enable_ascend, enable_iluvatar=options.enable_iluvatar))
         self.metrics = Metrics()
         self._pod_events_counter = self.metrics.watch_events.labels("pods")

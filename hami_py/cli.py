@@ -18,6 +18,7 @@ from hami_py import __version__
 from hami_py.app import Options, SchedulerApp, split_host_port
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.devices.codec import parse_go_bool
+from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.http.tls import TLSConfigError
 from hami_py.k8s.leader import check_leader_options, leader_identity
 from hami_py.logs import configure_logging
@@ -185,16 +186,24 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"cannot read {exc.filename}: {exc.strerror}")
     level = logging.DEBUG if ns.debug or ns.verbosity >= 4 else logging.INFO
     configure_logging(json=ns.log_format == "json", level=level)
-    return asyncio.run(serve(options_from_args(ns), device_config))
+    options = options_from_args(ns)
+    try:
+        # Each family reads its own config section here, before any connection is made: a bad
+        # key stops the process with the file's line, as a malformed file does.
+        vendors = build_vendors(device_config, FamilySwitches(enable_ascend=options.enable_ascend,
+                                                              enable_iluvatar=options.enable_iluvatar))
+    except ConfigError as exc:
+        return _fail(str(exc))
+    return asyncio.run(serve(options, device_config, vendors=vendors))
 
 
-async def serve(options: Options, device_config: DeviceConfig) -> int:
+async def serve(options: Options, device_config: DeviceConfig, *, vendors: dict | None = None) -> int:
     from hami_py.k8s.client import load_configuration
     try:
         configuration = await load_configuration(options.kubeconfig)
     except Exception as exc:  # noqa: BLE001 - whatever the loader raises, say it in one line
         return _fail(f"cannot load cluster configuration: {exc}")
-    app = SchedulerApp(options, device_config=device_config, configuration=configuration)
+    app = SchedulerApp(options, device_config=device_config, configuration=configuration, vendors=vendors)
     try:
         await app.start()
     except TLSConfigError as exc:

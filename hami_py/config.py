@@ -1,4 +1,5 @@
-"""The device configuration file (``--device-config-file``), in upstream HAMi's schema.
+"""The device configuration file (``--device-config-file``), in upstream HAMi's schema, and the
+readers every device family parses its own section with.
 
 The Helm chart mounts one YAML file that upstream's scheduler and device plugins share; we read
 the same file so an existing HAMi installation can switch schedulers without touching it. The
@@ -6,10 +7,13 @@ file, not the command line, is the source of truth for resource names (upstream 
 vendor flags with it).
 
 Upstream decodes it with Go's yaml.v2: unknown keys are ignored, a missing key is the Go zero
-value (``""``, 0, false) and a wrong type is fatal. We keep those rules, but report the
-problem as one line naming the file, the line and the field (``nvidia.defaultMemory``), which
-the CLI prints before exiting with status 2. The NVIDIA section is typed (:class:`NvidiaConfig`);
-the other vendor sections are kept as raw data until their vendor modules exist.
+value (``""``, 0, false) and a wrong type is fatal. Those rules live here once, in
+:class:`Section`: each family's ``build_family`` reads its section with ``config.section(name)``
+into its own config type, beside its module (``hami_py/devices/``), and a problem is reported as
+one line naming the file, the line and the field (``<file>: line 3: nvidia.defaultMemory:
+expected an integer, got string "abc"``), which the CLI prints before exiting with status 2.
+This module names no family's fields and imports no family: the device layer depends on it, not
+the other way round. The sections themselves are kept as parsed, so the file round-trips.
 """
 from __future__ import annotations
 
@@ -28,47 +32,14 @@ class ConfigError(ValueError):
     """The device config cannot be used; the message is one line naming file, line and field."""
 
 
-@dataclass(slots=True)
-class MigProfileAllowlistEntry:
-    """GPU models (e.g. ``H200 NVL``) and the MIG profiles the device plugin may create on them."""
-    models: list[str] = field(default_factory=list)
-    profiles: list[str] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class NvidiaConfig:
-    """The ``nvidia`` section.
-
-    Field defaults are the values of a *missing* key (Go zero values), as upstream: a file that
-    leaves out ``defaultGPUNum`` gets 0, not the chart's 1; ``DeviceConfig.default().nvidia``
-    holds the values the Helm chart writes. The device-plugin-only keys are ``None`` when absent
-    (they are pointers upstream) and are kept so the whole file round-trips.
-    """
-    resource_count_name: str = ""
-    resource_memory_name: str = ""
-    resource_memory_percentage_name: str = ""
-    resource_core_name: str = ""
-    resource_priority_name: str = ""
-    overwrite_env: bool = False
-    default_memory: int = 0          # MiB; not multiplied by memory_factor
-    default_cores: int = 0
-    default_gpu_num: int = 0
-    memory_factor: int = 0           # <= 1 means 1
-    disable_core_limit: bool = False
-    gpu_core_policy: str = ""        # "", "default", "force" or "disable"
-    runtime_class_name: str = ""
-    mig_profile_allowlist: list[MigProfileAllowlistEntry] = field(default_factory=list)
-    # device-plugin-only keys
-    device_split_count: int | None = None
-    device_memory_scaling: float | None = None
-    device_core_scaling: float | None = None
-    pre_configured_device_memory: int | None = None
-    lib_cuda_log_level: str | None = None
-    enable_numa_topology: bool | None = None
-
-# Vendor sections other than nvidia, and the keys upstream reads from each (used only to tell
-# an all-empty file, which upstream refuses, from a usable one).
-OTHER_SECTION_KEYS: dict[str, tuple[str, ...]] = {
+# Every vendor section upstream decodes, and the keys it reads from each: only to tell an all-empty
+# file, which upstream refuses, from a usable one (the families read their sections themselves).
+SECTION_KEYS: dict[str, tuple[str, ...]] = {
+    "nvidia": ("resourceCountName", "resourceMemoryName", "resourceMemoryPercentageName", "resourceCoreName",
+               "resourcePriorityName", "overwriteEnv", "defaultMemory", "defaultCores", "defaultGPUNum",
+               "memoryFactor", "disableCoreLimit", "gpuCorePolicy", "runtimeClassName", "migProfileAllowlist",
+               "deviceSplitCount", "deviceMemoryScaling", "deviceCoreScaling", "preConfiguredDeviceMemory",
+               "libCudaLogLevel", "enableNumaTopology"),
     "cambricon": ("resourceCountName", "resourceMemoryName", "resourceCoreName"),
     "hygon": ("resourceCountName", "resourceMemoryName", "resourceCoreName", "memoryFactor"),
     "metax": ("resourceCountName", "resourceVCountName", "resourceVMemoryName", "resourceVCoreName",
@@ -84,19 +55,32 @@ OTHER_SECTION_KEYS: dict[str, tuple[str, ...]] = {
     "iluvatars": (),   # a list of chip entries
     "vnpus": (),       # {hamiVnpuCore, configs: [...]}
 }
+# Pointer fields upstream (the NVIDIA device plugin's keys): any value, zero included, sets them.
+_SET_WHEN_PRESENT = frozenset({("nvidia", key) for key in (
+    "deviceSplitCount", "deviceMemoryScaling", "deviceCoreScaling", "preConfiguredDeviceMemory",
+    "libCudaLogLevel", "enableNumaTopology")})
 _LIST_SECTIONS = frozenset({"iluvatars"})
+# The source named in messages about a config built in memory, not read from a file.
+UNNAMED_SOURCE = "device config"
 
 
 @dataclass(slots=True)
 class DeviceConfig:
-    """The whole file: the typed NVIDIA section plus every other vendor section, raw."""
-    nvidia: NvidiaConfig = field(default_factory=NvidiaConfig)
-    other_sections: dict[str, Any] = field(default_factory=dict)
+    """The whole file: every vendor section upstream reads, as parsed (mapping, or list for
+    ``iluvatars``), plus the node tree that points messages at the file's lines."""
+    sections: dict[str, Any] = field(default_factory=dict)
+    document: Document | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def default(cls) -> DeviceConfig:
         """The device config the Helm chart installs by default (a fresh copy each call)."""
         return parse_device_config(CHART_DEFAULT_DEVICE_CONFIG, "<chart defaults>")
+
+    def section(self, name: str) -> Section:
+        """The reader of one vendor section; an absent section reads as all zero values."""
+        if self.document is None:
+            return Section.of(name, self.sections.get(name))
+        return Section(self.document, (name,), self.sections.get(name))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -104,7 +88,9 @@ class DeviceConfig:
 # ---------------------------------------------------------------------------------------------
 
 def load_device_config(path: str | Path) -> DeviceConfig:
-    """Read and validate the device config file; ConfigError (one line) on any problem."""
+    """Read the device config file and check its shape; ConfigError (one line) on any problem.
+
+    The sections' keys are checked by the families that read them (``build_family``)."""
     source = str(path)
     try:
         raw = Path(path).read_bytes()
@@ -120,14 +106,12 @@ def load_device_config(path: str | Path) -> DeviceConfig:
 def parse_device_config(text: str, source: str = "<string>") -> DeviceConfig:
     """Like :func:`load_device_config` for text already in memory; ``source`` names it in errors."""
     root, data = _read_yaml(text, source)
-    doc = _Document(source, root)
+    doc = Document(source, root)
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise doc.error((), f"expected a mapping of vendor sections, got {_kind(data)}")
-    nvidia = _read_nvidia(doc, data.get("nvidia"))
-    others = _read_other_sections(doc, data)
-    config = DeviceConfig(nvidia=nvidia, other_sections=others)
+        raise doc.error((), f"expected a mapping of vendor sections, got {kind_of(data)}")
+    config = DeviceConfig(sections=_read_sections(doc, data), document=doc)
     if _is_empty(config):
         raise ConfigError(f"{source}: all configurations are empty")
     return config
@@ -167,11 +151,59 @@ def _load_first(loader_type, text: str) -> tuple[yaml.Node | None, Any]:
     return root, data
 
 
+def _read_sections(doc: Document, data: dict) -> dict[str, Any]:
+    sections: dict[str, Any] = {}
+    for name in SECTION_KEYS:   # other top-level keys are ignored, as yaml.v2 does
+        value = data.get(name)
+        if value is None:
+            continue
+        expected = list if name in _LIST_SECTIONS else dict
+        if not isinstance(value, expected):
+            shape = "a list" if expected is list else "a mapping"
+            raise doc.error((name,), f"expected {shape}, got {kind_of(value)}")
+        sections[name] = value
+    return sections
+
+
+def _is_zero(value: Any) -> bool:
+    """Whether a parsed value reads as its Go zero value ("", 0, false, empty list or mapping)."""
+    if value is None or value is False:
+        return True
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value == 0
+    return isinstance(value, (str, list, dict)) and not value
+
+
+def _is_empty(config: DeviceConfig) -> bool:
+    """Upstream's "all configurations are empty": no section sets anything it reads."""
+    for name, section in config.sections.items():
+        if name == "iluvatars":
+            if section:
+                return False
+        elif name == "vnpus":
+            if section.get("configs"):
+                return False
+        else:
+            for key in SECTION_KEYS[name]:
+                value = section.get(key)
+                is_set = value is not None if (name, key) in _SET_WHEN_PRESENT else not _is_zero(value)
+                if is_set:
+                    return False
+    return True
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading a section
+# ---------------------------------------------------------------------------------------------
+
 _KINDS = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
           (list, "list"), (dict, "mapping"), (datetime.date, "timestamp"), (bytes, "binary"))
+# The YAML tag each plain Python scalar is constructed from (to trust a node's text for a value).
+_TAGS = ((bool, "bool"), (int, "int"), (float, "float"), (datetime.date, "timestamp"))
 
 
-def _kind(value: Any) -> str:
+def kind_of(value: Any) -> str:
+    """The YAML kind of a parsed value, as messages name it (``string``, ``mapping``)."""
     if value is None:
         return "null"
     for python_type, name in _KINDS:
@@ -180,8 +212,20 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-class _Document:
-    """The parsed file's node tree, to put line numbers and original text into messages."""
+def dotted(path: tuple) -> str:
+    """A key path as messages write it: ``vnpus.configs[0].commonWord``."""
+    text = ""
+    for step in path:
+        text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else step)
+    return text
+
+
+class Document:
+    """The parsed file's node tree, to put line numbers and original text into messages.
+
+    A config built in memory has no tree (``root`` None): its messages name ``source`` alone."""
+
+    __slots__ = ("source", "root")
 
     def __init__(self, source: str, root: yaml.Node | None):
         self.source = source
@@ -205,202 +249,187 @@ class _Document:
     def error(self, path: tuple, problem: str) -> ConfigError:
         node = self.node(path)
         line = f"line {node.start_mark.line + 1}: " if node is not None else ""
-        where = f"{_dotted(path)}: " if path else ""
+        where = f"{dotted(path)}: " if path else ""
         return ConfigError(f"{self.source}: {line}{where}{problem}")
 
     def scalar_text(self, path: tuple, value: Any) -> str:
-        """A scalar as text the way yaml.v2 fills a Go string field: the text as written."""
+        """A scalar as text the way yaml.v2 fills a Go string field: the text as written
+        (``0x10`` stays ``0x10``), when the file's node still holds this kind of value."""
         node = self.node(path)
-        if isinstance(node, yaml.ScalarNode):
+        if isinstance(node, yaml.ScalarNode) and _tag_matches(node.tag, value):
             return node.value
         if isinstance(value, bool):
             return "true" if value else "false"
         return str(value)
 
 
-def _dotted(path: tuple) -> str:
-    text = ""
-    for step in path:
-        text += f"[{step}]" if isinstance(step, int) else (f".{step}" if text else step)
-    return text
+def _tag_matches(tag: str, value: Any) -> bool:
+    for python_type, name in _TAGS:
+        if isinstance(value, python_type):
+            return tag == f"tag:yaml.org,2002:{name}"
+    return False
 
 
-# -- scalar readers: each takes the raw value and its path, returns the typed value --------------
+class Section:
+    """One mapping of the device config (a vendor section, or an entry inside one), read key by
+    key with yaml.v2's rules: a missing or null key is the Go zero value, a wrong type raises
+    ConfigError naming the file, the line (when known) and the key path.
 
-def _read_str(doc: _Document, path: tuple, value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, (list, dict)):
-        raise doc.error(path, f"expected a string, got {_kind(value)}")
-    return doc.scalar_text(path, value)
+    Every reader takes the key path below this section (``str("resourceCountName")``,
+    ``int64("templates", 0, "memory")``); ``section(...)`` hands an entry to a reader of its own.
+    """
 
+    __slots__ = ("document", "path", "value")
 
-def _read_optional_str(doc: _Document, path: tuple, value: Any) -> str | None:
-    return None if value is None else _read_str(doc, path, value)
+    def __init__(self, document: Document, path: tuple, value: Any):
+        self.document = document
+        self.path = path
+        self.value = value   # as parsed: a mapping, a list, or None when absent
 
+    @classmethod
+    def of(cls, name: str, value: Any) -> Section:
+        """A reader over a section built in memory, not read from a file (messages name no line)."""
+        return cls(Document(UNNAMED_SOURCE, None), (name,), value)
 
-def _read_bool(doc: _Document, path: tuple, value: Any) -> bool:
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise doc.error(path, f"expected true or false, got {_got(doc, path, value)}")
-    return value
+    @property
+    def name(self) -> str:
+        """The section's key path as messages write it (``vnpus.configs[0]``)."""
+        return dotted(self.path)
 
+    @property
+    def is_null(self) -> bool:
+        """Whether the section is absent or null (which reads as all zero values)."""
+        return self.value is None
 
-def _read_optional_bool(doc: _Document, path: tuple, value: Any) -> bool | None:
-    return None if value is None else _read_bool(doc, path, value)
+    def error(self, problem: str, *steps: str | int) -> ConfigError:
+        """A ConfigError about this section, or about the key at ``steps`` below it."""
+        return self.document.error(self.path + steps, problem)
 
+    def _at(self, steps: tuple) -> tuple[tuple, Any]:
+        """(full path, value) of the key at ``steps``; None once a step is missing or null."""
+        value, path = self.value, self.path
+        for step in steps:
+            if value is None:
+                return self.path + steps, None
+            if isinstance(step, int):
+                if not isinstance(value, list):
+                    raise self.document.error(path, f"expected a list, got {kind_of(value)}")
+                value = value[step] if 0 <= step < len(value) else None
+            else:
+                if not isinstance(value, dict):
+                    raise self.document.error(path, f"expected a mapping, got {kind_of(value)}")
+                value = value.get(step)
+            path += (step,)
+        return path, value
 
-def _got(doc: _Document, path: tuple, value: Any) -> str:
-    """What was found instead, for messages: ``string "abc"``, ``list``."""
-    if isinstance(value, (list, dict)):
-        return _kind(value)
-    return f'{_kind(value)} "{doc.scalar_text(path, value)}"'
+    def _got(self, path: tuple, value: Any) -> str:
+        """What was found instead, for messages: ``string "abc"``, ``list``."""
+        if isinstance(value, (list, dict)) or value is None:
+            return kind_of(value)
+        return f'{kind_of(value)} "{self.document.scalar_text(path, value)}"'
 
+    # -- nested structure ---------------------------------------------------------------------
 
-def _read_int(doc: _Document, path: tuple, value: Any, low: int, high: int, kind: str) -> int:
-    if value is None:
-        return 0
-    # Whole floats (2.0) are accepted as yaml.v2 does; fractional ones are refused where yaml.v2
-    # would silently truncate them.
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise doc.error(path, f"expected an integer, got {_got(doc, path, value)}")
-    if not low <= value <= high:
-        raise doc.error(path, f"{value} is out of range for {kind} ({low}..{high})")
-    return value
+    def get(self, *steps: str | int) -> Any:
+        """The value at ``steps`` as parsed, unchecked (None when missing or null)."""
+        return self._at(steps)[1]
 
+    def section(self, *steps: str | int) -> Section:
+        """The mapping at ``steps`` (null or missing: an empty one)."""
+        path, value = self._at(steps)
+        if value is not None and not isinstance(value, dict):
+            raise self.document.error(path, f"expected a mapping, got {kind_of(value)}")
+        return Section(self.document, path, value)
 
-def _read_int32(doc: _Document, path: tuple, value: Any) -> int:
-    return _read_int(doc, path, value, INT32_MIN, INT32_MAX, "int32")
-
-
-def _read_optional_uint(doc: _Document, path: tuple, value: Any) -> int | None:
-    return None if value is None else _read_int(doc, path, value, 0, UINT64_MAX, "uint")
-
-
-def _read_optional_int64(doc: _Document, path: tuple, value: Any) -> int | None:
-    return None if value is None else _read_int(doc, path, value, INT64_MIN, INT64_MAX, "int64")
-
-
-def _read_optional_float(doc: _Document, path: tuple, value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise doc.error(path, f"expected a number, got {_got(doc, path, value)}")
-    return float(value)
-
-
-def _read_str_list(doc: _Document, path: tuple, value: Any) -> list[str]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise doc.error(path, f"expected a list of strings, got {_kind(value)}")
-    return [_read_str(doc, path + (i,), item) for i, item in enumerate(value)]
-
-
-def _read_allowlist(doc: _Document, path: tuple, value: Any) -> list[MigProfileAllowlistEntry]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise doc.error(path, f"expected a list of {{models, profiles}} entries, got {_kind(value)}")
-    entries = []
-    for i, item in enumerate(value):
-        entry_path = path + (i,)
-        if item is None:
-            item = {}
-        if not isinstance(item, dict):
-            raise doc.error(entry_path, f"expected a mapping with models and profiles, got {_kind(item)}")
-        entry = MigProfileAllowlistEntry(
-            models=_read_str_list(doc, entry_path + ("models",), item.get("models")),
-            profiles=_read_str_list(doc, entry_path + ("profiles",), item.get("profiles")))
-        _validate_allowlist_entry(doc, entry_path, entry)
-        entries.append(entry)
-    return entries
-
-
-def _validate_allowlist_entry(doc: _Document, path: tuple, entry: MigProfileAllowlistEntry) -> None:
-    """Upstream refuses to start unless every entry names models and well-formed profiles."""
-    if not entry.models or not entry.profiles:
-        raise doc.error(path, "MIG profile allowlist entry must define models and profiles")
-    for i, profile in enumerate(entry.profiles):
-        # "<n>g.<rest>": the part before the first '.' has at least two bytes and ends in 'g'.
-        prefix, dot, _ = profile.partition(".")
-        if not dot or len(prefix.encode()) < 2 or not prefix.endswith("g"):
-            raise doc.error(path + ("profiles", i),
-                            f"invalid MIG profile {profile!r}: expected <n>g.<memory>, e.g. 1g.18gb")
-
-
-# yaml key -> (attribute, reader)
-_NVIDIA_FIELDS = {
-    "resourceCountName": ("resource_count_name", _read_str),
-    "resourceMemoryName": ("resource_memory_name", _read_str),
-    "resourceMemoryPercentageName": ("resource_memory_percentage_name", _read_str),
-    "resourceCoreName": ("resource_core_name", _read_str),
-    "resourcePriorityName": ("resource_priority_name", _read_str),
-    "overwriteEnv": ("overwrite_env", _read_bool),
-    "defaultMemory": ("default_memory", _read_int32),
-    "defaultCores": ("default_cores", _read_int32),
-    "defaultGPUNum": ("default_gpu_num", _read_int32),
-    "memoryFactor": ("memory_factor", _read_int32),
-    "disableCoreLimit": ("disable_core_limit", _read_bool),
-    "gpuCorePolicy": ("gpu_core_policy", _read_str),
-    "runtimeClassName": ("runtime_class_name", _read_str),
-    "migProfileAllowlist": ("mig_profile_allowlist", _read_allowlist),
-    "deviceSplitCount": ("device_split_count", _read_optional_uint),
-    "deviceMemoryScaling": ("device_memory_scaling", _read_optional_float),
-    "deviceCoreScaling": ("device_core_scaling", _read_optional_float),
-    "preConfiguredDeviceMemory": ("pre_configured_device_memory", _read_optional_int64),
-    "libCudaLogLevel": ("lib_cuda_log_level", _read_optional_str),
-    "enableNumaTopology": ("enable_numa_topology", _read_optional_bool),
-}
-
-
-def _read_nvidia(doc: _Document, section: Any) -> NvidiaConfig:
-    config = NvidiaConfig()
-    if section is None:
-        return config
-    if not isinstance(section, dict):
-        raise doc.error(("nvidia",), f"expected a mapping, got {_kind(section)}")
-    for key, value in section.items():
-        spec = _NVIDIA_FIELDS.get(key)  # keys are case-sensitive; unknown ones are ignored
-        if spec is not None:
-            attribute, reader = spec
-            setattr(config, attribute, reader(doc, ("nvidia", key), value))
-    return config
-
-
-def _read_other_sections(doc: _Document, data: dict) -> dict[str, Any]:
-    sections: dict[str, Any] = {}
-    for name in OTHER_SECTION_KEYS:
-        value = data.get(name)
+    def list(self, *steps: str | int) -> list:
+        """The list at ``steps`` as parsed (null or missing: [])."""
+        path, value = self._at(steps)
         if value is None:
-            continue
-        expected = list if name in _LIST_SECTIONS else dict
-        if not isinstance(value, expected):
-            shape = "a list" if expected is list else "a mapping"
-            raise doc.error((name,), f"expected {shape}, got {_kind(value)}")
-        sections[name] = value
-    return sections
+            return []
+        if not isinstance(value, list):
+            raise self.document.error(path, f"expected a list, got {kind_of(value)}")
+        return value
 
+    def sections(self, *steps: str | int) -> list[Section]:
+        """A reader for each entry of the list at ``steps`` (a null entry reads as empty)."""
+        return [self.section(*steps, i) for i in range(len(self.list(*steps)))]
 
-def _is_empty(config: DeviceConfig) -> bool:
-    """Upstream's "all configurations are empty": no section sets anything it reads."""
-    if config.nvidia != NvidiaConfig():
-        return False
-    for name, section in config.other_sections.items():
-        if name == "iluvatars":
-            if section:
-                return False
-        elif name == "vnpus":
-            if section.get("configs"):
-                return False
-        elif any(section.get(key) not in (None, "", False, 0) for key in OTHER_SECTION_KEYS[name]):
+    # -- scalars --------------------------------------------------------------------------------
+
+    def str(self, *steps: str | int, only_strings: bool = False) -> str:
+        """A string key (missing or null: ""). Any other scalar gives its text as written, as
+        yaml.v2 fills a Go string; with ``only_strings`` it is refused instead."""
+        path, value = self._at(steps)
+        if value is None:
+            return ""
+        if isinstance(value, str):
+            return value
+        if only_strings or isinstance(value, (list, dict)):
+            raise self.document.error(path, f"expected a string, got {self._got(path, value)}")
+        return self.document.scalar_text(path, value)
+
+    def optional_str(self, *steps: str | int) -> str | None:
+        """Like :meth:`str`, but None when missing or null (a Go ``*string``)."""
+        return None if self._at(steps)[1] is None else self.str(*steps)
+
+    def bool(self, *steps: str | int) -> bool:
+        """A true/false key (missing or null: False); YAML 1.1 spellings (``yes``) count, text does not."""
+        path, value = self._at(steps)
+        if value is None:
             return False
-    return True
+        if not isinstance(value, bool):
+            raise self.document.error(path, f"expected true or false, got {self._got(path, value)}")
+        return value
+
+    def optional_bool(self, *steps: str | int) -> bool | None:
+        return None if self._at(steps)[1] is None else self.bool(*steps)
+
+    def _int(self, steps: tuple, low: int, high: int, kind: str) -> int:
+        path, value = self._at(steps)
+        if value is None:
+            return 0
+        # Whole floats (2.0) are accepted as yaml.v2 does; fractional ones are refused where yaml.v2
+        # would silently truncate them.
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.document.error(path, f"expected an integer, got {self._got(path, value)}")
+        if not low <= value <= high:
+            raise self.document.error(path, f"{value} is out of range for {kind} ({low}..{high})")
+        return value
+
+    def int32(self, *steps: str | int) -> int:
+        """An int32 key (missing or null: 0)."""
+        return self._int(steps, INT32_MIN, INT32_MAX, "int32")
+
+    def int64(self, *steps: str | int) -> int:
+        """An int64 key (missing or null: 0)."""
+        return self._int(steps, INT64_MIN, INT64_MAX, "int64")
+
+    def optional_int64(self, *steps: str | int) -> int | None:
+        return None if self._at(steps)[1] is None else self.int64(*steps)
+
+    def optional_uint(self, *steps: str | int) -> int | None:
+        """A Go ``*uint`` key (64 bits): None when missing or null."""
+        return None if self._at(steps)[1] is None else self._int(steps, 0, UINT64_MAX, "uint")
+
+    def optional_float(self, *steps: str | int) -> float | None:
+        """A Go ``*float64`` key: None when missing or null; integers count."""
+        path, value = self._at(steps)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.document.error(path, f"expected a number, got {self._got(path, value)}")
+        return float(value)
+
+    def str_list(self, *steps: str | int) -> list[str]:
+        """A list of strings (missing or null: []); each item read as :meth:`str` reads a key."""
+        path, value = self._at(steps)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise self.document.error(path, f"expected a list of strings, got {kind_of(value)}")
+        return [self.str(*steps, i) for i in range(len(value))]
 
 
 # ---------------------------------------------------------------------------------------------

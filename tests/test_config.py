@@ -8,9 +8,10 @@ import pytest
 import yaml
 
 from hami_py.config import (
-    CHART_DEFAULT_DEVICE_CONFIG, ConfigError, DeviceConfig, MigProfileAllowlistEntry, NvidiaConfig,
-    load_device_config, parse_device_config,
+    CHART_DEFAULT_DEVICE_CONFIG, ConfigError, DeviceConfig, load_device_config, parse_device_config,
 )
+from hami_py.devices.nvidia import MigProfileAllowlistEntry, NvidiaConfig, nvidia_config
+from hami_py.devices.registry import FamilySwitches, build_vendors
 
 FIXTURE = Path(__file__).parent.parent / "manifests" / "device-config.yaml"
 
@@ -22,9 +23,10 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def error_of(tmp_path: Path, text: str) -> str:
+    """The message for a file that the loader, or one of the families reading it, refuses."""
     path = write(tmp_path, text)
     with pytest.raises(ConfigError) as err:
-        load_device_config(path)
+        build_vendors(load_device_config(path), FamilySwitches(enable_ascend=True, enable_iluvatar=True))
     message = str(err.value)
     assert "\n" not in message
     assert message.startswith(f"{path}: ")
@@ -45,7 +47,7 @@ def test_the_shipped_manifest_carries_the_built_in_default():
 
 
 def test_chart_default_nvidia_section():
-    nvidia = DeviceConfig.default().nvidia
+    nvidia = nvidia_config(DeviceConfig.default())
     assert (nvidia.resource_count_name, nvidia.resource_memory_name, nvidia.resource_memory_percentage_name,
             nvidia.resource_core_name, nvidia.resource_priority_name) == (
         "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpumem-percentage", "nvidia.com/gpucores",
@@ -61,9 +63,9 @@ def test_chart_default_nvidia_section():
     assert len(nvidia.mig_profile_allowlist) == 9
 
 
-def test_chart_default_other_sections():
-    others = DeviceConfig.default().other_sections
-    assert set(others) == {"cambricon", "hygon", "metax", "enflame", "mthreads", "iluvatars", "kunlun",
+def test_chart_default_sections():
+    others = DeviceConfig.default().sections
+    assert set(others) == {"nvidia", "cambricon", "hygon", "metax", "enflame", "mthreads", "iluvatars", "kunlun",
                            "awsneuron", "amd", "vastai", "biren", "vnpus"}
     assert others["hygon"] == {"resourceCountName": "hygon.com/dcunum", "resourceMemoryName": "hygon.com/dcumem",
                                "resourceCoreName": "hygon.com/dcucores", "memoryFactor": 1}
@@ -74,8 +76,8 @@ def test_chart_default_other_sections():
 
 def test_default_returns_independent_copies():
     first = DeviceConfig.default()
-    first.nvidia.mig_profile_allowlist.clear()
-    assert len(DeviceConfig.default().nvidia.mig_profile_allowlist) == 9
+    first.sections["nvidia"]["migProfileAllowlist"].clear()
+    assert len(nvidia_config(DeviceConfig.default()).mig_profile_allowlist) == 9
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,28 +86,30 @@ def test_default_returns_independent_copies():
 
 def test_missing_keys_are_zero_values_not_chart_defaults(tmp_path):
     config = load_device_config(write(tmp_path, "nvidia:\n  resourceCountName: nvidia.com/gpu\n"))
-    assert config.nvidia == NvidiaConfig(resource_count_name="nvidia.com/gpu")
-    assert config.nvidia.default_gpu_num == 0 and config.nvidia.memory_factor == 0
-    assert config.nvidia.device_split_count is None
-    assert config.other_sections == {}
+    nvidia = nvidia_config(config)
+    assert nvidia == NvidiaConfig(resource_count_name="nvidia.com/gpu")
+    assert nvidia.default_gpu_num == 0 and nvidia.memory_factor == 0
+    assert nvidia.device_split_count is None
+    assert config.sections == {"nvidia": {"resourceCountName": "nvidia.com/gpu"}}   # as written: it round-trips
 
 
 def test_unknown_keys_are_ignored_and_keys_are_case_sensitive(tmp_path):
     config = load_device_config(write(tmp_path, (
         "nvidia:\n  resourceCountName: nvidia.com/gpu\n  ResourceMemoryName: ignored\n  futureKey: {a: 1}\n"
         "someOtherVendor:\n  x: 1\n")))
-    assert config.nvidia.resource_memory_name == ""
-    assert "someOtherVendor" not in config.other_sections
+    assert nvidia_config(config).resource_memory_name == ""
+    assert "someOtherVendor" not in config.sections
 
 
 def test_scalars_fill_string_fields_with_their_text(tmp_path):
     config = load_device_config(write(tmp_path, (
         "nvidia:\n  resourceCountName: nvidia.com/gpu\n  libCudaLogLevel: 4\n  runtimeClassName: 0x10\n"
         "  gpuCorePolicy: force\n  resourcePriorityName:\n")))
-    assert config.nvidia.lib_cuda_log_level == "4"
-    assert config.nvidia.runtime_class_name == "0x10"
-    assert config.nvidia.gpu_core_policy == "force"
-    assert config.nvidia.resource_priority_name == ""
+    nvidia = nvidia_config(config)
+    assert nvidia.lib_cuda_log_level == "4"
+    assert nvidia.runtime_class_name == "0x10"
+    assert nvidia.gpu_core_policy == "force"
+    assert nvidia.resource_priority_name == ""
 
 
 def test_typed_values(tmp_path):
@@ -113,7 +117,7 @@ def test_typed_values(tmp_path):
         "nvidia:\n  overwriteEnv: yes\n  defaultMemory: 4096\n  defaultCores: 2.0\n  memoryFactor: 1024\n"
         "  disableCoreLimit: true\n  deviceSplitCount: 20\n  deviceMemoryScaling: 1.5\n  deviceCoreScaling: 2\n"
         "  preConfiguredDeviceMemory: 131072\n  enableNumaTopology: true\n")))
-    nvidia = config.nvidia
+    nvidia = nvidia_config(config)
     assert nvidia.overwrite_env is True  # YAML 1.1 "yes", as yaml.v2 reads it
     assert (nvidia.default_memory, nvidia.default_cores, nvidia.memory_factor) == (4096, 2, 1024)
     assert nvidia.disable_core_limit is True and nvidia.enable_numa_topology is True
@@ -123,13 +127,13 @@ def test_typed_values(tmp_path):
 
 def test_only_first_document_is_read(tmp_path):
     config = load_device_config(write(tmp_path, "nvidia:\n  defaultGPUNum: 3\n---\nnvidia: [broken\n"))
-    assert config.nvidia.default_gpu_num == 3
+    assert nvidia_config(config).default_gpu_num == 3
 
 
 def test_other_vendor_section_alone_is_enough(tmp_path):
     config = load_device_config(write(tmp_path, "hygon:\n  resourceCountName: hygon.com/dcunum\n"))
-    assert config.nvidia == NvidiaConfig()
-    assert config.other_sections == {"hygon": {"resourceCountName": "hygon.com/dcunum"}}
+    assert nvidia_config(config) == NvidiaConfig()
+    assert config.sections == {"hygon": {"resourceCountName": "hygon.com/dcunum"}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,11 +209,64 @@ def test_errors_name_line_and_field(tmp_path, text, message):
 def test_valid_unusual_mig_profiles_pass(tmp_path):
     config = load_device_config(write(tmp_path, (
         "nvidia:\n  migProfileAllowlist:\n    - {models: [A100], profiles: [1g.5gb+me, 10g., xg.x]}\n")))
-    assert config.nvidia.mig_profile_allowlist == [MigProfileAllowlistEntry(["A100"], ["1g.5gb+me", "10g.", "xg.x"])]
+    assert nvidia_config(config).mig_profile_allowlist == [MigProfileAllowlistEntry(["A100"], ["1g.5gb+me", "10g.", "xg.x"])]
 
 
 def test_parse_device_config_names_its_source():
     with pytest.raises(ConfigError) as err:
-        parse_device_config("nvidia:\n  defaultGPUNum: many\n", "configmap hami-scheduler-device")
+        nvidia_config(parse_device_config("nvidia:\n  defaultGPUNum: many\n", "configmap hami-scheduler-device"))
     assert str(err.value) == ('configmap hami-scheduler-device: line 2: nvidia.defaultGPUNum: '
                               'expected an integer, got string "many"')
+
+
+# ---------------------------------------------------------------------------------------------
+# the readers every family uses
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, message", [
+    ("cambricon:\n  resourceCountName: cambricon.com/vmlu\n  resourceCoreName: [a]\n",
+     "line 3: cambricon.resourceCoreName: expected a string, got list"),
+    ("hygon:\n  resourceCountName: hygon.com/dcunum\n  memoryFactor: \"4\"\n",
+     'line 3: hygon.memoryFactor: expected an integer, got string "4"'),
+    ("kunlun:\n  resourceCountName: 7\n", 'line 2: kunlun.resourceCountName: expected a string, got integer "7"'),
+    ("enflame:\n  resourceNameGCU: true\n", 'line 2: enflame.resourceNameGCU: expected a string, got boolean "true"'),
+    ("iluvatars:\n  - commonWord: MR-V100\n  - commonWord: MR-V100\n",
+     "line 3: iluvatars[1].commonWord: 'MR-V100' is already used by an earlier entry"),
+    ("vnpus:\n  configs:\n    - commonWord: Ascend910B3\n      templates:\n        - name: vir05\n"
+     "          memory: 16g\n", 'line 6: vnpus.configs[0].templates[0].memory: expected an integer, got string "16g"'),
+])
+def test_family_errors_name_line_and_field(tmp_path, text, message):
+    assert error_of(tmp_path, text) == message
+
+
+def test_a_config_built_in_memory_names_no_file():
+    config = DeviceConfig(sections={"hygon": {"memoryFactor": 1.5}})
+    with pytest.raises(ConfigError) as err:
+        config.section("hygon").int32("memoryFactor")
+    assert str(err.value) == 'device config: hygon.memoryFactor: expected an integer, got number "1.5"'
+
+
+def test_section_readers():
+    config = parse_device_config(
+        "vnpus:\n  hamiVnpuCore: yes\n  configs:\n    - {commonWord: a, memoryFactor: 2.0, chipName: 910}\n    -\n",
+        "f.yaml")
+    vnpus = config.section("vnpus")
+    assert vnpus.bool("hamiVnpuCore") is True and vnpus.bool("absent") is False
+    first, second = vnpus.sections("configs")
+    assert first.name == "vnpus.configs[0]" and first.int32("memoryFactor") == 2
+    assert first.str("chipName") == "910"          # a scalar's text, as yaml.v2 fills a string
+    assert vnpus.str("configs", 0, "commonWord") == "a"
+    assert second.is_null and second.str("commonWord") == "" and second.int64("memoryCapacity") == 0
+    assert config.section("cambricon").is_null and config.section("cambricon").str_list("x") == []
+    with pytest.raises(ConfigError, match=r'^f.yaml: line 4: vnpus.configs\[0\].chipName: expected a string, '
+                                          r'got integer "910"$'):
+        first.str("chipName", only_strings=True)
+    with pytest.raises(ConfigError, match=r"^f.yaml: line 2: vnpus.hamiVnpuCore: expected a mapping, got boolean$"):
+        vnpus.section("hamiVnpuCore")
+    with pytest.raises(ConfigError, match=r"^f.yaml: line 4: vnpus.configs: expected a mapping, got list$"):
+        vnpus.str("configs", "x")
+
+
+def test_a_plugin_only_key_set_to_zero_is_a_configuration(tmp_path):
+    """The device plugin's keys are pointers upstream: present at all, the section is not empty."""
+    assert nvidia_config(load_device_config(write(tmp_path, "nvidia:\n  deviceSplitCount: 0\n"))).device_split_count == 0

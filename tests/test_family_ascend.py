@@ -47,7 +47,7 @@ def chart_vendors() -> dict:
 
 def vendor(cw: str = "Ascend910B3", **changes) -> AscendVendor:
     """The chart's vendor for ``cw``, with config fields changed (snake_case names)."""
-    config = parse_vnpus(DeviceConfig.default().other_sections["vnpus"])
+    config = parse_vnpus(DeviceConfig.default().section("vnpus"))
     chip = next(c for c in config.configs if c.common_word == cw)
     for key, value in changes.items():
         setattr(chip, key, value)
@@ -179,7 +179,7 @@ vnpus:
         - {name: vir05_1c_16g, memory: 16384, aiCore: 5, aiCPU: 1}
 """
     config = parse_device_config(text, "cfg.yaml")
-    vnpus = parse_vnpus(config.other_sections["vnpus"])
+    vnpus = parse_vnpus(config.section("vnpus"))
     assert vnpus.hami_vnpu_core is True
     chip = vnpus.configs[0]
     assert [t.name for t in chip.templates] == ["vir05_1c_16g", "vir10_3c_32g"]
@@ -195,15 +195,15 @@ vnpus:
 
 @pytest.mark.parametrize("section, message", [
     ({"configs": {"commonWord": "x"}}, "device config: vnpus.configs: expected a list, got mapping"),
-    ({"hamiVnpuCore": "yes"}, "device config: vnpus.hamiVnpuCore: expected true or false, got string"),
+    ({"hamiVnpuCore": "yes"}, 'device config: vnpus.hamiVnpuCore: expected true or false, got string "yes"'),
     ({"configs": [{"commonWord": "Ascend910B3", "memoryAllocatable": "64Gi"}]},
-     "device config: vnpus.configs[0].memoryAllocatable: expected an integer, got string"),
+     'device config: vnpus.configs[0].memoryAllocatable: expected an integer, got string "64Gi"'),
     ({"configs": [{"commonWord": "Ascend910B3", "memoryFactor": 1 << 31}]},
      "device config: vnpus.configs[0].memoryFactor: 2147483648 is out of range for int32 (-2147483648..2147483647)"),
     ({"configs": [{"commonWord": "Ascend910B3", "templates": [{"name": "vir05", "memory": 1.5}]}]},
-     "device config: vnpus.configs[0].templates[0].memory: expected an integer, got number"),
+     'device config: vnpus.configs[0].templates[0].memory: expected an integer, got number "1.5"'),
     ({"configs": [{"commonWord": "Ascend910B3", "superPod": 1}]},
-     "device config: vnpus.configs[0].superPod: expected true or false, got integer"),
+     'device config: vnpus.configs[0].superPod: expected true or false, got integer "1"'),
     ({"configs": [{"commonWord": ["a"]}]}, "device config: vnpus.configs[0].commonWord: expected a string, got list"),
     ({"configs": [{"chipName": "910B3"}]},
      "device config: vnpus.configs[0].commonWord: must not be empty (it names the device kind in every Ascend annotation)"),
@@ -214,7 +214,7 @@ vnpus:
      'device config: vnpus.configs[1].commonWord: "Ascend910B3" is already the commonWord of vnpus.configs[0]'),
 ])
 def test_malformed_vnpus_section_is_refused_naming_the_key(section, message):
-    config = DeviceConfig(other_sections={"vnpus": section})
+    config = DeviceConfig(sections={"vnpus": section})
     with pytest.raises(ConfigError) as err:
         build_family(config, ON)
     assert str(err.value) == message
@@ -652,7 +652,7 @@ async def test_hami_core_pod_goes_only_to_nodes_running_the_soft_split(api, app,
 
 async def test_global_hami_vnpu_core_applies_where_the_node_says_nothing(api):
     config = DeviceConfig.default()
-    config.other_sections["vnpus"]["hamiVnpuCore"] = True
+    config.sections["vnpus"]["hamiVnpuCore"] = True
     legacy = npu_node("legacy", {"Ascend910B3": 2})
     del legacy["metadata"]["annotations"]["hami-vnpu-core"]
     async with running_scheduler(api, options=embedded_options(enable_ascend=True), device_config=config) as app:

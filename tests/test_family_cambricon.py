@@ -10,7 +10,7 @@ from datetime import datetime
 
 import pytest
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import ConfigError, DeviceConfig, Section
 from hami_py.devices.base import DeviceDecodeError, DeviceInfo, NodeView, RequestError
 from hami_py.devices.base import ContainerDevice, ContainerRequest
 from hami_py.devices.cambricon import CambriconConfig, CambriconVendor, build_family, device_index
@@ -212,14 +212,14 @@ def test_device_index_is_read_from_the_synthesised_id():
 # ---------------------------------------------------------------------------------------------
 
 def test_config_section_missing_keys_are_empty_and_wrong_types_are_refused():
-    assert CambriconConfig.from_section(None) == CambriconConfig()
-    assert CambriconConfig.from_section({"resourceCountName": "cambricon.com/mlu"}) == \
+    assert CambriconConfig.from_section(Section.of("cambricon", None)) == CambriconConfig()
+    assert CambriconConfig.from_section(Section.of("cambricon", {"resourceCountName": "cambricon.com/mlu"})) == \
         CambriconConfig(resource_count_name="cambricon.com/mlu")
     with pytest.raises(ConfigError) as err:
-        CambriconConfig.from_section({"resourceCoreName": ["a"]})
+        CambriconConfig.from_section(Section.of("cambricon", {"resourceCoreName": ["a"]}))
     assert str(err.value) == "device config: cambricon.resourceCoreName: expected a string, got list"
     with pytest.raises(ConfigError) as err:
-        CambriconConfig.from_section("cambricon.com/vmlu")
+        CambriconConfig.from_section(Section.of("cambricon", "cambricon.com/vmlu"))
     assert str(err.value) == "device config: cambricon: expected a mapping, got string"
     # without a section the family is still built, and matches nothing
     empty = build_family(DeviceConfig(), FamilySwitches())[0]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import ConfigError, DeviceConfig, Section
 from hami_py.devices import enflame
 from hami_py.devices.base import (
     ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, NodeView, RequestError,
@@ -181,13 +181,13 @@ def test_drs_annotations_are_upstreams():
 # -- config ------------------------------------------------------------------------------------------
 
 def test_config_section_keys_defaults_and_errors():
-    assert EnflameConfig.from_section(None).drs_names() == ("enflame.com/drs-gcu", "enflame.com/gcu-memory",
-                                                            "enflame.com/gcu-core")
-    assert EnflameConfig.from_section({"resourceNameVGCU": "old/vgcu"}).drs_names()[0] == "old/vgcu"
+    assert EnflameConfig.from_section(Section.of("enflame", None)).drs_names() == (
+        "enflame.com/drs-gcu", "enflame.com/gcu-memory", "enflame.com/gcu-core")
+    assert EnflameConfig.from_section(Section.of("enflame", {"resourceNameVGCU": "old/vgcu"})).drs_names()[0] == "old/vgcu"
     with pytest.raises(ConfigError) as err:
-        EnflameConfig.from_section({"resourceNameGCU": ["x"]})
-    assert str(err.value) == "device config: enflame.resourceNameGCU: expected string, got list"
-    vendors = enflame.build_family(DeviceConfig(other_sections={}), None)
+        EnflameConfig.from_section(Section.of("enflame", {"resourceNameGCU": ["x"]}))
+    assert str(err.value) == "device config: enflame.resourceNameGCU: expected a string, got list"
+    vendors = enflame.build_family(DeviceConfig(sections={}), None)
     assert [v.resource_names() for v in vendors] == [[], ["enflame.com/drs-gcu", "enflame.com/gcu-memory",
                                                           "enflame.com/gcu-core"]]
 

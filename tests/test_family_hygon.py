@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import ConfigError, DeviceConfig, Section
 from hami_py.devices.base import ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, NodeView, RequestError
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.hygon import HygonConfig, HygonVendor, build_family
@@ -36,7 +36,7 @@ REGISTRATION = ("DCU-0,4,65520,100,DCU-K100_AI,0,true,0,hami-core:"
 
 def vendor(factor: int = 1) -> HygonVendor:
     config = DeviceConfig.default()
-    config.other_sections["hygon"] = {**config.other_sections["hygon"], "memoryFactor": factor}
+    config.sections["hygon"] = {**config.sections["hygon"], "memoryFactor": factor}
     return build_family(config, FamilySwitches())[0]
 
 
@@ -193,17 +193,17 @@ def test_allocation_annotations_are_the_generic_pair():
 # ---------------------------------------------------------------------------------------------
 
 def test_config_section():
-    assert HygonConfig.from_section(None) == HygonConfig()
-    assert HygonConfig.from_section({"memoryFactor": 2.0}).memory_factor == 2
+    assert HygonConfig.from_section(Section.of("hygon", None)) == HygonConfig()
+    assert HygonConfig.from_section(Section.of("hygon", {"memoryFactor": 2.0})).memory_factor == 2
     for section, message in [
-        ({"memoryFactor": "1024"}, "device config: hygon.memoryFactor: expected an integer, got string"),
-        ({"memoryFactor": True}, "device config: hygon.memoryFactor: expected an integer, got boolean"),
-        ({"memoryFactor": 1 << 31}, "device config: hygon.memoryFactor: 2147483648 is out of range for int32"),
-        ({"resourceCountName": 7}, "device config: hygon.resourceCountName: expected a string, got integer"),
+        ({"memoryFactor": "1024"}, 'device config: hygon.memoryFactor: expected an integer, got string "1024"'),
+        ({"memoryFactor": True}, 'device config: hygon.memoryFactor: expected an integer, got boolean "true"'),
+        ({"memoryFactor": 1 << 31}, "device config: hygon.memoryFactor: 2147483648 is out of range for int32 (-2147483648..2147483647)"),
+        ({"resourceCountName": 7}, 'device config: hygon.resourceCountName: expected a string, got integer "7"'),
         (["hygon.com/dcunum"], "device config: hygon: expected a mapping, got list"),
     ]:
         with pytest.raises(ConfigError) as err:
-            HygonConfig.from_section(section)
+            HygonConfig.from_section(Section.of("hygon", section))
         assert str(err.value) == message
     # a factor of 0 or below means 1, as upstream multiplies only above 1
     assert vendor(factor=0).container_request(ctr(limits={COUNT: "1", MEMORY: "5"}), pod_annotations={}).memreq == 5
@@ -257,7 +257,7 @@ async def test_default_cores_make_a_card_exclusive_and_memory_factor_applies(api
     from hami_py.embedded import running_scheduler
     from hami_py.fakeapi.kubescheduler import ExtenderClient
     config = DeviceConfig.default()
-    config.other_sections["hygon"] = {**config.other_sections["hygon"], "memoryFactor": 1024}
+    config.sections["hygon"] = {**config.sections["hygon"], "memoryFactor": 1024}
     async with running_scheduler(api, device_config=config) as app:
         extender = ExtenderClient(app.url)
         try:

@@ -12,7 +12,7 @@ import base64
 import orjson
 import pytest
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import ConfigError, DeviceConfig, Section
 from hami_py.devices.base import ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, NodeView, RequestError
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.iluvatar import IluvatarConfig, IluvatarVendor, build_family, parse_iluvatar_configs
@@ -202,25 +202,28 @@ def test_webhook_patch_through_the_review():
 # ---------------------------------------------------------------------------------------------
 
 def test_config_entries():
-    assert parse_iluvatar_configs(None) == []
-    assert parse_iluvatar_configs([{"commonWord": "MR-V100"}]) == [IluvatarConfig(common_word="MR-V100")]
+    assert parse_iluvatar_configs(Section.of("iluvatars", None)) == []
+    assert parse_iluvatar_configs(Section.of("iluvatars", [{"commonWord": "MR-V100"}])) == \
+        [IluvatarConfig(common_word="MR-V100")]
     for section, message in [
         ({"commonWord": "x"}, "device config: iluvatars: expected a list, got mapping"),
         (["MR-V100"], "device config: iluvatars[0]: expected a mapping, got string"),
         ([{"commonWord": "a"}, {"commonWord": "b", "resourceCoreName": 5}],
-         "device config: iluvatars[1].resourceCoreName: expected a string, got integer"),
+         'device config: iluvatars[1].resourceCoreName: expected a string, got integer "5"'),
+        ([{"commonWord": "a"}, None], "device config: iluvatars[1]: expected a mapping, got null"),
         ([{"chipName": "MR-V100"}],
          "device config: iluvatars[0].commonWord: must not be empty (it names the kind's annotations)"),
         ([{"commonWord": "MR-V100"}, {"commonWord": "MR-V100"}],
          "device config: iluvatars[1].commonWord: 'MR-V100' is already used by an earlier entry"),
     ]:
         with pytest.raises(ConfigError) as err:
-            parse_iluvatar_configs(section)
+            parse_iluvatar_configs(Section.of("iluvatars", section))
         assert str(err.value) == message
     # switched off: types are still checked (upstream decodes the whole file), the rest is not used
-    assert parse_iluvatar_configs([{"chipName": "MR-V100"}], enabled=False) == [IluvatarConfig(chip_name="MR-V100")]
+    assert parse_iluvatar_configs(Section.of("iluvatars", [{"chipName": "MR-V100"}]), enabled=False) == \
+        [IluvatarConfig(chip_name="MR-V100")]
     with pytest.raises(ConfigError):
-        parse_iluvatar_configs([{"commonWord": 1}], enabled=False)
+        parse_iluvatar_configs(Section.of("iluvatars", [{"commonWord": 1}]), enabled=False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import ConfigError, DeviceConfig, Section
 from hami_py.devices import kunlun
 from hami_py.devices.base import (
     FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo,
@@ -352,16 +352,17 @@ def test_vxpu_annotations_are_upstreams():
 # -- config ------------------------------------------------------------------------------------------
 
 def test_config_section_keys_and_errors():
-    assert KunlunConfig.from_section(None) == KunlunConfig()
-    assert KunlunConfig.from_section({"resourceCountName": "x/xpu"}) == KunlunConfig("x/xpu", "", "")
+    assert KunlunConfig.from_section(Section.of("kunlun", None)) == KunlunConfig()
+    assert KunlunConfig.from_section(Section.of("kunlun", {"resourceCountName": "x/xpu"})) == \
+        KunlunConfig("x/xpu", "", "")
     with pytest.raises(ConfigError) as err:
-        KunlunConfig.from_section({"resourceVMemoryName": 5})
-    assert str(err.value) == "device config: kunlun.resourceVMemoryName: expected string, got integer"
-    with pytest.raises(ConfigError, match="kunlun: expected mapping, got list"):
-        KunlunConfig.from_section([])
-    vendors = kunlun.build_family(DeviceConfig(other_sections={}), None)
+        KunlunConfig.from_section(Section.of("kunlun", {"resourceVMemoryName": 5}))
+    assert str(err.value) == 'device config: kunlun.resourceVMemoryName: expected a string, got integer "5"'
+    with pytest.raises(ConfigError, match="^device config: kunlun: expected a mapping, got list$"):
+        KunlunConfig.from_section(Section.of("kunlun", []))
+    vendors = kunlun.build_family(DeviceConfig(sections={}), None)
     assert [v.resource_names() for v in vendors] == [[], []]     # no section: nothing matches
-    renamed = kunlun.build_family(DeviceConfig(other_sections={"kunlun": {
+    renamed = kunlun.build_family(DeviceConfig(sections={"kunlun": {
         "resourceCountName": "a/xpu", "resourceVCountName": "a/vxpu", "resourceVMemoryName": "a/mem"}}), None)
     assert [v.resource_names() for v in renamed] == [["a/xpu"], ["a/vxpu", "a/mem"]]
 

@@ -2,7 +2,6 @@
 NVIDIA fit. Each test names its inventory row (docs/FEATURES.md) in a docstring line."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 from hami_py.config import DeviceConfig
 from hami_py.embedded import running_scheduler
@@ -46,7 +45,7 @@ async def test_memory_limit_is_in_units_of_the_memory_factor(api):
     With ``memoryFactor: 1024`` a pod's ``nvidia.com/gpumem: 4`` is 4096 MiB, and a quota of
     ``limits.nvidia.com/gpumem: 4`` allows 4096 MiB."""
     config = DeviceConfig.default()
-    config.nvidia = replace(config.nvidia, memory_factor=1024)
+    config.sections["nvidia"]["memoryFactor"] = 1024
     async with running_scheduler(api, device_config=config) as app:
         extender = ExtenderClient(app.url)
         try:

@@ -59,3 +59,14 @@ def test_the_device_layer_does_not_import_the_scheduler():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(("hami_py.scheduling", "hami_py.cache", "hami_py.http")):
                 found.append(f"{path.relative_to(ROOT.parent)} imports {node.module}")
     assert not found, "\n".join(found)
+
+
+def test_the_config_file_reader_imports_no_family():
+    """Families read their sections with ``hami_py.config``'s readers; config.py knowing a family's
+    type would make every family depend on every other through it."""
+    found = []
+    for node in ast.walk(ast.parse((ROOT / "config.py").read_text())):
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+            [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        found += [name for name in names if name.startswith("hami_py.devices")]
+    assert not found, found

@@ -30,7 +30,7 @@ from aiohttp import web
 from hami_py.cli import _duration, build_parser, options_from_args
 from hami_py.config import DeviceConfig, parse_device_config
 from hami_py.devices.base import NodeView
-from hami_py.devices.nvidia import NvidiaVendor
+from hami_py.devices.nvidia import NvidiaVendor, nvidia_config
 from hami_py.devices.registry import FamilySwitches, build_vendors, managed_resource_names
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
@@ -497,7 +497,7 @@ def test_fake_gpu_nodes_script_writes_what_the_device_plugin_would(tmp_path):
     assert all(c[:2] == ["--context", "kind-t"] for c in calls)
     annotate = next(c for c in calls if c[2] == "annotate")
     annotations = dict(a.split("=", 1) for a in annotate if a.startswith("hami.io/"))
-    devices = NvidiaVendor(DeviceConfig.default().nvidia).parse_node_devices(NodeView.of(annotations))
+    devices = NvidiaVendor(nvidia_config(DeviceConfig.default())).parse_node_devices(NodeView.of(annotations))
     assert [(d.index, d.count, d.devmem, d.devcore, d.type, d.health) for d in devices] == \
         [(i, 10, 23028, 100, "NVIDIA A10", True) for i in range(3)]
     assert len({d.id for d in devices}) == 3 and all(re.fullmatch(r"GPU-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", d.id)

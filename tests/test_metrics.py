@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from hami_py.allocation_metrics import AllocationMetrics, QuotaSample
 from hami_py.cache.usage import PodUsage, UsageCache, UsageEntry
 from hami_py.config import DeviceConfig
-from hami_py.devices.nvidia import NvidiaVendor
+from hami_py.devices.nvidia import NvidiaVendor, nvidia_config
 from hami_py.devices.registry import build_vendors
 from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
@@ -220,7 +220,7 @@ class _ComputeUnitVendor(NvidiaVendor):
 
 def test_compute_unit_core_counts_are_reported_as_percent_except_in_legacy_names():
     amd = {"type": "AMD-MI300X", "devmem": 196608, "devcore": 304}
-    cache = UsageCache({"NVIDIA": _ComputeUnitVendor(DeviceConfig.default().nvidia)})
+    cache = UsageCache({"NVIDIA": _ComputeUnitVendor(nvidia_config(DeviceConfig.default()))})
     cache.upsert_node(gpu_node("a", devices=registration("a", gpus=1, model=amd)))
     uuid = gpu_uuid("a", 0)
     cache.add_pod_usage(PodUsage(uid="u1", namespace="ns", name="p", node="a",

@@ -8,12 +8,13 @@ from pathlib import Path
 import orjson
 import pytest
 
-from hami_py.config import DeviceConfig, NvidiaConfig
+from hami_py.config import DeviceConfig
 from hami_py.devices.base import ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, NodeView, RequestError
 from hami_py.devices.nvidia import (
     ALLOCATED_ANNOTATION, CORDON_ANNOTATION, NOUSE_TYPE_ANNOTATION, NOUSE_UUID_ANNOTATION,
     PAIR_SCORE_ANNOTATION, PAIR_SCORES_KEY, REGISTER_ANNOTATION, TO_ALLOCATE_ANNOTATION,
-    USE_TYPE_ANNOTATION, USE_UUID_ANNOTATION, VGPU_MODE_ANNOTATION, NvidiaVendor, parse_numa_bind,
+    USE_TYPE_ANNOTATION, USE_UUID_ANNOTATION, VGPU_MODE_ANNOTATION, NvidiaConfig, NvidiaVendor, nvidia_config,
+    parse_numa_bind,
 )
 from hami_py.devices.registry import build_vendors, managed_resource_names
 from hami_py import reasons
@@ -26,7 +27,7 @@ H200_UUIDS = [H200_UUID] + [f"GPU-1ca6d50e-73bd-0dc1-9ce8-0be2a804bec{i}" for i 
 
 @pytest.fixture
 def vendor() -> NvidiaVendor:
-    return NvidiaVendor(DeviceConfig.default().nvidia)
+    return NvidiaVendor(nvidia_config(DeviceConfig.default()))
 
 
 def h200(index=0, uuid=H200_UUID, mode="hami-core", type_="NVIDIA H200", numa=0) -> DeviceInfo:
@@ -70,7 +71,7 @@ def test_registry_builds_nvidia_first_and_lists_managed_resources():
 
 
 def test_registry_builds_nvidia_even_without_its_section():
-    config = DeviceConfig(nvidia=NvidiaConfig(), other_sections={"hygon": {"resourceCountName": "hygon.com/dcunum"}})
+    config = DeviceConfig(sections={"hygon": {"resourceCountName": "hygon.com/dcunum"}})
     vendors = build_vendors(config)
     assert "NVIDIA" in vendors
     assert vendors["NVIDIA"].resource_names() == []
@@ -224,7 +225,7 @@ def test_memory_zero_falls_back_to_default(vendor):
 
 
 def test_memory_factor_multiplies_and_bounds(vendor):
-    scaled = NvidiaVendor(replace(DeviceConfig.default().nvidia, memory_factor=1024))
+    scaled = NvidiaVendor(replace(nvidia_config(DeviceConfig.default()), memory_factor=1024))
     assert request(scaled, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "16"}) == nv(memreq=16384)
     assert request(scaled, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2097151"}).memreq == 2097151 * 1024
     with pytest.raises(RequestError) as err:
@@ -232,7 +233,7 @@ def test_memory_factor_multiplies_and_bounds(vendor):
     assert str(err.value) == ('container "train": nvidia.com/gpumem "2097152" is out of range: must be '
                               'between 0 and 2097151 units of 1024 MiB (memoryFactor)')
     # factor 0 (missing key) behaves as 1
-    unscaled = NvidiaVendor(replace(DeviceConfig.default().nvidia, memory_factor=0))
+    unscaled = NvidiaVendor(replace(nvidia_config(DeviceConfig.default()), memory_factor=0))
     assert request(unscaled, {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2147483647"}).memreq == 2147483647
 
 
@@ -249,7 +250,7 @@ def test_percentage_rules(vendor):
 
 
 def test_default_memory_and_cores_from_config():
-    config = replace(DeviceConfig.default().nvidia, default_memory=4096, default_cores=25, memory_factor=4)
+    config = replace(nvidia_config(DeviceConfig.default()), default_memory=4096, default_cores=25, memory_factor=4)
     tuned = NvidiaVendor(config)
     # default memory is MiB already: not multiplied by the factor
     assert request(tuned, {"nvidia.com/gpu": "1"}) == nv(memreq=4096, coresreq=25)
@@ -262,7 +263,7 @@ def test_cores_above_100_are_left_for_the_fit_to_clamp(vendor):
 
 
 def test_renamed_resources_follow_config():
-    renamed = NvidiaVendor(replace(DeviceConfig.default().nvidia, resource_count_name="example.com/vgpu",
+    renamed = NvidiaVendor(replace(nvidia_config(DeviceConfig.default()), resource_count_name="example.com/vgpu",
                                    resource_memory_name="example.com/vgpu-memory"))
     assert request(renamed, {"nvidia.com/gpu": "1"}) is None
     assert request(renamed, {"example.com/vgpu": "1", "example.com/vgpu-memory": "1000"}) == nv(memreq=1000)

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import base64
 import copy
-from dataclasses import replace
 
 import orjson
 import pytest
 from hypothesis import example, given, settings, strategies as st
 
 from hami_py.config import DeviceConfig
+from hami_py.devices.nvidia import nvidia_config
 from hami_py.devices.registry import build_vendors
 from hami_py.scheduling.admission import (
     ADMISSION_V1, ADMISSION_V1BETA1, AdmissionSettings, json_patch, review, scheduler_applies,
@@ -103,9 +103,10 @@ def envelope(pod: object, *, version: str = ADMISSION_V1, uid: str = "7f9c-uid",
     return {"apiVersion": version, "kind": "AdmissionReview", "request": request}
 
 
-def vendors_with(**nvidia_overrides):
+def vendors_with(**nvidia_keys):
+    """The chart's vendors, with these keys of the ``nvidia`` section overridden."""
     config = DeviceConfig.default()
-    config.nvidia = replace(config.nvidia, **nvidia_overrides)
+    config.sections["nvidia"].update(nvidia_keys)
     return build_vendors(config)
 
 
@@ -271,13 +272,13 @@ def test_memory_only_container_gets_the_default_gpu_count():
 
 def test_default_gpu_count_follows_the_config():
     pod = make_pod(container(limits={"nvidia.com/gpucores": "20"}))
-    _, patched = admit(pod, vendors=vendors_with(default_gpu_num=2))
+    _, patched = admit(pod, vendors=vendors_with(defaultGPUNum=2))
     assert limits_of(patched)["nvidia.com/gpu"] == "2"
 
 
 def test_without_a_default_count_a_memory_only_container_is_no_device_request():
     pod = make_pod(container(limits={"nvidia.com/gpumem": "4000"}))
-    response, patched = admit(pod, vendors=vendors_with(default_gpu_num=0))
+    response, patched = admit(pod, vendors=vendors_with(defaultGPUNum=0))
     assert response["allowed"] and "patch" not in response
     assert patched["spec"]["schedulerName"] == "default-scheduler"
 
@@ -315,20 +316,20 @@ def test_priority_limit_becomes_cuda_task_priority():
 def test_core_policy_env_goes_into_every_container():
     pod = make_pod(container("main", limits={"nvidia.com/gpu": "1"}), container("sidecar"),
                    init=[container("setup")])
-    _, patched = admit(pod, vendors=vendors_with(gpu_core_policy="force"))
+    _, patched = admit(pod, vendors=vendors_with(gpuCorePolicy="force"))
     for group, index in (("initContainers", 0), ("containers", 0), ("containers", 1)):
         assert env_of(patched, index, group) == [{"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"}]
 
 
 def test_overwrite_env_hides_gpus_from_containers_without_a_request():
     pod = make_pod(container("main", limits={"nvidia.com/gpu": "1"}), container("sidecar"))
-    _, patched = admit(pod, vendors=vendors_with(overwrite_env=True))
+    _, patched = admit(pod, vendors=vendors_with(overwriteEnv=True))
     assert env_of(patched, 0) == []
     assert env_of(patched, 1) == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "none"}]
 
 
 def test_runtime_class_is_set_for_device_pods_only_when_absent():
-    vendors = vendors_with(runtime_class_name="nvidia")
+    vendors = vendors_with(runtimeClassName="nvidia")
     _, patched = admit(make_pod(container(limits={"nvidia.com/gpu": "1"})), vendors=vendors)
     assert patched["spec"]["runtimeClassName"] == "nvidia"
     _, patched = admit(make_pod(container(limits={"nvidia.com/gpu": "1"}), runtimeClassName="kata"), vendors=vendors)
@@ -364,7 +365,7 @@ def test_malformed_device_request_is_denied_with_the_reason():
 def test_mutation_never_changes_the_input_pod():
     pod = make_pod(container(limits={"nvidia.com/gpu": "1", "nvidia.com/priority": "0"}), scheduler=None)
     before = copy.deepcopy(pod)
-    admit(pod, vendors=vendors_with(gpu_core_policy="disable", runtime_class_name="nvidia"))
+    admit(pod, vendors=vendors_with(gpuCorePolicy="disable", runtimeClassName="nvidia"))
     assert pod == before
 
 
@@ -484,7 +485,7 @@ json_values = st.recursive(
     max_leaves=12)
 
 
-_NVIDIA = DeviceConfig.default().nvidia
+_NVIDIA = nvidia_config(DeviceConfig.default())
 NVIDIA_RESOURCES = [_NVIDIA.resource_count_name, _NVIDIA.resource_memory_name,
                     _NVIDIA.resource_memory_percentage_name, _NVIDIA.resource_core_name,
                     _NVIDIA.resource_priority_name]

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import DeviceConfig, Section
 from hami_py.devices.base import DeviceDecodeError, DeviceInfo, NodeView, PodDevices
 from hami_py.devices.codec import encode_pod_devices
 from hami_py.devices.template import TemplateSpec, TemplateVendor, quote_value
@@ -59,16 +59,6 @@ MAX_DEVICES = 1024
 # Config
 # ---------------------------------------------------------------------------------------------
 
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    for python_type, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
-                              (list, "list"), (dict, "mapping")):
-        if isinstance(value, python_type):
-            return name
-    return type(value).__name__
-
-
 @dataclass(slots=True, frozen=True)
 class CambriconConfig:
     """The ``cambricon`` section; a missing key is Go's zero value (empty name), as upstream."""
@@ -77,22 +67,11 @@ class CambriconConfig:
     resource_core_name: str = ""
 
     @classmethod
-    def from_section(cls, section: object) -> CambriconConfig:
-        if section is None:
-            return cls()
-        if not isinstance(section, dict):
-            raise ConfigError(f"device config: {SECTION}: expected a mapping, got {_kind(section)}")
-        values = {}
-        for key, attribute in (("resourceCountName", "resource_count_name"),
-                               ("resourceMemoryName", "resource_memory_name"),
-                               ("resourceCoreName", "resource_core_name")):
-            value = section.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise ConfigError(f"device config: {SECTION}.{key}: expected a string, got {_kind(value)}")
-            values[attribute] = value
-        return cls(**values)
+    def from_section(cls, section: Section) -> CambriconConfig:
+        """Only strings: a number or boolean where a resource name belongs is refused."""
+        return cls(resource_count_name=section.str("resourceCountName", only_strings=True),
+                   resource_memory_name=section.str("resourceMemoryName", only_strings=True),
+                   resource_core_name=section.str("resourceCoreName", only_strings=True))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,4 +193,4 @@ class CambriconVendor(TemplateVendor):
 def build_family(config: DeviceConfig, switches) -> list[CambriconVendor]:
     """Always built, as upstream always initialises it (without a section, with empty names,
     so it matches no container and synthesises no device)."""
-    return [CambriconVendor(CambriconConfig.from_section(config.other_sections.get(SECTION)))]
+    return [CambriconVendor(CambriconConfig.from_section(config.section(SECTION)))]

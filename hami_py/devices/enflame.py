@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import DeviceConfig, Section
 from hami_py.devices.base import (
     FLAG_EXCLUSIVE, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices, RequestError,
 )
@@ -54,28 +54,6 @@ DEFAULT_DRS_CORE = "enflame.com/gcu-core"
 
 # -- config ---------------------------------------------------------------------------------------
 
-_KINDS = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "list"),
-          (dict, "mapping"))
-
-
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    for python_type, name in _KINDS:
-        if isinstance(value, python_type):
-            return name
-    return type(value).__name__
-
-
-def _string(section: dict, key: str) -> str:
-    value = section.get(key)
-    if value is None:
-        return ""
-    if type(value) is not str:
-        raise ConfigError(f"device config: enflame.{key}: expected string, got {_kind(value)}")
-    return value
-
-
 @dataclass(slots=True, frozen=True)
 class EnflameConfig:
     """The ``enflame`` section (upstream's ``EnflameConfig``); missing keys are ""."""
@@ -87,14 +65,11 @@ class EnflameConfig:
     resource_name_vgcu_percentage: str = ""
 
     @classmethod
-    def from_section(cls, section: object) -> EnflameConfig:
-        if section is None:
-            return cls()
-        if not isinstance(section, dict):
-            raise ConfigError(f"device config: enflame: expected mapping, got {_kind(section)}")
-        return cls(_string(section, "resourceNameGCU"), _string(section, "resourceNameDRSGCU"),
-                   _string(section, "resourceNameGCUMemory"), _string(section, "resourceNameGCUCore"),
-                   _string(section, "resourceNameVGCU"), _string(section, "resourceNameVGCUPercentage"))
+    def from_section(cls, section: Section) -> EnflameConfig:
+        """Only strings: a number or boolean where a resource name belongs is refused."""
+        return cls(*(section.str(key, only_strings=True) for key in (
+            "resourceNameGCU", "resourceNameDRSGCU", "resourceNameGCUMemory", "resourceNameGCUCore",
+            "resourceNameVGCU", "resourceNameVGCUPercentage")))
 
     def drs_names(self) -> tuple[str, str, str]:
         """(count, memory, core) DRS resources, with upstream's fallbacks for empty names."""
@@ -436,5 +411,5 @@ def not_supported(container: dict, resource: str) -> RequestError:
 
 
 def build_family(config: DeviceConfig, switches) -> list:
-    enflame = EnflameConfig.from_section(config.other_sections.get("enflame"))
+    enflame = EnflameConfig.from_section(config.section("enflame"))
     return [GCUVendor(enflame), EnflameDRSVendor(enflame)]

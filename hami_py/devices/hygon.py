@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import DeviceConfig, Section
 from hami_py.devices.template import TemplateSpec, TemplateVendor, lookup, MISSING, whole_number
-from hami_py.quantity import INT32_MAX, INT32_MIN
+from hami_py.quantity import INT32_MAX
 
 VENDOR_KEY = "DCU"
 SECTION = "hygon"
@@ -36,16 +36,6 @@ USE_UUID_ANNOTATION = "hygon.com/use-gpuuuid"
 NOUSE_UUID_ANNOTATION = "hygon.com/nouse-gpuuuid"
 
 
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    for python_type, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
-                              (list, "list"), (dict, "mapping")):
-        if isinstance(value, python_type):
-            return name
-    return type(value).__name__
-
-
 @dataclass(slots=True, frozen=True)
 class HygonConfig:
     """The ``hygon`` section; a missing key is Go's zero value, as upstream."""
@@ -55,31 +45,12 @@ class HygonConfig:
     memory_factor: int = 0           # int32; <= 1 means 1
 
     @classmethod
-    def from_section(cls, section: object) -> HygonConfig:
-        if section is None:
-            return cls()
-        if not isinstance(section, dict):
-            raise ConfigError(f"device config: {SECTION}: expected a mapping, got {_kind(section)}")
-        values: dict[str, object] = {}
-        for key, attribute in (("resourceCountName", "resource_count_name"),
-                               ("resourceMemoryName", "resource_memory_name"),
-                               ("resourceCoreName", "resource_core_name")):
-            value = section.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise ConfigError(f"device config: {SECTION}.{key}: expected a string, got {_kind(value)}")
-            values[attribute] = value
-        factor = section.get("memoryFactor")
-        if factor is not None:
-            if isinstance(factor, float) and factor.is_integer():
-                factor = int(factor)   # yaml.v2 accepts 2.0 for an int32
-            if isinstance(factor, bool) or not isinstance(factor, int):
-                raise ConfigError(f"device config: {SECTION}.memoryFactor: expected an integer, got {_kind(factor)}")
-            if not INT32_MIN <= factor <= INT32_MAX:
-                raise ConfigError(f"device config: {SECTION}.memoryFactor: {factor} is out of range for int32")
-            values["memory_factor"] = factor
-        return cls(**values)
+    def from_section(cls, section: Section) -> HygonConfig:
+        """Names only as strings (a number or boolean is refused); the factor as an int32."""
+        return cls(resource_count_name=section.str("resourceCountName", only_strings=True),
+                   resource_memory_name=section.str("resourceMemoryName", only_strings=True),
+                   resource_core_name=section.str("resourceCoreName", only_strings=True),
+                   memory_factor=section.int32("memoryFactor"))
 
 
 class HygonVendor(TemplateVendor):
@@ -120,4 +91,4 @@ class HygonVendor(TemplateVendor):
 def build_family(config: DeviceConfig, switches) -> list[HygonVendor]:
     """Always built, as upstream always initialises it (without a section, with empty names,
     so it matches no container)."""
-    return [HygonVendor(HygonConfig.from_section(config.other_sections.get(SECTION)))]
+    return [HygonVendor(HygonConfig.from_section(config.section(SECTION)))]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import DeviceConfig, Section
 from hami_py.devices.template import (
     TemplateSpec, TemplateVendor, append_env, ensure_limits, resource_lists, whole_number,
 )
@@ -60,16 +60,7 @@ def nouse_uuid_annotation(common_word: str) -> str:
     return f"hami.io/no-use-{common_word}-uuid"
 
 
-def _kind(value: object) -> str:
-    if value is None:
-        return "null"
-    for python_type, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
-                              (list, "list"), (dict, "mapping")):
-        if isinstance(value, python_type):
-            return name
-    return type(value).__name__
-
-
+# yaml key -> attribute of one entry
 _KEYS = (("commonWord", "common_word"), ("chipName", "chip_name"),
          ("resourceCountName", "resource_count_name"), ("resourceMemoryName", "resource_memory_name"),
          ("resourceCoreName", "resource_core_name"))
@@ -85,36 +76,24 @@ class IluvatarConfig:
     resource_core_name: str = ""
 
 
-def parse_iluvatar_configs(section: object, *, enabled: bool = True) -> list[IluvatarConfig]:
+def parse_iluvatar_configs(section: Section, *, enabled: bool = True) -> list[IluvatarConfig]:
     """The ``iluvatars`` list. Wrong types are refused always (upstream decodes the whole file at
-    start); when the kinds are ``enabled``, so are an entry without ``commonWord`` and two entries
-    sharing one: the common word names every annotation of the kind."""
-    if section is None:
-        return []
-    if not isinstance(section, list):
-        raise ConfigError(f"device config: {SECTION}: expected a list, got {_kind(section)}")
+    start), and so are non-string names and null entries; when the kinds are ``enabled``, so are an
+    entry without ``commonWord`` and two entries sharing one: the common word names every
+    annotation of the kind."""
     entries: list[IluvatarConfig] = []
     seen: set[str] = set()
-    for position, item in enumerate(section):
-        where = f"device config: {SECTION}[{position}]"
-        if not isinstance(item, dict):
-            raise ConfigError(f"{where}: expected a mapping, got {_kind(item)}")
-        values = {}
-        for key, attribute in _KEYS:
-            value = item.get(key)
-            if value is None:
-                continue
-            if not isinstance(value, str):
-                raise ConfigError(f"{where}.{key}: expected a string, got {_kind(value)}")
-            values[attribute] = value
-        entry = IluvatarConfig(**values)
+    for item in section.sections():
+        if item.is_null:
+            raise item.error("expected a mapping, got null")
+        entry = IluvatarConfig(**{attribute: item.str(key, only_strings=True) for key, attribute in _KEYS})
         entries.append(entry)
         if not enabled:
             continue
         if not entry.common_word:
-            raise ConfigError(f"{where}.commonWord: must not be empty (it names the kind's annotations)")
+            raise item.error("must not be empty (it names the kind's annotations)", "commonWord")
         if entry.common_word in seen:
-            raise ConfigError(f"{where}.commonWord: {entry.common_word!r} is already used by an earlier entry")
+            raise item.error(f"{entry.common_word!r} is already used by an earlier entry", "commonWord")
         seen.add(entry.common_word)
     return entries
 
@@ -166,7 +145,7 @@ class IluvatarVendor(TemplateVendor):
 def build_family(config: DeviceConfig, switches) -> list[IluvatarVendor]:
     """One vendor per ``iluvatars`` entry, only with ``--enable-iluvatar`` (the section is
     validated either way: upstream decodes the whole file at start)."""
-    entries = parse_iluvatar_configs(config.other_sections.get(SECTION), enabled=switches.enable_iluvatar)
+    entries = parse_iluvatar_configs(config.section(SECTION), enabled=switches.enable_iluvatar)
     if not switches.enable_iluvatar:
         return []
     for entry in entries:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from hami_py.config import ConfigError, DeviceConfig
+from hami_py.config import DeviceConfig, Section
 from hami_py.devices.base import (
     FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices,
 )
@@ -50,29 +50,6 @@ MAX_CARDS = 1024                # a capacity beyond this is refused rather than 
 
 # -- config ---------------------------------------------------------------------------------------
 
-_KINDS = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "list"),
-          (dict, "mapping"))
-
-
-def kind_of(value: object) -> str:
-    if value is None:
-        return "null"
-    for python_type, name in _KINDS:
-        if isinstance(value, python_type):
-            return name
-    return type(value).__name__
-
-
-def section_string(section: dict, name: str, key: str) -> str:
-    """A string key of a raw config section: missing or null = "" (Go's zero value)."""
-    value = section.get(key)
-    if value is None:
-        return ""
-    if type(value) is not str:
-        raise ConfigError(f"device config: {name}.{key}: expected string, got {kind_of(value)}")
-    return value
-
-
 @dataclass(slots=True, frozen=True)
 class KunlunConfig:
     """The ``kunlun`` section (upstream's ``KunlunConfig``)."""
@@ -81,14 +58,11 @@ class KunlunConfig:
     resource_vmemory_name: str = ""
 
     @classmethod
-    def from_section(cls, section: object) -> KunlunConfig:
-        if section is None:
-            return cls()
-        if not isinstance(section, dict):
-            raise ConfigError(f"device config: kunlun: expected mapping, got {kind_of(section)}")
-        return cls(section_string(section, "kunlun", "resourceCountName"),
-                   section_string(section, "kunlun", "resourceVCountName"),
-                   section_string(section, "kunlun", "resourceVMemoryName"))
+    def from_section(cls, section: Section) -> KunlunConfig:
+        """Only strings: a number or boolean where a resource name belongs is refused."""
+        return cls(section.str("resourceCountName", only_strings=True),
+                   section.str("resourceVCountName", only_strings=True),
+                   section.str("resourceVMemoryName", only_strings=True))
 
 
 # -- the 8-card topology ------------------------------------------------------------------------
@@ -399,5 +373,5 @@ class VXPUVendor(TemplateVendor):
 
 
 def build_family(config: DeviceConfig, switches) -> list:
-    kunlun = KunlunConfig.from_section(config.other_sections.get("kunlun"))
+    kunlun = KunlunConfig.from_section(config.section("kunlun"))
     return [KunlunVendor(kunlun), VXPUVendor(kunlun)]

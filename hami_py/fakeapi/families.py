@@ -127,7 +127,7 @@ def device_uuid(node: str, family: str, index: int) -> str:
 
 
 def _section(config: DeviceConfig | None, name: str):
-    return (config or DeviceConfig.default()).other_sections.get(name)
+    return (config or DeviceConfig.default()).sections.get(name)
 
 
 def _go_json(entries: list[dict]) -> str:

@@ -39,7 +39,7 @@ import orjson
 
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceVendor, RequestError
-from hami_py.devices.nvidia import USE_TYPE_ANNOTATION, VENDOR_KEY as NVIDIA
+from hami_py.devices.nvidia import USE_TYPE_ANNOTATION, VENDOR_KEY as NVIDIA, nvidia_config
 from hami_py.devices.template import TemplateVendor
 from hami_py.fakeapi.families import find_device_model
 from hami_py.scheduling.bind import BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION
@@ -249,7 +249,7 @@ def _family_limits(where: Where, entry: dict, vendor: DeviceVendor) -> dict[str,
 
 def _shorthand_pod(where: Where, entry: dict, *, device_config: DeviceConfig,
                    vendors: dict[str, DeviceVendor]) -> dict:
-    names = device_config.nvidia
+    names = nvidia_config(device_config)
     vendor_key = _device_vendor(where, entry, vendors)
     image = "cuda:12"
     if vendor_key != NVIDIA:

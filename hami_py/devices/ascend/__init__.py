@@ -17,7 +17,7 @@ def build_family(config, switches) -> list[AscendVendor]:
 
     The section is checked even when Ascend is off, as upstream decodes the whole file at start:
     ConfigError for a malformed ``vnpus`` section either way."""
-    vnpus = parse_vnpus(config.other_sections.get("vnpus"))
+    vnpus = parse_vnpus(config.section("vnpus"))
     if not switches.enable_ascend:
         return []
     return [AscendVendor(chip, hami_vnpu_core=vnpus.hami_vnpu_core) for chip in vnpus.configs]

@@ -1,4 +1,4 @@
-"""NVIDIA GPUs: the vendor HAMi was built for and the one most clusters run.
+"""The NVIDIA vendor (vendor key ``NVIDIA``): HAMi's vGPU sharing of memory and cores.
 
 Everything here is fixed by what HAMi's NVIDIA device plugin and HAMi-core expect: the
 annotation keys, the inventory format, how a container's ``nvidia.com/*`` resources become a
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import orjson
 
-from hami_py.config import NvidiaConfig
+from hami_py.devices.nvidia.config import NvidiaConfig
 from hami_py.devices.base import (
     ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, DeviceVendor, NodeView, PodDevices, RequestError,
 )
@@ -514,7 +514,3 @@ class NvidiaVendor(DeviceVendor):
             return None
         return decode_pod_devices(text)
 
-
-def build_family(config, switches) -> list[NvidiaVendor]:
-    """NVIDIA is always built (upstream always initialises it), from the ``nvidia`` section."""
-    return [NvidiaVendor(config.nvidia)]
