@@ -303,6 +303,8 @@ class SchedulerApp:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        if self.service is not None:
+            await self.service.binder.close()   # label patches of binds just made
         if self.events is not None:
             await self.events.stop()   # after the servers: no new events; before the client closes
         if self.client is not None:

@@ -65,6 +65,12 @@ class PodUsage:
     # carry a decision whose capacity was given to another pod since.
     decided: bool = False
     bound: bool = False             # the pod is bound (by our /bind, or as the watch shows it)
+    # The decision's pod annotations, kept with a reservation of our own /filter until the bind
+    # carries them in its Binding (the filter itself writes nothing).
+    annotations: dict[str, str] | None = None
+    # The pod as that /filter saw it, trimmed to what the bind and its events read (name,
+    # namespace, uid, labels, scheduling group): the bind then needs no read of the pod.
+    pod: dict | None = None
 
 
 @dataclass(slots=True)
