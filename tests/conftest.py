@@ -97,6 +97,23 @@ async def place(api, extender, pod: dict, node_names: list[str]) -> tuple[dict, 
     return created, await extender.filter(created, node_names)
 
 
+async def bind_placed(api, app, extender, pod: dict, result: dict) -> dict:
+    """Bind a pod /filter placed (``result``) onto the node it chose, as kube-scheduler does next,
+    and wait until the scheduler's pod watch has seen the Binding: the stored pod, which from
+    then on carries the decision (/filter itself writes nothing)."""
+    node = result["NodeNames"][0]
+    assert (await extender.bind(pod, node)) == {"Error": ""}
+    meta = pod["metadata"]
+    stored = api.get("pods", meta["name"], namespace=meta.get("namespace") or "default")
+    await pod_events_applied(app, stored)
+    return stored
+
+
+def decision_of(api, name: str, namespace: str = "default") -> dict:
+    """The pod's annotations as the API server has them (after its bind: the decision)."""
+    return api.get("pods", name, namespace=namespace)["metadata"].get("annotations") or {}
+
+
 def node_list(*nodes: dict) -> dict:
     """A NodeList as kube-scheduler sends it on the ``Nodes`` path (``nodeCacheCapable: false``)."""
     return {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": list(nodes)}

@@ -71,6 +71,9 @@ class PodUsage:
     # The pod as that /filter saw it, trimmed to what the bind and its events read (name,
     # namespace, uid, labels, scheduling group): the bind then needs no read of the pod.
     pod: dict | None = None
+    # The resourceVersion of the pod object that /filter decided for: a relist taken after it
+    # that no longer has the pod proves the pod deleted, and the unbound reservation goes.
+    filtered_rv: int | None = None
 
 
 @dataclass(slots=True)
@@ -811,15 +814,21 @@ class UsageCache:
                         error=str(exc))
             return
         if usage is None:
-            # No scheduler decision on this object. A reservation whose patch has not been
-            # confirmed yet stays; one the API server has seen and that is now gone is released.
-            if current is not None and current.resource_version is not None and rv is not None:
+            # No scheduler decision on this object. A reservation of our /filter not bound yet
+            # stays (the filter writes nothing: its Binding carries the decision), unless the pod
+            # shows itself bound without it (bound by someone else: it runs on no device of ours);
+            # one the API server has seen and that is now gone is released.
+            if current is not None and rv is not None and (
+                    current.resource_version is not None
+                    or (not current.bound and (pod.get("spec") or {}).get("nodeName"))):
                 self.remove_pod(uid)
             return
         if current is not None and current.reserved and current.resource_version is None \
-                and (usage.node, usage.entries) != (current.node, current.entries):
-            # Our patch of this pod is still in flight, so any other decision the object shows
-            # predates it (a relist or a late event): keep the newer reservation charged.
+                and (usage.node, usage.entries) != (current.node, current.entries) \
+                and not ((pod.get("spec") or {}).get("nodeName") and not current.bound):
+            # Our reservation is not bound yet, so any other decision an unbound object shows
+            # predates it (left by an older scheduler, or a relist or a late event): keep the
+            # newer reservation charged. A pod bound with another decision runs on that one.
             return
         if self.released.get(uid) == (usage.node, usage.entries) and not (pod.get("spec") or {}).get("nodeName"):
             # The annotations still show a decision we rolled back. A pod that is bound all the
@@ -855,13 +864,16 @@ class UsageCache:
             self.on_pod_event("ADDED", pod)
 
     def finish_pod_relist(self, list_rv: int | None) -> None:
-        """Pods the list no longer has were deleted meanwhile. A reservation whose pod patch is
-        still in flight (no resourceVersion yet) or that is newer than the list is kept: the list
-        simply predates it."""
+        """Pods the list no longer has were deleted meanwhile. A reservation not yet seen back
+        from the watch (no resourceVersion: our /filter's, not bound or its Binding not seen yet)
+        is kept unless the list is newer than the pod object that filter decided for: the list
+        may simply predate the pod, but one taken after it that lacks the pod proves it deleted
+        (while the watch was down; a reservation never bound would otherwise leak)."""
         seen = self._relist_pods_seen
         for uid in [u for u in self.pods if u not in seen]:
             p = self.pods[uid]
-            if p.resource_version is None and p.reserved:
+            if p.resource_version is None and p.reserved and (
+                    list_rv is None or p.filtered_rv is None or p.filtered_rv > list_rv):
                 continue
             if list_rv is not None and p.resource_version is not None and p.resource_version > list_rv:
                 continue

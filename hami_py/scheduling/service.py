@@ -123,6 +123,7 @@ class SchedulerService:
         if decision.reservation is not None:
             decision.reservation.annotations = decision.annotations
             decision.reservation.pod = _bind_view(pod)
+            decision.reservation.filtered_rv = _int_rv(pod)
         self._event(pod, "filter_succeeded", decision)
         return filter_result(node_names=[decision.node])
 
@@ -213,6 +214,11 @@ def _bind_view(pod: dict) -> dict:
     if group is not None:
         view["spec"] = {"schedulingGroup": group}
     return view
+
+
+def _int_rv(pod: dict) -> int | None:
+    rv = (pod.get("metadata") or {}).get("resourceVersion")
+    return int(rv) if isinstance(rv, str) and rv.isdigit() else None
 
 
 def _pod_key(pod: dict) -> str:
