@@ -32,6 +32,7 @@ log = structlog.get_logger(__name__)
 
 VGPU_NODE_ANNOTATION = "hami.io/vgpu-node"
 HANDSHAKE_TIMEOUT_S = 60.0
+DELETED_UIDS_KEPT = 16384
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
@@ -248,6 +249,10 @@ class UsageCache:
         # Decisions rolled back (failed patch or bind) that the pod's annotations may still
         # carry: events repeating exactly that decision must not charge it again.
         self.released: dict[str, tuple[str, list[UsageEntry]]] = {}
+        # UIDs of pods the watch showed deleted, most recent last (bounded): a /filter of a stale
+        # copy of one (kube-scheduler's cache lags) must not reserve for a pod nothing will
+        # ever release, since the filter no longer writes to the pod (which would refuse it).
+        self.deleted: dict[str, None] = {}
         self.quota = QuotaBook(vendors, self.vendor_ids)
         # Every annotation a pod's charge is decoded from.
         self._allocation_keys = [VGPU_NODE_ANNOTATION, *dict.fromkeys(
@@ -791,6 +796,9 @@ class UsageCache:
         if event_type == "DELETED":
             self.remove_pod(uid)
             self.released.pop(uid, None)
+            self.deleted[uid] = None
+            if len(self.deleted) > DELETED_UIDS_KEPT:
+                del self.deleted[next(iter(self.deleted))]
             return
         current = self.pods.get(uid)
         rv = _rv(pod)

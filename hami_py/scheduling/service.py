@@ -99,6 +99,10 @@ class SchedulerService:
         if bound_to:
             # Its devices are in use there: a new decision would release them.
             return filter_result(error=f"pod {namespace}/{name} is already bound to node {bound_to}")
+        if uid in self.cache.deleted:
+            # kube-scheduler's copy of a pod the watch showed deleted: a reservation for it would
+            # never be bound (its Binding's UID precondition fails) nor released by an event.
+            return filter_result(error=f"pod {namespace}/{name} with uid {uid} was deleted")
         stale = may_carry_decision(self.cache, pod, uid)   # before decide drops the charge
         try:
             decision = self.filterer.decide(pod, node_names, request)
