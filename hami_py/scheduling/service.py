@@ -210,10 +210,11 @@ class SchedulerService:
 
 
 def _bind_view(pod: dict) -> dict:
-    """What a bind reads of the pod it was filtered as: identity and labels for its events and
-    its node lock (PodGroup members wait longer), nothing sized by the pod spec."""
+    """What a bind reads of the pod it was filtered as: identity (with the version its events
+    name) and labels for its events and its node lock (PodGroup members wait longer), nothing
+    sized by the pod spec."""
     meta = pod.get("metadata") or {}
-    view = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "labels") if k in meta}}
+    view = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels") if k in meta}}
     group = (pod.get("spec") or {}).get("schedulingGroup")
     if group is not None:
         view["spec"] = {"schedulingGroup": group}
