@@ -114,7 +114,7 @@ async def test_api_call_histogram_splits_filter_and_bind_into_their_api_calls(ap
     assert (await extender.filter(broken, ["n1"]))["NodeNames"] == ["n1"]
     writes = {k: v for k, v in series(await scrape(app), name).items() if dict(k)["resource"] != "events"}
     assert writes == {k: v for k, v in count.items() if dict(k)["resource"] != "events"}   # the filter: none
-    api.faults.add(method="POST", path=r"/pods/broken/binding$", status=500)
+    api.faults.add(method="POST", path=r"/pods/broken/binding$", status=403)   # refused: nothing to read back
     assert (await extender.bind(broken, "n1"))["Error"]
     after = series(await scrape(app), name)
     assert after[labels(method="POST", resource="pods/binding")] == 2          # the failed one counts
