@@ -77,6 +77,7 @@ class WriteDelayPlan:
     filter_samples: int         # /filter requests at concurrency 1 (after the warm-up)
     schedule_pods: int          # then filter+bind, one filter at a time, binds in the background
     filter_target_ms: float = 5.0   # issue 13: /filter p99 under this whatever the API server does
+    rounds: int = 3             # each /filter measurement is the round with the median p99
 
 
 @dataclass(frozen=True)
@@ -420,11 +421,20 @@ async def phase_write_delay(ctx: Context) -> dict:
     """/filter at concurrency 1, then filter+bind in kube-scheduler's pattern, with every write
     the scheduler sends delayed by ``delay_s`` at the API server (reads, watches and the
     cluster's own in-process writes are not). The filter writes nothing, so its latency should
-    be the unhindered one; each bind waits for its node lock and its Binding."""
+    be the unhindered one; each bind waits for its node lock and its Binding. The same
+    measurement without the delay comes first, in the same run (``baseline``): on shared cores
+    the machine's own noise is then told apart from the API server's share."""
     plan = ctx.plan.write_delay
+
+    async def median_round() -> dict:
+        rounds = sorted([await _filter_round(ctx, 1, samples=plan.filter_samples) for _ in range(plan.rounds)],
+                        key=lambda r: r["p99"])
+        return {**rounds[len(rounds) // 2], "p99_rounds": [r["p99"] for r in rounds]}
+
+    baseline = await median_round()
     await ctx.cluster.call("POST", "/faults", {"delay": plan.delay_s, "methods": list(WRITES)})
     try:
-        filtered = await _filter_round(ctx, 1, samples=plan.filter_samples)
+        filtered = await median_round()
         pods = await ctx.pending(plan.schedule_pods, what="write-delay-bind",
                                  annotations={"hami.io/node-scheduler-policy": "spread"})
         run = await run_schedule(ctx.session, ctx.scheduler.url, ctx.cluster, pods, ctx.names_raw,
@@ -433,6 +443,7 @@ async def phase_write_delay(ctx: Context) -> dict:
         await ctx.cluster.call("POST", "/faults", {"clear": True})
     await ctx.cleanup(pods)
     return {"delay_ms": 1000 * plan.delay_s, "filter_target_ms": plan.filter_target_ms, "filter": filtered,
+            "baseline": baseline,
             "schedule": {"pods_per_s": run.bound / run.wall_s if run.wall_s else 0.0, "bound": run.bound,
                          "attempted": run.attempted, "filter": summarize_ms(run.filter_latencies),
                          "bind": summarize_ms(run.bind_latencies), "errors": dict(run.errors)}}

@@ -90,7 +90,7 @@ async def test_the_api_budget_rows_count_requests_and_drain_a_contended_node(tmp
     # Ten nodes, so that the six pods spread onto nodes of their own: no bind meets another's lock.
     plan = ClusterPlan("budget-quick", ClusterShape(10, 8, probe_nodes=1), concurrencies=(), request_count_pods=6,
                        phase_time_limit_s=20.0, contention=ContentionPlan(pods=6, allocation_delay_s=0.02),
-                       write_delay=WriteDelayPlan(delay_s=0.05, filter_samples=20, schedule_pods=4))
+                       write_delay=WriteDelayPlan(delay_s=0.05, filter_samples=20, schedule_pods=4, rounds=1))
     async with aiohttp.ClientSession() as session:
         result = await run_cluster(plan, session=session, workdir=tmp_path)
 
