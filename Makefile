@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# The kernel's sources: every file of cython_core/ but the C that Cython generates from them.
+KERNEL_SOURCES := $(filter-out %.c,$(wildcard cython_core/*))
 
 .PHONY: run test bench bench-quick lint setup clean
 
@@ -14,7 +16,7 @@ export IMAGE KIND_CLUSTER
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-dev.txt setup.py pyproject.toml cython_core/fit_kernel.pyx
+$(STAMP): requirements.txt requirements-dev.txt setup.py pyproject.toml $(KERNEL_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-build-isolation -e .
@@ -44,6 +46,10 @@ kind-up:
 kind-deploy: image
 	hack/kind/deploy.sh
 
+# FAKE_DEVICE: the device family the demo fakes on the workers (nvidia, ascend910b3, mlu370,
+# kunlun, ...: python -m hami_py.fakeapi.families --list).
+FAKE_DEVICE ?= nvidia
+kind-demo: export FAKE_DEVICE := $(FAKE_DEVICE)
 kind-demo:
 	hack/kind/demo.sh
 

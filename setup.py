@@ -2,11 +2,14 @@
 from setuptools import Extension, find_packages, setup
 from Cython.Build import cythonize
 
+# fit_kernel.pyx cimports kernel_codes.pxd (the numbers it shares with hami_py.reasons); cythonize
+# finds it on include_path and rebuilds the kernel when it changes.
 extensions = [
     Extension(
         "hami_py._kernel",
         ["cython_core/fit_kernel.pyx"],
         extra_compile_args=["-O2"],
+        depends=["cython_core/kernel_codes.pxd"],
     ),
 ]
 
@@ -18,6 +21,7 @@ setup(
     package_data={"hami_py": ["data/*.yaml"]},
     ext_modules=cythonize(
         extensions,
+        include_path=["cython_core"],
         language_level=3,
         compiler_directives={"boundscheck": False, "wraparound": False, "cdivision": True},
     ),

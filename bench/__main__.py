@@ -13,8 +13,11 @@
                                           the profile lands in bench/profiles/ and its top functions
                                           are printed
 
-Scenarios: kernel, and the clusters of the plan (full: n100, n1000, p0, p40000, n5000; quick:
-a small n100 with every phase). Every cluster scenario seeds, starts the scheduler and times it
+Scenarios: kernel, and the clusters of the plan (full: n100, n1000, p0, p40000, n5000, budget,
+contention, mixed; quick: a small n100 with every phase, and a small mixed). ``mixed`` is two
+clusters of the same size, all NVIDIA and then 50 % NVIDIA / 30 % Ascend 910B3 / 20 % Kunlun, with
+/filter measured on each (a stream of every family's pods on the mixed one) and the ratio; it is
+skipped, with the reason printed, while a family module it needs is a placeholder. Every cluster scenario seeds, starts the scheduler and times it
 to ready; then it runs its phases: filter, schedule, burst, lag (see bench/scenarios.py).
 
 Three processes take part: this one (the load generator, acting as kube-scheduler), the cluster
@@ -37,7 +40,7 @@ from bench import report
 from bench.kernel import kernel_bench
 from bench.procs import REPO_ROOT, BenchError
 from bench.profiling import Profiler, attach_command, merge_collapsed, summarize_collapsed
-from bench.scenarios import PHASES, PLANS, Plan, run_cluster
+from bench.scenarios import PHASES, PLANS, Plan, run_cluster, run_mixed
 
 BENCH_DIR = Path(__file__).resolve().parent
 
@@ -114,6 +117,15 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
                                     native=args.profile_native,
                                     label=f"{cluster_plan.name}-{time.strftime('%Y%m%d-%H%M%S')}")
             t0 = time.monotonic()
+            if cluster_plan.compare_with_nvidia:   # two clusters, one figure: results["mixed"]
+                if "filter" in args.phases:
+                    results["mixed"] = await run_mixed(cluster_plan, session=session,
+                                                       workdir=workdir / cluster_plan.name, profiler=profiler,
+                                                       profile_startup=args.profile_startup,
+                                                       scheduler_args=tuple(args.scheduler_arg),
+                                                       scheduler_env=args.scheduler_env_map, say=_on_progress)
+                    results["mixed"]["seconds"] = time.monotonic() - t0
+                continue
             result = await run_cluster(cluster_plan, session=session, workdir=workdir / cluster_plan.name,
                                        phases=args.phases, profiler=profiler,
                                        profile_startup=args.profile_startup,

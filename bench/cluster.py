@@ -6,8 +6,9 @@ rendering watch events) nor the load generator's shares an event loop or the GIL
 scheduler. Everything the benchmark does *to the cluster* happens here, in-process and
 synchronously (``api.create`` and friends), through the control port:
 
-    POST /seed      {nodes, pods, probe_nodes, seed}    seed before the scheduler starts
-    POST /pending   {prefix, count, gpus, gpumem, gpucores, annotations}  create pods to schedule
+    POST /seed      {nodes, pods, probe_nodes, seed, layout}   seed before the scheduler starts
+    POST /pending   {prefix, count, gpus, gpumem, gpucores, annotations, families}  create pods to
+                    schedule (``families``: pod i asks for families[i % len], null = NVIDIA)
     POST /allocate  {namespace, name, node}             the device plugin's half of a bind
     POST /delete    {namespace, name}                   delete a pod; answers when it was committed
     POST /blocker   {node_index, gpu}                   re-create a probe node's blocker pod
@@ -40,7 +41,8 @@ import orjson
 from aiohttp import web
 
 from bench.seed import (
-    ClusterShape, blocker_pod, build_nodes, build_placed_pods, node_name, pending_pod, place, realistic_pod,
+    FAMILY_LIMITS, ClusterShape, blocker_pod, build_nodes, build_placed_pods, node_name, pending_pod, place,
+    realistic_pod,
 )
 from hami_py.aio import cancel_and_wait
 from hami_py.devices.base import ContainerDevice
@@ -126,9 +128,13 @@ class PluginHeartbeats:
     sees the steady background a real cluster gives it (N/30 node writes a second, and its own
     re-stamps). The nodes take their turns spread evenly over the period."""
 
-    def __init__(self, api: CountingApi, *, nodes: list[str], period_s: float = PLUGIN_PERIOD_S):
+    def __init__(self, api: CountingApi, *, nodes: list[str], period_s: float = PLUGIN_PERIOD_S,
+                 handshakes: dict[str, str] | None = None):
         self.api = api
         self.nodes = nodes
+        # Node -> the handshake annotation its plugin answers (HAMi's NVIDIA one unless named:
+        # an Ascend node's plugin answers hami.io/node-handshake-<commonWord>, a Kunlun node's none).
+        self.handshakes = handshakes or {}
         self.period_s = period_s
         self.task: asyncio.Task | None = None
         self.paused = False     # while counting the scheduler's requests per pod: no stamps to answer
@@ -143,8 +149,11 @@ class PluginHeartbeats:
             stamp = "Reported " + time.strftime("%Y-%m-%d %H:%M:%S")
             for turn in range(done, done if self.paused else due):
                 name = self.nodes[turn % len(self.nodes)]
+                key = self.handshakes.get(name, HANDSHAKE_ANNOTATION)
+                if not key:
+                    continue
                 try:
-                    self.api.patch("nodes", name, {"metadata": {"annotations": {HANDSHAKE_ANNOTATION: stamp}}})
+                    self.api.patch("nodes", name, {"metadata": {"annotations": {key: stamp}}})
                 except ApiError:
                     pass   # a node deleted meanwhile: nothing to report for it
             done = due
@@ -152,6 +161,12 @@ class PluginHeartbeats:
 
     async def stop(self) -> None:
         await cancel_and_wait(self.task)
+
+
+def _handshake_key(node: dict) -> str:
+    """The handshake annotation the node's device plugin answers ("" for none)."""
+    keys = [k for k in (node["metadata"].get("annotations") or {}) if k.startswith("hami.io/node-handshake")]
+    return keys[0] if keys else ""
 
 
 class ChurnPods:
@@ -317,18 +332,20 @@ class ClusterControl:
         try:
             shape = ClusterShape(nodes=_int_arg(args, "nodes", low=1), pods=_int_arg(args, "pods"),
                                  probe_nodes=_int_arg(args, "probe_nodes", default=0),
-                                 seed=_int_arg(args, "seed", default=1))
+                                 seed=_int_arg(args, "seed", default=1), layout=args.get("layout", "nvidia"))
         except ValueError as exc:
             raise _bad_request(str(exc)) from None
         t0 = time.monotonic()
-        for node in build_nodes(shape):
+        nodes = build_nodes(shape)
+        for node in nodes:
             self.api.create("nodes", node)
         pods = 0
         for pod in build_placed_pods(shape):
             self.api.create("pods", pod)
             pods += 1
         if self.heartbeats is None:
-            self.heartbeats = PluginHeartbeats(self.api, nodes=[n["metadata"]["name"] for n in build_nodes(shape)])
+            self.heartbeats = PluginHeartbeats(self.api, nodes=[n["metadata"]["name"] for n in nodes],
+                                               handshakes={n["metadata"]["name"]: _handshake_key(n) for n in nodes})
             self.heartbeats.start()
         return _json({"nodes": shape.nodes, "pods": pods, "seconds": time.monotonic() - t0,
                       "resource_version": self.api.api.resource_version})
@@ -342,11 +359,15 @@ class ClusterControl:
         if not isinstance(annotations, dict):
             raise _bad_request("annotations must be an object")
         count = _int_arg(args, "count", low=1)
+        families = args.get("families") or [None]
+        if not isinstance(families, list) or any(f is not None and f not in FAMILY_LIMITS for f in families):
+            raise _bad_request(f"families must be a list of null (NVIDIA) or {', '.join(FAMILY_LIMITS)}")
         created = []
         for i in range(count):
             pod = pending_pod(f"{prefix}-{i:06d}", gpus=_int_arg(args, "gpus", default=1, low=1),
                               gpumem=_int_arg(args, "gpumem", default=4096),
-                              gpucores=_int_arg(args, "gpucores", default=10), annotations=annotations)
+                              gpucores=_int_arg(args, "gpucores", default=10), annotations=annotations,
+                              family=families[i % len(families)])
             created.append(self.api.create("pods", pod))
         return _json(created)
 

@@ -11,23 +11,22 @@ how much of a filter the kernel itself is.
 """
 from __future__ import annotations
 
-import inspect
 import statistics
 import time
-from array import array
 
-from bench.seed import ClusterShape, build_nodes, build_placed_pods, node_names, pending_pod
+from bench.seed import FAMILY_VENDOR, ClusterShape, build_nodes, build_placed_pods, family_vendors, node_names, pending_pod
 from hami_py import _kernel
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
 from hami_py.scheduling import kernel_ref
 from hami_py.scheduling.filter import Filterer
+from hami_py.scheduling.fit_query import FitQuery
 from hami_py.scheduling.requests import parse_pod_requests
 
 
 def build_cache(shape: ClusterShape) -> tuple[UsageCache, dict]:
-    vendors = build_vendors(DeviceConfig.default())
+    vendors = family_vendors() if shape.layout != "nvidia" else build_vendors(DeviceConfig.default())
     cache = UsageCache(vendors)
     cache.replace_nodes(build_nodes(shape))
     pods = []
@@ -50,17 +49,11 @@ def _time_calls(fn, *, min_calls: int, min_seconds: float) -> list[float]:
     return times
 
 
-# The kernel's output buffers are its last parameters (out_status ... out_place).
-N_OUTPUTS = sum(1 for name in inspect.signature(kernel_ref.filter_nodes).parameters if name.startswith("out_"))
-
-
-def _run_fresh(impl, args: tuple) -> tuple[int, list[list]]:
+def _run_fresh(impl, table, query: FitQuery) -> tuple[int, dict[str, list]]:
     """``impl`` on the captured inputs with zeroed outputs of its own: (winner, every output)."""
-    inputs, outputs = args[:-N_OUTPUTS], args[-N_OUTPUTS:]
-    assert all(isinstance(a, array) for a in outputs)
-    fresh = [array(a.typecode, [0]) * len(a) for a in outputs]
-    best = impl(*inputs, *fresh)
-    return best, [list(a) for a in fresh]
+    fresh = query.clone()
+    best = impl(table, fresh)
+    return best, fresh.outputs()
 
 
 def kernel_bench(shape: ClusterShape, *, min_seconds: float = 1.0, python_calls: int = 3) -> dict:
@@ -71,18 +64,18 @@ def kernel_bench(shape: ClusterShape, *, min_seconds: float = 1.0, python_calls:
     names = node_names(shape)
     captured: dict = {}
 
-    def recording_kernel(*args):
-        captured["args"] = args
-        return _kernel.filter_nodes(*args)
+    def recording_kernel(table, query):
+        captured["query"] = query
+        return _kernel.filter_nodes(table, query)
 
     Filterer(cache, vendors, kernel=recording_kernel).decide(pod, names, request, reserve=False)
-    args = captured["args"]
+    query = captured["query"]
 
     # Each implementation writes into buffers of its own, and all of them are compared.
-    agree = _run_fresh(_kernel.filter_nodes, args) == _run_fresh(kernel_ref.filter_nodes, args)
+    agree = _run_fresh(_kernel.filter_nodes, cache, query) == _run_fresh(kernel_ref.filter_nodes, cache, query)
 
-    cython_s = _time_calls(lambda: _kernel.filter_nodes(*args), min_calls=20, min_seconds=min_seconds)
-    python_s = _time_calls(lambda: kernel_ref.filter_nodes(*args), min_calls=python_calls, min_seconds=0)
+    cython_s = _time_calls(lambda: _kernel.filter_nodes(cache, query), min_calls=20, min_seconds=min_seconds)
+    python_s = _time_calls(lambda: kernel_ref.filter_nodes(cache, query), min_calls=python_calls, min_seconds=0)
     decider = Filterer(cache, vendors)
     decide_s = _time_calls(lambda: decider.decide(pod, names, request, reserve=False), min_calls=20,
                            min_seconds=min_seconds)
@@ -92,3 +85,20 @@ def kernel_bench(shape: ClusterShape, *, min_seconds: float = 1.0, python_calls:
             "cython_us": cython_us, "python_us": python_us, "speedup": python_us / cython_us,
             "decide_us": statistics.median(decide_s) * 1e6, "agree": agree,
             "calls": {"cython": len(cython_s), "python": len(python_s), "decide": len(decide_s)}}
+
+
+def decide_by_family(shape: ClusterShape, families: tuple[str | None, ...], *, calls: int = 200) -> dict[str, float]:
+    """µs per in-process ``Filterer.decide`` (median of ``calls``, nothing reserved) on the
+    cluster ``shape`` seeds, for a pending pod of each family: the scheduler's own share of a
+    /filter, without HTTP, the pod patch or the other processes on the cores."""
+    cache, vendors = build_cache(shape)
+    names = node_names(shape)
+    decider = Filterer(cache, vendors)
+    out = {}
+    for family in families:
+        pod = pending_pod("decide-probe", family=family)
+        pod["metadata"]["uid"] = "decide-probe"
+        request = parse_pod_requests(pod, vendors, cache.vendor_ids)
+        times = _time_calls(lambda: decider.decide(pod, names, request, reserve=False), min_calls=calls, min_seconds=0)
+        out[FAMILY_VENDOR.get(family, "NVIDIA")] = statistics.median(times) * 1e6
+    return out

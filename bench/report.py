@@ -284,6 +284,8 @@ def render_tables(results: dict) -> list[str]:
         out += _table(["measure", "value", "target", ""], rows)
         out.append("")
 
+    out += render_mixed(results)
+
     rows = []
     for k in results.get("kernel", []):
         rows.append([f"{k['nodes']:,}", f"{k['pods']:,}", _num(k["cython_us"]), _num(k["python_us"]),
@@ -294,6 +296,54 @@ def render_tables(results: dict) -> list[str]:
                 "decision with the Cython kernel)", ""]
         out += _table(["N", "P", "Cython µs", "Python µs", "speedup", "decide() µs", "same answer", "target"], rows)
         out.append("")
+    return out
+
+
+MIXED_RATIO = 1.3
+
+
+def render_mixed(results: dict) -> list[str]:
+    """The mixed cluster's /filter beside the all-NVIDIA one of the same run, and the ratio."""
+    m = results.get("mixed")
+    if not m:
+        return []
+    if m.get("skipped"):
+        return [f"**mixed cluster /filter**: skipped, {m['skipped']}", ""]
+    target = m.get("target_ratio", MIXED_RATIO)
+    base = {r["concurrency"]: r for r in m["nvidia"].get("filter", [])}
+    ratios = {r["concurrency"]: r for r in m.get("ratios", [])}
+    rows = []
+    for r in m["mixed"].get("filter", []):
+        b = base.get(r["concurrency"])
+        q = ratios.get(r["concurrency"])
+        if b is None or q is None:
+            continue
+        cpu = q.get("server_cpu_ms")
+        rows.append([str(r["concurrency"]), f"{_num(b['p50'], 2)} / {_num(b['p99'], 2)}",
+                     f"{_num(r['p50'], 2)} / {_num(r['p99'], 2)}", f"{q['p50']:.2f}× / {q['p99']:.2f}×",
+                     f"{_num(b['server_cpu_ms'], 2)} / {_num(r['server_cpu_ms'], 2)}"
+                     + (f" ({cpu:.2f}×)" if cpu is not None and math.isfinite(cpu) else ""),
+                     f"{r['outcomes'].get('placed', 0)}/{r['n']}",
+                     f"≤ {target:g}× {_verdict(q['p50'] <= target and q['p99'] <= target)}"])
+    out = [f"**mixed cluster /filter** (ms, p50 / p99; N={m['nodes']:,}, P={m['pods']:,}: 50 % NVIDIA, 30 % "
+           "Ascend 910B3, 20 % Kunlun P800, 8 devices a node; the pod stream cycles "
+           f"{', '.join(m['families'])}; the all-NVIDIA cluster of the same N and P measured in the same run"
+           + (", the two clusters' rounds alternating" if m.get("interleaved") else "") + ")", ""]
+    out += _table(["conc", "all NVIDIA", "mixed", "ratio", "server CPU ms/req (NVIDIA / mixed)", "placed (mixed)",
+                   "target (p50 and p99)"], rows)
+    decide = m.get("decide_us")
+    if decide:
+        base_us = decide["nvidia"].get("NVIDIA")
+        mixed = decide["mixed"]
+        mean = sum(mixed.values()) / len(mixed) if mixed else float("nan")
+        out += ["", f"in-process decide() (µs, median, nothing reserved): all-NVIDIA cluster {_num(base_us, 0)}; "
+                    "mixed cluster " + ", ".join(f"{k} {_num(v, 0)}" for k, v in mixed.items())
+                + (f" (mean {_num(mean, 0)}, {mean / base_us:.2f}× the all-NVIDIA one)" if base_us else "")]
+    one = next((r for r in m["mixed"].get("filter", []) if r.get("by_family")), None)
+    if one:
+        out += ["", "by family at concurrency 1 (p50 / p99 ms): " + "; ".join(
+            f"{name} {_num(v['p50'], 2)} / {_num(v['p99'], 2)} (n={v['n']})" for name, v in one["by_family"].items())]
+    out.append("")
     return out
 
 

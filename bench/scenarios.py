@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import aiohttp
@@ -38,7 +38,10 @@ from bench.load import filter_body, filter_outcome, post, run_filters, run_sched
 from bench.cluster import PLUGIN_PERIOD_S
 from bench.procs import BenchError, ClusterProcess, SchedulerProcess, parse_prometheus, process_cpu_seconds
 from bench.profiling import Profiler
-from bench.seed import BENCH_NAMESPACE, ClusterShape, blocker_name, node_name, node_names
+
+from bench.seed import (
+    BENCH_NAMESPACE, FAMILY_VENDOR, ClusterShape, blocker_name, mixed_unavailable, node_name, node_names,
+)
 
 PHASES = ("filter", "requests", "schedule", "burst", "lag", "contention", "write-delay")
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
@@ -94,6 +97,13 @@ class ClusterPlan:
     manifest_budget: bool = False      # start the scheduler with manifests/deployment.yaml's --kube-qps/--kube-burst
     contention: ContentionPlan | None = None
     write_delay: WriteDelayPlan | None = None
+    # The /filter stream's pods, round robin: None is NVIDIA's (1 GPU, 4 GiB, 10 %), else a
+    # family key of bench.seed.FAMILY_LIMITS (one Ascend 910B3 share, one Kunlun XPU ...).
+    filter_families: tuple[str | None, ...] = (None,)
+    scheduler_args: tuple[str, ...] = ()
+    # Run an all-NVIDIA cluster of the same size first and report this one's /filter beside it
+    # (the mixed scenario: results["mixed"], not a row of the cluster tables).
+    compare_with_nvidia: bool = False
 
 
 @dataclass(frozen=True)
@@ -136,6 +146,12 @@ FULL = Plan(
         # per allocation: time to all bound, and how many binds met a held node lock.
         ClusterPlan("contention", ClusterShape(3, 8, probe_nodes=1), concurrencies=(),
                     contention=ContentionPlan(pods=50, allocation_delay_s=0.1)),
+        # 1 000 nodes: 500 NVIDIA, 300 Ascend 910B3, 200 Kunlun P800, 8 devices each, 8 000 pods;
+        # /filter for a stream of each family's pods, beside an all-NVIDIA 1 000-node cluster
+        # measured in the same run (MIXED_RATIO_TARGET).
+        ClusterPlan("mixed", ClusterShape(1000, 8000, probe_nodes=2, layout="mixed"), 1000,
+                    phase_time_limit_s=40.0, filter_rounds=3, filter_families=(None, "ascend910b3", "kunlun"),
+                    scheduler_args=("--enable-ascend=true",), compare_with_nvidia=True),
     ),
 )
 
@@ -148,10 +164,14 @@ QUICK = Plan(
                     EventsPlan(burst_pods=1000, load_rate=20_000, load_seconds=1.5, idle_probes=5,
                                replay_seconds=0.5),
                     phase_time_limit_s=5.0),
+        ClusterPlan("mixed", ClusterShape(100, 800, probe_nodes=2, layout="mixed"), 60, concurrencies=(1,),
+                    phase_time_limit_s=5.0, filter_families=(None, "ascend910b3", "kunlun"),
+                    scheduler_args=("--enable-ascend=true",), compare_with_nvidia=True),
     ),
 )
 
 PLANS = {"full": FULL, "quick": QUICK}
+MIXED_RATIO_TARGET = 1.3      # mixed-cluster /filter p50 and p99 over the all-NVIDIA cluster's
 
 
 class Sentinel:
@@ -258,12 +278,13 @@ class Context:
         """Every pod event committed so far has been applied by the scheduler."""
         await self.sentinel().lag()
 
-    async def pending(self, count: int, *, what: str, annotations: dict | None = None) -> list[dict]:
+    async def pending(self, count: int, *, what: str, annotations: dict | None = None,
+                      families: tuple[str | None, ...] = (None,)) -> list[dict]:
         if count <= 0:
             return []
         return await self.cluster.call("POST", "/pending", {
             "prefix": self.prefix(what), "count": count, "gpus": 1, "gpumem": 4096, "gpucores": 10,
-            "annotations": annotations or {}})
+            "annotations": annotations or {}, "families": list(families)})
 
     async def cleanup(self, pods: list[dict]) -> None:
         """Delete the pods a measurement made; return once the scheduler has applied it."""
@@ -339,7 +360,8 @@ async def phase_filter(ctx: Context) -> list[dict]:
 
 async def _filter_round(ctx: Context, concurrency: int, samples: int | None = None) -> dict:
     samples = ctx.plan.filter_samples if samples is None else samples
-    pods = await ctx.pending(samples + WARMUP_REQUESTS, what=f"filter-c{concurrency}")
+    families = ctx.plan.filter_families
+    pods = await ctx.pending(samples + WARMUP_REQUESTS, what=f"filter-c{concurrency}", families=families)
     bodies = [filter_body(orjson.dumps(p), ctx.names_raw) for p in pods]
     await run_filters(ctx.session, ctx.scheduler.url, bodies[:WARMUP_REQUESTS], concurrency=concurrency,
                       time_limit_s=ctx.plan.phase_time_limit_s)
@@ -355,6 +377,12 @@ async def _filter_round(ctx: Context, concurrency: int, samples: int | None = No
            "server_over_5ms_pct": _server_over_5ms(before, after),
            "server_cpu_ms": 1000 * used["cpu_s"] / n if n else float("nan"),
            "outcomes": dict(run.outcomes), "errors": dict(run.errors)}
+    if len(families) > 1 and concurrency == 1:   # one at a time: latency k is body k's
+        by_family: dict[str, list[float]] = {}
+        for k, latency in enumerate(run.latencies):
+            family = families[(WARMUP_REQUESTS + k) % len(families)]
+            by_family.setdefault(FAMILY_VENDOR.get(family, "NVIDIA"), []).append(latency)
+        row["by_family"] = {name: summarize_ms(values) for name, values in by_family.items()}
     await ctx.cleanup(pods)
     return row
 
@@ -589,6 +617,32 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
     whole life from its first instruction (start-up included). ``scheduler_args`` and ``scheduler_env`` are
     added to the scheduler's command line and environment (experiments: other flags, a
     sitecustomize on PYTHONPATH, PYTHONMALLOC…)."""
+    async with started_cluster(plan, session=session, workdir=workdir, profiler=profiler,
+                               profile_startup=profile_startup, scheduler_args=scheduler_args,
+                               scheduler_env=scheduler_env, say=say) as (ctx, result):
+        runs = (("filter", plan.filter_samples, "/filter latency", phase_filter),
+                ("requests", plan.request_count_pods, "API requests per pod", phase_requests),
+                ("schedule", plan.schedule_pods, "filter+bind throughput", phase_schedule),
+                ("burst", plan.events, "watch event burst", phase_burst),
+                ("lag", plan.events, "delete-to-free lag", phase_lag),
+                ("contention", plan.contention, "node lock contention", phase_contention),
+                ("write-delay", plan.write_delay, "/filter with every API write delayed", phase_write_delay))
+        for phase, planned, title, run in runs:
+            if phase in phases and planned:
+                say(f"[{plan.name}] {title}")
+                result[phase] = await run(ctx)
+                result["rss_after_mb"][phase] = ctx.scheduler.memory().rss_mb
+    return result
+
+
+@asynccontextmanager
+async def started_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdir: Path,
+                          profiler: Profiler | None = None, profile_startup: bool = False,
+                          scheduler_args: tuple[str, ...] = (), scheduler_env: dict[str, str] | None = None,
+                          say=lambda text: None):
+    """A seeded cluster and a ready, settled scheduler with its sentinels: ``(ctx, result)``;
+    on exit the end-of-run memory and /metrics figures go into ``result``, and both processes
+    are stopped (always)."""
     shape = plan.shape
     if shape.probe_nodes < 1:
         raise BenchError(f"cluster {plan.name} needs at least one probe node (its sentinels)")
@@ -600,12 +654,14 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
     if budget:   # as the scheduler got them: a later --scheduler-arg overrides the manifest's
         result["scheduler_args"] = [*budget, *scheduler_args]
     scheduler = SchedulerProcess(kubeconfig=cluster.kubeconfig, log_path=workdir / "scheduler.log", wrap=wrap,
-                                 extra_args=[*budget, *scheduler_args], extra_env=dict(scheduler_env or {}))
+                                 extra_args=[*budget, *plan.scheduler_args, *scheduler_args],
+                                 extra_env=dict(scheduler_env or {}))
     try:
         await cluster.start()
         say(f"[{plan.name}] seeding {shape.nodes} nodes, {shape.pods} pods")
         seeded = await cluster.call("POST", "/seed", {"nodes": shape.nodes, "pods": shape.pods,
-                                                      "probe_nodes": shape.probe_nodes, "seed": shape.seed})
+                                                      "probe_nodes": shape.probe_nodes, "seed": shape.seed,
+                                                      "layout": shape.layout})
         result["seed_s"] = seeded["seconds"]
         scheduler.start()
         result["ready_s"] = await scheduler.wait_ready(session)
@@ -617,19 +673,8 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
         await ctx.settle()
         result["settled_s"] = time.monotonic() - scheduler.t_spawn
         await ctx.make_sentinels()
-        runs = (("filter", plan.filter_samples, "/filter latency", phase_filter),
-                ("requests", plan.request_count_pods, "API requests per pod", phase_requests),
-                ("schedule", plan.schedule_pods, "filter+bind throughput", phase_schedule),
-                ("burst", plan.events, "watch event burst", phase_burst),
-                ("lag", plan.events, "delete-to-free lag", phase_lag),
-                ("contention", plan.contention, "node lock contention", phase_contention),
-                ("write-delay", plan.write_delay, "/filter with every API write delayed", phase_write_delay))
         result["rss_after_mb"] = {}    # where the memory grows, phase by phase
-        for phase, planned, title, run in runs:
-            if phase in phases and planned:
-                say(f"[{plan.name}] {title}")
-                result[phase] = await run(ctx)
-                result["rss_after_mb"][phase] = scheduler.memory().rss_mb
+        yield ctx, result
         result["memory_end"] = vars(scheduler.memory())
         samples, seconds, size = await ctx.scrape()
         result["metrics_scrape"] = {"seconds": seconds, "mb": size / 1e6, "pod_events": samples.get(POD_EVENTS),
@@ -638,7 +683,6 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
     finally:
         await scheduler.stop()
         await cluster.stop()
-    return result
 
 
 def manifest_budget_args() -> list[str]:
@@ -652,3 +696,61 @@ def manifest_budget_args() -> list[str]:
     if len(wanted) != 2:
         raise BenchError(f"manifests/deployment.yaml gives hami-py {wanted}, not --kube-qps and --kube-burst")
     return wanted
+
+
+async def run_mixed(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdir: Path,
+                    say=lambda text: None, **kwargs) -> dict:
+    """The mixed-cluster /filter figure beside the all-NVIDIA one, from the same run: both
+    clusters (the same N and P, one all NVIDIA) run side by side, and their /filter rounds
+    alternate (NVIDIA, mixed, NVIDIA, ...), so that the load other processes put on the shared
+    cores falls on both alike. Each cluster's round with the median p99 is reported, as in the
+    filter phase. Skipped (with the reason) while a family it needs has no vendor yet."""
+    reason = mixed_unavailable()
+    if reason:
+        say(f"[{plan.name}] skipped: {reason}")
+        return {"name": plan.name, "skipped": reason}
+    baseline_plan = replace(plan, name=f"{plan.name}-nvidia", shape=replace(plan.shape, layout="nvidia"),
+                            filter_families=(None,), scheduler_args=(), compare_with_nvidia=False)
+    mixed_plan = replace(plan, compare_with_nvidia=False)
+    out: dict = {"name": plan.name, "nodes": plan.shape.nodes, "pods": plan.shape.pods,
+                 "families": [FAMILY_VENDOR.get(f, "NVIDIA") for f in plan.filter_families],
+                 "target_ratio": MIXED_RATIO_TARGET, "interleaved": True}
+    async with started_cluster(baseline_plan, session=session, workdir=workdir / baseline_plan.name, say=say,
+                               **kwargs) as (base_ctx, base_result), \
+            started_cluster(mixed_plan, session=session, workdir=workdir / mixed_plan.name, say=say,
+                            **kwargs) as (mixed_ctx, mixed_result):
+        await base_ctx.settle()      # quiet again while the second one started
+        say(f"[{plan.name}] /filter latency, rounds alternating between the two clusters")
+        rows: dict[str, list[dict]] = {"nvidia": [], "mixed": []}
+        for concurrency in plan.concurrencies:
+            rounds: dict[str, list[dict]] = {"nvidia": [], "mixed": []}
+            for _ in range(plan.filter_rounds if concurrency == 1 else 1):
+                for key, ctx in (("nvidia", base_ctx), ("mixed", mixed_ctx)):
+                    rounds[key].append(await _filter_round(ctx, concurrency))
+            for key, taken in rounds.items():
+                taken.sort(key=lambda r: r["p99"])
+                row = taken[len(taken) // 2]
+                rows[key].append({**row, "p99_rounds": [r["p99"] for r in taken]})
+        base_result["filter"], mixed_result["filter"] = rows["nvidia"], rows["mixed"]
+    out["nvidia"], out["mixed"] = base_result, mixed_result
+    out["ratios"] = mixed_ratios(out)
+    from bench.kernel import decide_by_family    # in this process: the caches are built here
+    say(f"[{plan.name}] in-process decide() per family")
+    out["decide_us"] = {"nvidia": decide_by_family(baseline_plan.shape, (None,)),
+                        "mixed": decide_by_family(mixed_plan.shape, plan.filter_families)}
+    return out
+
+
+def mixed_ratios(result: dict) -> list[dict]:
+    """Per concurrency: mixed p50 and p99 over the all-NVIDIA cluster's."""
+    rows = []
+    base = {r["concurrency"]: r for r in result["nvidia"].get("filter", [])}
+    for r in result["mixed"].get("filter", []):
+        b = base.get(r["concurrency"])
+        if b is None:
+            continue
+        def ratio(key: str) -> float:
+            return r[key] / b[key] if b.get(key) else float("nan")
+        rows.append({"concurrency": r["concurrency"], "p50": ratio("p50"), "p99": ratio("p99"),
+                     "server_cpu_ms": ratio("server_cpu_ms")})
+    return rows

@@ -22,8 +22,13 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from hami_py.devices.base import ContainerDevice
+from functools import lru_cache
+
+from hami_py.config import DeviceConfig
+from hami_py.devices.base import ContainerDevice, NodeView
 from hami_py.devices.codec import encode_pod_devices
+from hami_py.devices.registry import FamilySwitches, build_vendors
+from hami_py.fakeapi.families import BY_KEY
 from hami_py.fakeapi.objects import H200, gpu_node, gpu_pod, gpu_uuid
 
 A100_80 = {"type": "NVIDIA A100-SXM4-80GB", "devmem": 81920, "devcore": 100}
@@ -40,6 +45,34 @@ TARGET_FILL = 0.5        # seeded memory per GPU, as a fraction of the GPU (on a
 TARGET_CORE_FILL = 0.4   # seeded cores per GPU, as a fraction of 100
 MAX_PODS_PER_NODE = 64   # beyond this the 10 slots per GPU cannot hold every pod
 
+# The mixed layout (``layout="mixed"``): the first 30 % of the nodes are Ascend 910B3 × 8, the next
+# 20 % Kunlun P800 × 8 (whole XPUs), the rest (probe nodes included) NVIDIA as in the plain layout.
+# Seeded pods: MIXED_PODS_PER_NODE on each family node, the rest spread over the NVIDIA nodes.
+MIXED_SHARES = (("ascend910b3", 0.3), ("kunlun", 0.2))
+MIXED_PODS_PER_NODE = {"ascend910b3": 8, "kunlun": 4}
+# What a pending (or seeded) pod of each family asks for: one device, as an inference pod would.
+FAMILY_LIMITS = {
+    "ascend910b3": {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16384"},
+    "kunlun": {"kunlunxin.com/xpu": "1"},
+}
+FAMILY_VENDOR = {"ascend910b3": "Ascend910B3", "kunlun": "kunlun"}
+LAYOUTS = ("nvidia", "mixed")
+
+
+@lru_cache(maxsize=1)
+def family_vendors() -> dict:
+    """The scheduler's vendors with Ascend switched on (as the bench starts it for mixed)."""
+    return build_vendors(DeviceConfig.default(), FamilySwitches(enable_ascend=True))
+
+
+def mixed_unavailable() -> str | None:
+    """Why the mixed layout cannot run (a family module not landed yet), or None."""
+    vendors = family_vendors()
+    missing = [v for v in FAMILY_VENDOR.values() if v not in vendors]
+    if missing:
+        return f"the scheduler builds no vendor {', '.join(missing)} (its family module is still a placeholder)"
+    return None
+
 
 @dataclass(frozen=True)
 class ClusterShape:
@@ -48,8 +81,11 @@ class ClusterShape:
     pods: int
     probe_nodes: int = 0
     seed: int = 1
+    layout: str = "nvidia"     # or "mixed" (MIXED_SHARES)
 
     def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, not {self.layout!r}")
         if self.nodes < 1:
             raise ValueError(f"a cluster needs at least one node, not {self.nodes}")
         if not 0 <= self.probe_nodes < self.nodes:
@@ -82,9 +118,58 @@ def node_model(shape: ClusterShape, index: int) -> dict:
     return MODEL_CYCLE[index % len(MODEL_CYCLE)]
 
 
+def family_ranges(shape: ClusterShape) -> list[tuple[str, int, int]]:
+    """(family key, first node index, end) of the mixed layout's family nodes; [] otherwise."""
+    if shape.layout != "mixed":
+        return []
+    out, start = [], 0
+    for key, share in MIXED_SHARES:
+        end = min(start + round(share * shape.nodes), shape.nodes - shape.probe_nodes)
+        out.append((key, start, end))
+        start = end
+    return out
+
+
+def node_family(shape: ClusterShape, index: int) -> str | None:
+    """The family key of node ``index`` (None: NVIDIA)."""
+    for key, start, end in family_ranges(shape):
+        if start <= index < end:
+            return key
+    return None
+
+
 def build_nodes(shape: ClusterShape) -> list[dict]:
-    return [gpu_node(node_name(i), gpus=GPUS_PER_NODE, model=node_model(shape, i), split=SPLIT_COUNT)
-            for i in range(shape.nodes)]
+    out = []
+    for i in range(shape.nodes):
+        family = node_family(shape, i)
+        if family is None:
+            out.append(gpu_node(node_name(i), gpus=GPUS_PER_NODE, model=node_model(shape, i), split=SPLIT_COUNT))
+        else:
+            out.append(BY_KEY[family].node(node_name(i), devices=GPUS_PER_NODE))
+    return out
+
+
+def family_pod(name: str, *, family: str, namespace: str, app: str = "inference") -> dict:
+    """A controller-made pod asking for one device of ``family`` (FAMILY_LIMITS)."""
+    pod = realistic_pod(name, namespace=namespace, gpus=1, gpumem=None, gpucores=None, app=app)
+    container = pod["spec"]["containers"][0]
+    limits = {k: v for k, v in container["resources"]["limits"].items() if not k.startswith("nvidia.com/")}
+    container["resources"]["limits"] = {**limits, **FAMILY_LIMITS[family]}
+    container["image"] = "registry.example.com/ai/inference:2026.1"
+    pod["spec"]["tolerations"] = [{"key": next(iter(FAMILY_LIMITS[family])), "operator": "Exists",
+                                   "effect": "NoSchedule"}]
+    return pod
+
+
+def place_family(pod: dict, *, node: str, family: str, devices: list[ContainerDevice]) -> dict:
+    """``place`` for another family: its own allocation annotations, written by its vendor."""
+    place(pod, node=node, devices=[])
+    annotations = pod["metadata"]["annotations"]
+    for key in ("hami.io/vgpu-devices-allocated", "hami.io/vgpu-devices-to-allocate"):
+        annotations.pop(key, None)
+    vendor = family_vendors()[FAMILY_VENDOR[family]]
+    annotations.update(vendor.encode_allocation([devices], node=node, now=1767225600.0))
+    return pod
 
 
 def realistic_pod(name: str, *, namespace: str, gpus: int, gpumem: int | None, gpucores: int | None,
@@ -139,8 +224,40 @@ def place(pod: dict, *, node: str, devices: list[ContainerDevice]) -> dict:
 def _pods_per_node(shape: ClusterShape) -> list[int]:
     regular = shape.nodes - shape.probe_nodes
     spread = shape.pods - GPUS_PER_NODE * shape.probe_nodes
-    base, extra = divmod(spread, regular) if regular else (0, 0)
-    return [base + (1 if i < extra else 0) for i in range(regular)]
+    fixed = {}
+    for key, start, end in family_ranges(shape):
+        for i in range(start, end):
+            fixed[i] = min(MIXED_PODS_PER_NODE[key], max(spread - sum(fixed.values()), 0))
+    spread -= sum(fixed.values())
+    nvidia = regular - len(fixed)
+    base, extra = divmod(spread, nvidia) if nvidia else (0, 0)
+    out, k = [], 0
+    for i in range(regular):
+        if i in fixed:
+            out.append(fixed[i])
+        else:
+            out.append(base + (1 if k < extra else 0))
+            k += 1
+    return out
+
+
+def _placed_on_family_node(rng: random.Random, *, node: str, index: int, family: str, count: int) -> list[dict]:
+    """``count`` one-device pods on a family node: Ascend shares of 16 GiB spread over the NPUs,
+    Kunlun whole cards picked at random (no two on one card)."""
+    vendor = family_vendors()[FAMILY_VENDOR[family]]
+    registered = vendor.parse_node_devices(NodeView.from_node(BY_KEY[family].node(node, devices=GPUS_PER_NODE)))
+    cards = rng.sample(range(len(registered)), min(count, len(registered))) if family == "kunlun" else None
+    pods = []
+    for j in range(count):
+        dev = registered[cards[j]] if cards is not None else registered[j % len(registered)]
+        if family == "kunlun":
+            given = ContainerDevice(dev.id, vendor.vendor_key, dev.devmem, dev.devcore)
+        else:
+            given = ContainerDevice(dev.id, vendor.vendor_key, 16384, 0)
+        namespace = NAMESPACES[(index + j) % len(NAMESPACES)]
+        pod = family_pod(f"job-{index:05d}-{j:02d}", family=family, namespace=namespace, app="trainer")
+        pods.append(place_family(pod, node=node, family=family, devices=[given]))
+    return pods
 
 
 def _placed_on_regular_node(rng: random.Random, *, node: str, index: int, model: dict, count: int) -> list[dict]:
@@ -197,6 +314,10 @@ def build_placed_pods(shape: ClusterShape):
     """Yield the P running pods, node by node (a generator: 40 000 pods need not sit in memory)."""
     rng = random.Random(shape.seed)
     for i, count in enumerate(_pods_per_node(shape)):
+        family = node_family(shape, i)
+        if family is not None:
+            yield from _placed_on_family_node(rng, node=node_name(i), index=i, family=family, count=count)
+            continue
         yield from _placed_on_regular_node(rng, node=node_name(i), index=i, model=node_model(shape, i),
                                            count=count)
     for i in range(shape.nodes - shape.probe_nodes, shape.nodes):
@@ -204,7 +325,12 @@ def build_placed_pods(shape: ClusterShape):
 
 
 def pending_pod(name: str, *, gpus: int = 1, gpumem: int = 4096, gpucores: int = 10,
-                annotations: dict | None = None) -> dict:
-    """A pod waiting for kube-scheduler: what /filter is asked about."""
+                annotations: dict | None = None, family: str | None = None) -> dict:
+    """A pod waiting for kube-scheduler: what /filter is asked about (``family``: one device of
+    that family instead of an NVIDIA share)."""
+    if family is not None:
+        pod = family_pod(name, family=family, namespace=BENCH_NAMESPACE)
+        pod["metadata"]["annotations"].update(annotations or {})
+        return pod
     return realistic_pod(name, namespace=BENCH_NAMESPACE, gpus=gpus, gpumem=gpumem, gpucores=gpucores,
                          annotations=annotations, app="inference")

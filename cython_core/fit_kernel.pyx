@@ -3,58 +3,63 @@
 
 This is a line-for-line translation of ``hami_py/scheduling/kernel_ref.py`` (read that for the
 rules and their sources); hypothesis keeps the two equal. It walks the usage cache's typed arrays
-directly, so a filter costs O(candidate nodes x devices) in C and nothing per running pod.
+directly, so a filter costs O(candidate nodes x devices) in C and nothing per running pod; only
+the rows of a family with a chooser (FLAG_CHOOSE) call back into Python, once per node.
+
+Its numbers (reasons, row layout, policies, vendor flags) live in ``kernel_codes.pxd`` and reach
+Python through ``CODES``, so no other file repeats them.
 """
 from libc.stdlib cimport malloc, free
 from libc.string cimport memset
 
-# Keep these in step with hami_py/scheduling/reasons.py and kernel_ref.py.
-DEF ROW_WIDTH = 7
-DEF N_REASONS = 16
-DEF MEMPCT_UNSET = 101
-DEF MAX_TOPOLOGY_COMBOS = 20000
-DEF POLICY_BINPACK = 0
-DEF POLICY_SPREAD = 1
-DEF ORDER_MUTEX = 2
-DEF ORDER_CHAIN = 64
-DEF KEY_BINPACK = 1
-DEF KEY_SPREAD = 2
-DEF NODE_FIT = 0
-DEF NODE_DEVICE_REASONS = 1
-DEF NODE_INSUFFICIENT_DEVICE = 2
-DEF NODE_UNREGISTERED = 3
-DEF CARD_NOT_HEALTH = 1
-DEF CARD_CORDONED = 2
-DEF CARD_TYPE_MISMATCH = 3
-DEF NUMA_NOT_FIT = 4
-DEF CARD_TIME_SLICING_EXHAUSTED = 6
-DEF EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT = 7
-DEF RESOURCE_QUOTA_NOT_FIT = 8
-DEF CARD_INSUFFICIENT_MEMORY = 9
-DEF CARD_INSUFFICIENT_CORE = 10
-DEF CARD_COMPUTE_UNITS_EXHAUSTED = 11
-DEF CARD_MIG_TOPOLOGY_INFEASIBLE = 12
-DEF ALLOCATED_CARDS_INSUFFICIENT_REQUEST = 13
+from kernel_codes cimport *
+
+# Every number of kernel_codes.pxd, for Python: hami_py.reasons, kernel_ref and the device base
+# read theirs from here (tests/test_kernel.py checks that this lists every name of the .pxd).
+CODES = {
+    "OK": OK, "CARD_NOT_HEALTH": CARD_NOT_HEALTH, "CARD_CORDONED": CARD_CORDONED,
+    "CARD_TYPE_MISMATCH": CARD_TYPE_MISMATCH, "NUMA_NOT_FIT": NUMA_NOT_FIT,
+    "CARD_UUID_MISMATCH": CARD_UUID_MISMATCH, "CARD_TIME_SLICING_EXHAUSTED": CARD_TIME_SLICING_EXHAUSTED,
+    "EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT": EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT,
+    "RESOURCE_QUOTA_NOT_FIT": RESOURCE_QUOTA_NOT_FIT, "CARD_INSUFFICIENT_MEMORY": CARD_INSUFFICIENT_MEMORY,
+    "CARD_INSUFFICIENT_CORE": CARD_INSUFFICIENT_CORE, "CARD_COMPUTE_UNITS_EXHAUSTED": CARD_COMPUTE_UNITS_EXHAUSTED,
+    "CARD_MIG_TOPOLOGY_INFEASIBLE": CARD_MIG_TOPOLOGY_INFEASIBLE,
+    "ALLOCATED_CARDS_INSUFFICIENT_REQUEST": ALLOCATED_CARDS_INSUFFICIENT_REQUEST,
+    "CARD_NOT_FOUND_CUSTOM_FILTER_RULE": CARD_NOT_FOUND_CUSTOM_FILTER_RULE, "MODE_NOT_FIT": MODE_NOT_FIT,
+    "N_DEVICE_REASONS": N_DEVICE_REASONS,
+    "NODE_FIT": NODE_FIT, "NODE_DEVICE_REASONS": NODE_DEVICE_REASONS,
+    "NODE_INSUFFICIENT_DEVICE": NODE_INSUFFICIENT_DEVICE, "NODE_UNREGISTERED": NODE_UNREGISTERED,
+    "ROW_WIDTH": ROW_WIDTH, "ROW_CONTAINER": ROW_CONTAINER, "ROW_IS_INIT": ROW_IS_INIT,
+    "ROW_VENDOR": ROW_VENDOR, "ROW_NUMS": ROW_NUMS, "ROW_MEMREQ": ROW_MEMREQ, "ROW_MEMPCT": ROW_MEMPCT,
+    "ROW_CORESREQ": ROW_CORESREQ, "MEMPCT_UNSET": MEMPCT_UNSET,
+    "POLICY_BINPACK": POLICY_BINPACK, "POLICY_SPREAD": POLICY_SPREAD,
+    "ORDER_BINPACK": ORDER_BINPACK, "ORDER_SPREAD": ORDER_SPREAD, "ORDER_MUTEX": ORDER_MUTEX,
+    "ORDER_CHAIN": ORDER_CHAIN, "KEY_BINPACK": KEY_BINPACK, "KEY_SPREAD": KEY_SPREAD, "KEY_NUMA": KEY_NUMA,
+    "MAX_TOPOLOGY_COMBOS": MAX_TOPOLOGY_COMBOS,
+    "FLAG_EXCLUSIVE": FLAG_EXCLUSIVE, "FLAG_EQUAL_SHARE": FLAG_EQUAL_SHARE, "FLAG_CHOOSE": FLAG_CHOOSE,
+}
 
 # Per-device scratch columns (long long), each max_len long.
-DEF L_APP_USED = 0
-DEF L_APP_MEM = 1
-DEF L_APP_CORES = 2
-DEF L_APP_MIG = 3
-DEF L_INI_USED = 4
-DEF L_INI_MEM = 5
-DEF L_INI_CORES = 6
-DEF L_INI_MIG = 7
-DEF L_Q_INIT_MEM = 8
-DEF L_Q_INIT_CORES = 9
-DEF L_Q_APP_MEM = 10
-DEF L_Q_APP_CORES = 11
-DEF L_PICK_OCC = 12
-DEF L_PICKED_MEM = 13
-DEF L_COLS = 14
+cdef enum:
+    L_APP_USED = 0
+    L_APP_MEM = 1
+    L_APP_CORES = 2
+    L_APP_MIG = 3
+    L_INI_USED = 4
+    L_INI_MEM = 5
+    L_INI_CORES = 6
+    L_INI_MIG = 7
+    L_Q_INIT_MEM = 8
+    L_Q_INIT_CORES = 9
+    L_Q_APP_MEM = 10
+    L_Q_APP_CORES = 11
+    L_PICK_OCC = 12
+    L_PICKED_MEM = 13
+    L_COLS = 14
 
 # "No quota" (hami_py.cache.quota.UNLIMITED); any other value, negative too, is the headroom.
 cdef long long UNLIMITED = -(1LL << 62)
+QUOTA_UNLIMITED = UNLIMITED   # checked against the cache's constant by tests/test_kernel.py
 
 
 cdef inline long long resolve_mem(int memreq, int mempct, long long total_mem) noexcept nogil:
@@ -191,22 +196,100 @@ cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, int *picked_pr
     return nums
 
 
-def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] count,
-                 const int[:] numa, const signed char[:] health, const int[:] vendor,
-                 const long long[:] used_mem, const long long[:] used_cores, const long long[:] used,
-                 const int[:] node_offset, const int[:] node_len, const int[:] candidates,
-                 const int[:] rows, const signed char[:] mask,
-                 int node_policy, int gpu_policy, int numa_bind, int mutex,
-                 double w_slot, double w_core, double w_mem,
-                 const long long[:] quota_mem, const long long[:] quota_cores,
-                 int topology, const int[:] pair_score, const int[:] node_pair_offset,
-                 int mig_ok, const signed char[:] dev_mig, const long long[:] mig_used,
-                 const int[:] mig_prof_off, const int[:] mig_prof_len, const int[:] prof_mem,
-                 const int[:] prof_core, const int[:] prof_place_off, const int[:] prof_place_len,
-                 const long long[:] place_mask,
-                 int[:] out_status, int[:] out_reasons, int[:] out_total, double[:] out_score,
-                 int[:] out_row, int[:] out_dev, long long[:] out_mem, int[:] out_cores,
-                 int[:] out_prof, int[:] out_place):
+cdef int run_chooser(object choosers, int v, Py_ssize_t ni, int nums, int *picked, long long *picked_mem,
+                     int *picked_prof, int *picked_place, Py_ssize_t npicked, double *delta,
+                     list errors) noexcept with gil:
+    """kernel_ref._choose: 0 with ``picked[:nums]`` rewritten to the chooser's picks (in its order)
+    and ``delta`` set, or the reason code it refused the node with; -1 when it raised (a bad
+    answer is a ValueError), the exception then in ``errors`` for filter_nodes to raise once its
+    buffers are freed (a try/finally around the hot loop costs it a few per cent)."""
+    try:
+        return choose(choosers, v, ni, nums, picked, picked_mem, picked_prof, picked_place, npicked, delta)
+    except BaseException as exc:
+        errors.append(exc)
+        return -1
+
+
+cdef int choose(object choosers, int v, Py_ssize_t ni, int nums, int *picked, long long *picked_mem,
+                int *picked_prof, int *picked_place, Py_ssize_t npicked, double *delta) except -1:
+    cdef Py_ssize_t i, t
+    chooser = choosers[v] if v < len(choosers) else None
+    if chooser is None:
+        raise ValueError(f"vendor id {v} has FLAG_CHOOSE but the query carries no chooser for it")
+    positions = [picked[i] for i in range(npicked)]
+    answer = chooser(ni, positions, nums)
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if not 0 < answer < N_DEVICE_REASONS:
+            raise ValueError(f"chooser of vendor id {v} answered reason {answer}, not a device reason code")
+        return answer
+    if not isinstance(answer, tuple) or len(answer) != 2:
+        raise ValueError(f"chooser of vendor id {v} answered {answer!r}, not (positions, score delta) or a reason")
+    chosen, py_delta = answer
+    by_position = {picked[i]: i for i in range(npicked)}
+    chosen = list(chosen)
+    if (len(chosen) != nums or len(set(chosen)) != nums
+            or not all(type(p) is int and p in by_position for p in chosen)):
+        raise ValueError(f"chooser of vendor id {v} chose {chosen!r}: not {nums} distinct positions of {positions}")
+    delta[0] = float(py_delta)
+    entries = [(picked[i], picked_mem[i], picked_prof[i], picked_place[i]) for i in range(npicked)]
+    for t in range(nums):
+        picked[t], picked_mem[t], picked_prof[t], picked_place[t] = entries[by_position[chosen[t]]]
+    return 0
+
+
+def filter_nodes(table, query):
+    """kernel_ref.filter_nodes: ``table`` has the columns of fit_query.TABLE_COLUMNS, ``query``
+    is a fit_query.FitQuery whose out_* arrays receive the answer; returns the winner or -1."""
+    # Typed views of every input and output, taken once.
+    cdef const int[:] total_mem = table.total_mem
+    cdef const int[:] total_cores = table.total_cores
+    cdef const int[:] count = table.count
+    cdef const int[:] numa = table.numa
+    cdef const signed char[:] health = table.health
+    cdef const int[:] vendor = table.vendor
+    cdef const long long[:] used_mem = table.used_mem
+    cdef const long long[:] used_cores = table.used_cores
+    cdef const long long[:] used = table.used
+    cdef const int[:] node_offset = table.node_offset
+    cdef const int[:] node_len = table.node_len
+    cdef const int[:] pair_score = table.pair_score
+    cdef const int[:] node_pair_offset = table.node_pair_offset
+    cdef const signed char[:] dev_mig = table.dev_mig
+    cdef const long long[:] mig_used = table.mig_used
+    cdef const int[:] mig_prof_off = table.mig_prof_off
+    cdef const int[:] mig_prof_len = table.mig_prof_len
+    cdef const int[:] prof_mem = table.prof_mem
+    cdef const int[:] prof_core = table.prof_core
+    cdef const int[:] prof_place_off = table.prof_place_off
+    cdef const int[:] prof_place_len = table.prof_place_len
+    cdef const long long[:] place_mask = table.place_mask
+    cdef const int[:] candidates = query.candidates
+    cdef const int[:] rows = query.rows
+    cdef const signed char[:] mask = query.mask
+    cdef int node_policy = query.node_policy
+    cdef int gpu_policy = query.gpu_policy
+    cdef int numa_bind = query.numa_bind
+    cdef int mutex = query.mutex
+    cdef double w_slot = query.w_slot
+    cdef double w_core = query.w_core
+    cdef double w_mem = query.w_mem
+    cdef const long long[:] quota_mem = query.quota_mem
+    cdef const long long[:] quota_cores = query.quota_cores
+    cdef int topology = query.topology
+    cdef int mig_ok = query.mig_ok
+    cdef const int[:] vendor_flags = query.vendor_flags
+    cdef object choosers = query.choosers
+    cdef int[:] out_status = query.out_status
+    cdef int[:] out_reasons = query.out_reasons
+    cdef int[:] out_total = query.out_total
+    cdef double[:] out_score = query.out_score
+    cdef int[:] out_row = query.out_row
+    cdef int[:] out_dev = query.out_dev
+    cdef long long[:] out_mem = query.out_mem
+    cdef int[:] out_cores = query.out_cores
+    cdef int[:] out_prof = query.out_prof
+    cdef int[:] out_place = query.out_place
+
     cdef Py_ssize_t n_rows = rows.shape[0] // ROW_WIDTH
     cdef Py_ssize_t n_cand = candidates.shape[0]
     cdef bint has_mask = mask.shape[0] > 0
@@ -215,8 +298,14 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
     for c in range(n_cand):
         if candidates[c] >= 0 and node_len[candidates[c]] > max_len:
             max_len = node_len[candidates[c]]
+    cdef int row_vendor
     for r in range(n_rows):
-        total_nums += rows[r * ROW_WIDTH + 3]
+        total_nums += rows[r * ROW_WIDTH + ROW_NUMS]
+        # Per-vendor arrays are indexed by the rows' vendor ids unchecked below.
+        row_vendor = rows[r * ROW_WIDTH + ROW_VENDOR]
+        if (row_vendor < 0 or row_vendor >= vendor_flags.shape[0] or row_vendor >= quota_mem.shape[0]
+                or row_vendor >= quota_cores.shape[0]):
+            raise ValueError(f"request row {r} names vendor id {row_vendor}, beyond the query's per-vendor arrays")
     if max_len == 0:
         max_len = 1
     # A MIG GPU can give one container several instances (at most one per slice, and a mask has
@@ -256,17 +345,18 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
     cdef int *ch_cores = ch_dev + chosen_cap
     cdef int *ch_prof = ch_cores + chosen_cap
     cdef int *ch_place = ch_prof + chosen_cap
-    cdef int counts[N_REASONS]
+    cdef int counts[N_DEVICE_REASONS]
     cdef long long *s_used
     cdef long long *s_mem
     cdef long long *s_cores
     cdef long long *s_mig
     cdef long long s_u, s_c, s_uc, s_tc, s_um, s_tm, mem, use_mem, use_cores
-    cdef double node_score, best_score = 0.0, sc, tmp_s
+    cdef double node_score, best_score = 0.0, sc, tmp_s, delta
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
-    cdef int need, prev_numa, m, tmp_k, is_init, prof, place
+    cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
-    cdef bint better, any_mig, revisit
+    cdef bint better, any_mig, revisit, exclusive, equal_share, choosing, collect_all
+    cdef list errors = []
     with nogil:
         for c in range(n_cand):
             ni = candidates[c]
@@ -304,8 +394,8 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
             s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
             for r in range(n_rows):
                 base = r * ROW_WIDTH
-                container = rows[base]
-                if rows[base + 1]:
+                container = rows[base + ROW_CONTAINER]
+                if rows[base + ROW_IS_INIT]:
                     if container != current_container:
                         for k in range(n):
                             ini_used[k] = used[off + k]
@@ -316,16 +406,21 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                 else:
                     s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
                 current_container = container
-                is_init = rows[base + 1]
-                v = rows[base + 2]
+                is_init = rows[base + ROW_IS_INIT]
+                v = rows[base + ROW_VENDOR]
                 qm = quota_mem[v]
                 qc = quota_cores[v]
-                nums = rows[base + 3]
-                memreq = rows[base + 4]
-                mempct = rows[base + 5]
-                cores = rows[base + 6]
+                nums = rows[base + ROW_NUMS]
+                memreq = rows[base + ROW_MEMREQ]
+                mempct = rows[base + ROW_MEMPCT]
+                cores = rows[base + ROW_CORESREQ]
                 if cores > 100:
                     cores = 100
+                flags = vendor_flags[v]
+                exclusive = (flags & FLAG_EXCLUSIVE) != 0
+                equal_share = (flags & FLAG_EQUAL_SHARE) != 0
+                choosing = (flags & FLAG_CHOOSE) != 0
+                collect_all = topology or choosing   # every fitting device, not the first nums
                 ncands = 0
                 any_mig = False
                 for k in range(n):
@@ -385,7 +480,7 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                         counts[m] += 1
                         continue
                     if numa_bind and numa[j] != prev_numa:
-                        if npicked > 0 and not topology:
+                        if npicked > 0 and not collect_all:
                             counts[NUMA_NOT_FIT] += <int> npicked
                         npicked = 0
                         for kk in range(n):
@@ -396,7 +491,13 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                         counts[m] += 1
                         continue
                     if count[j] <= s_used[k]:
-                        counts[CARD_TIME_SLICING_EXHAUSTED] += 1
+                        if exclusive and s_used[k] > 0:
+                            counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                        else:
+                            counts[CARD_TIME_SLICING_EXHAUSTED] += 1
+                        continue
+                    if exclusive and s_used[k] > 0:
+                        counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                         continue
                     if mutex and s_used[k] > 0:
                         counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
@@ -433,6 +534,9 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     if total_cores[j] - s_cores[k] < cores:
                         counts[CARD_INSUFFICIENT_CORE] += 1
                         continue
+                    if equal_share and s_used[k] > 0 and s_mem[k] != s_used[k] * mem:
+                        counts[CARD_NOT_FOUND_CUSTOM_FILTER_RULE] += 1
+                        continue
                     if total_cores[j] == 100 and cores == 100 and s_used[k] > 0:
                         counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                         continue
@@ -454,12 +558,28 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     picked_prof[npicked] = prof
                     picked_place[npicked] = place
                     npicked += 1
-                    if not topology:
+                    if not collect_all:
                         need -= 1
                         if need == 0:
                             break
-                if topology and npicked >= nums:
-                    if npicked > nums:
+                if collect_all and npicked >= nums:
+                    if choosing:
+                        refused = run_chooser(choosers, v, ni, nums, picked, picked_mem, picked_prof,
+                                              picked_place, npicked, &delta, errors)
+                        if refused < 0:   # the chooser raised: stop, and raise once freed
+                            status = -1
+                            break
+                        if refused:   # the vendor refuses every subset: its reason
+                            status = NODE_DEVICE_REASONS
+                            for i in range(N_DEVICE_REASONS):
+                                out_reasons[c * N_DEVICE_REASONS + i] = counts[i]
+                            out_reasons[c * N_DEVICE_REASONS + refused] += 1
+                            out_total[c] = <int> ncands
+                            break
+                        npicked = nums
+                        node_score += delta
+                        out_score[c] = node_score
+                    elif npicked > nums:
                         npicked = topology_pick(picked, picked_mem, picked_prof, picked_place, npicked,
                                                 nums, pair_score, node_pair_offset[ni], n, combo,
                                                 best_combo)
@@ -468,8 +588,8 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     if npicked > 0:
                         counts[ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += <int> npicked
                     status = NODE_DEVICE_REASONS
-                    for i in range(N_REASONS):
-                        out_reasons[c * N_REASONS + i] = counts[i]
+                    for i in range(N_DEVICE_REASONS):
+                        out_reasons[c * N_DEVICE_REASONS + i] = counts[i]
                     out_total[c] = <int> ncands
                     break
                 for i in range(npicked):
@@ -496,6 +616,8 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     ch_prof[nchosen] = picked_prof[i]
                     ch_place[nchosen] = picked_place[i]
                     nchosen += 1
+            if status < 0:
+                break
             out_status[c] = status
             if status != NODE_FIT:
                 continue
@@ -516,6 +638,8 @@ def filter_nodes(const int[:] total_mem, const int[:] total_cores, const int[:] 
                     out_prof[i] = ch_prof[i]
                     out_place[i] = ch_place[i]
     free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
+    if errors:
+        raise errors[0]
     return best
 
 

@@ -11,16 +11,17 @@ import dataclasses
 import math
 
 import aiohttp
+import pytest
 
 from bench import report
-from bench.scenarios import QUICK, ClusterPlan, ContentionPlan, EventsPlan, WriteDelayPlan, run_cluster
-from bench.seed import ClusterShape
+from bench.scenarios import QUICK, ClusterPlan, ContentionPlan, EventsPlan, WriteDelayPlan, run_cluster, run_mixed
+from bench.seed import ClusterShape, mixed_unavailable
 
 
 def _smallest_quick_scenario():
     """The quick plan's smallest cluster, with every phase, at the fewest samples that still
     exercise each code path (both concurrencies, burst, idle and loaded lag)."""
-    n100 = min(QUICK.clusters, key=lambda c: c.shape.nodes)
+    n100 = min((c for c in QUICK.clusters if not c.compare_with_nvidia), key=lambda c: c.shape.nodes)
     return dataclasses.replace(
         n100, filter_samples=10, schedule_pods=8, phase_time_limit_s=5.0,
         events=EventsPlan(burst_pods=100, load_rate=2000, load_seconds=0.6, idle_probes=2, replay_seconds=0.5))
@@ -120,3 +121,28 @@ async def test_the_api_budget_rows_count_requests_and_drain_a_contended_node(tmp
     table = "\n".join(report.render_tables(results))
     assert "API requests per scheduled pod" in table and "node lock contention" in table and "nan" not in table.lower()
     assert "every API write delayed" in table
+
+
+async def test_the_mixed_scenario_measures_both_clusters(tmp_path):
+    """The mixed row: an all-NVIDIA cluster and a mixed one (NVIDIA, Ascend 910B3, Kunlun) of the
+    same size, /filter on each, every family's pods placed, and the ratio in the table."""
+    if reason := mixed_unavailable():
+        pytest.skip(reason)
+    mixed = next(c for c in QUICK.clusters if c.compare_with_nvidia)
+    plan = dataclasses.replace(mixed, shape=ClusterShape(20, 160, probe_nodes=2, layout="mixed"), filter_samples=12,
+                               phase_time_limit_s=10.0)
+    async with aiohttp.ClientSession() as session:
+        result = await run_mixed(plan, session=session, workdir=tmp_path)
+    for key in ("nvidia", "mixed"):
+        [row] = result[key]["filter"]
+        _check_latencies(row, n=12)
+        assert row["outcomes"] == {"placed": 12} and not row["errors"], row
+    by_family = result["mixed"]["filter"][0]["by_family"]
+    assert set(by_family) == {"NVIDIA", "Ascend910B3", "kunlun"}
+    assert all(v["n"] == 4 for v in by_family.values())
+    assert set(result["decide_us"]["mixed"]) == {"NVIDIA", "Ascend910B3", "kunlun"}
+    assert all(_positive(v) for d in result["decide_us"].values() for v in d.values()), result["decide_us"]
+    [ratio] = result["ratios"]
+    assert _positive(ratio["p50"]) and _positive(ratio["p99"])
+    table = "\n".join(report.render_mixed({"mixed": result}))
+    assert "mixed cluster /filter" in table and "nan" not in table.lower()

@@ -6,18 +6,32 @@ policies, and both implementations must agree on every output. The strategies le
 nodes and modest pods so that a good share of examples (about 40 %; see the "placed" event with
 ``--hypothesis-show-statistics``) compare a real allocation rather than a refusal, while full, sick,
 masked, MIG and over-quota devices stay in the mix; a second property places pods that always fit.
-"""
-from array import array
+Device families' rules (exclusive devices, equal shares, a chooser that picks or refuses) are
+drawn per vendor, and the chooser's calls are compared too.
 
+The kernel's numbers are written once, in cython_core/kernel_codes.pxd: a test here reads that
+file and fails when the Python side or the built kernel disagrees with it.
+"""
+import re
+from array import array
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
 from hypothesis import event, given, settings, strategies as st
 
 from hami_py import _kernel
 from hami_py import reasons as R
+from hami_py.cache import quota
+from hami_py.devices import base
 from hami_py.scheduling import kernel_ref
+from hami_py.scheduling.fit_query import TABLE_COLUMNS, FitQuery
 from hami_py.scheduling.kernel_ref import (
-    KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN, ORDER_MUTEX, ORDER_SPREAD, ROW_WIDTH,
-    UNLIMITED,
+    FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN,
+    ORDER_MUTEX, ORDER_SPREAD, ROW_WIDTH, UNLIMITED,
 )
+
+KERNEL_CODES = Path(__file__).resolve().parent.parent / "cython_core" / "kernel_codes.pxd"
 
 
 # name: (memory MiB, cores, slices, placement starts in try order, size)
@@ -162,40 +176,85 @@ gpu_orders = st.sampled_from([ORDER_BINPACK, ORDER_SPREAD, ORDER_MUTEX,
                               ORDER_CHAIN + KEY_BINPACK + 4 * KEY_SPREAD + 16 * KEY_NUMA])
 
 
-def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology=0, mig_ok=1):
-    n_cand = len(candidates)
+class RecordingChooser:
+    """A deterministic chooser that logs its calls: it refuses with ``refusal`` when every
+    offered position is odd, else takes the ``nums`` highest positions (highest first, so not
+    in walk order) and adds a delta that depends on the node and the picks."""
+
+    def __init__(self, refusal: int):
+        self.refusal = refusal
+        self.calls = []
+
+    def __call__(self, node_index, positions, nums):
+        self.calls.append((node_index, list(positions), nums))
+        if all(p % 2 for p in positions):
+            return self.refusal
+        chosen = sorted(positions, reverse=True)[:nums]
+        return chosen, 0.25 * node_index + 0.5 * sum(chosen)
+
+
+def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology=0, mig_ok=1,
+         vendor_flags=(0, 0), refusals=(None, None)):
+    """``impl`` on these inputs: (winner, outputs, chooser calls per vendor)."""
+    table = _table(cols, node_offset, node_len)
+    choosers = [None if refusal is None else RecordingChooser(refusal) for refusal in refusals]
+    node_policy, gpu_policy, numa_bind, mutex, *weights = policies
     total_nums = sum(rows[i * ROW_WIDTH + 3] for i in range(len(rows) // ROW_WIDTH))
-    out = {
-        "status": array("i", [0] * n_cand),
-        "reasons": array("i", [0] * (n_cand * R.N_DEVICE_REASONS)),
-        "total": array("i", [0] * n_cand),
-        "score": array("d", [0.0] * n_cand),
-        "row": array("i", [0] * max(total_nums, 1)),
-        "dev": array("i", [0] * max(total_nums, 1)),
-        "mem": array("q", [0] * max(total_nums, 1)),
-        "cores": array("i", [0] * max(total_nums, 1)),
-        "prof": array("i", [0] * max(total_nums, 1)),
-        "place": array("i", [0] * max(total_nums, 1)),
-    }
-    best = impl(
-        array("i", cols["total_mem"]), array("i", cols["total_cores"]), array("i", cols["count"]),
-        array("i", cols["numa"]), array("b", cols["health"]), array("i", cols["vendor"]),
-        array("q", cols["used_mem"]), array("q", cols["used_cores"]), array("q", cols["used"]),
-        array("i", node_offset), array("i", node_len), array("i", candidates),
-        array("i", rows), array("b", mask), *policies,
-        array("q", quotas[0]), array("q", quotas[1]),
-        topology, array("i", cols.get("pair_score", [])), array("i", cols.get("node_pair_offset", [-1] * len(node_len))),
-        mig_ok, array("b", cols["dev_mig"]), array("q", cols["mig_used"]), array("i", cols["mig_prof_off"]),
-        array("i", cols["mig_prof_len"]), array("i", cols["prof_mem"]), array("i", cols["prof_core"]),
-        array("i", cols["prof_place_off"]), array("i", cols["prof_place_len"]), array("q", cols["place_mask"]),
-        out["status"], out["reasons"], out["total"], out["score"],
-        out["row"], out["dev"], out["mem"], out["cores"], out["prof"], out["place"],
-    )
-    result = {k: list(v) for k, v in out.items()}
+    query = FitQuery(array("i", candidates), array("i", rows), total_nums, mask=array("b", mask),
+                     node_policy=node_policy, gpu_policy=gpu_policy, numa_bind=numa_bind, mutex=mutex,
+                     weights=weights, quota_mem=array("q", quotas[0]), quota_cores=array("q", quotas[1]),
+                     topology=topology, mig_ok=mig_ok, vendor_flags=array("i", vendor_flags), choosers=choosers)
+    best = impl(table, query)
+    result = {name.removeprefix("out_"): values for name, values in query.outputs().items()}
     if best < 0:  # the allocation buffers are only meaningful for a winner
         for k in ("row", "dev", "mem", "cores", "prof", "place"):
             result.pop(k)
-    return best, result
+    calls = [None if chooser is None else chooser.calls for chooser in choosers]
+    return best, result, calls
+
+
+def _table(cols, node_offset, node_len):
+    """The device table the kernel reads, from plain lists (MIG and pair scores optional)."""
+    n_dev = len(cols["total_mem"])
+    table = SimpleNamespace(
+        total_mem=array("i", cols["total_mem"]), total_cores=array("i", cols["total_cores"]),
+        count=array("i", cols["count"]), numa=array("i", cols["numa"]), health=array("b", cols["health"]),
+        vendor=array("i", cols["vendor"]), used_mem=array("q", cols["used_mem"]),
+        used_cores=array("q", cols["used_cores"]), used=array("q", cols["used"]),
+        node_offset=array("i", node_offset), node_len=array("i", node_len),
+        pair_score=array("i", cols.get("pair_score", [])),
+        node_pair_offset=array("i", cols.get("node_pair_offset", [-1] * len(node_len))),
+        dev_mig=array("b", cols.get("dev_mig", [0] * n_dev)), mig_used=array("q", cols.get("mig_used", [0] * n_dev)),
+        mig_prof_off=array("i", cols.get("mig_prof_off", [0] * n_dev)),
+        mig_prof_len=array("i", cols.get("mig_prof_len", [0] * n_dev)),
+        prof_mem=array("i", cols.get("prof_mem", [])), prof_core=array("i", cols.get("prof_core", [])),
+        prof_place_off=array("i", cols.get("prof_place_off", [])),
+        prof_place_len=array("i", cols.get("prof_place_len", [])), place_mask=array("q", cols.get("place_mask", [])))
+    assert set(vars(table)) == set(TABLE_COLUMNS)
+    return table
+
+
+def _compare(*args, **kwargs):
+    """Both implementations on the same inputs must agree on everything: (winner, outputs)."""
+    best, out, calls = _run(_kernel.filter_nodes, *args, **kwargs)
+    assert (best, out, calls) == _run(kernel_ref.filter_nodes, *args, **kwargs)
+    return best, out
+
+
+# Per-vendor rule flags: mostly none (the NVIDIA case), then each rule and their combinations.
+vendor_flag_sets = st.sampled_from([0, 0, 0, FLAG_EXCLUSIVE, FLAG_EQUAL_SHARE, FLAG_CHOOSE, FLAG_CHOOSE,
+                                    FLAG_EXCLUSIVE | FLAG_CHOOSE, FLAG_EQUAL_SHARE | FLAG_CHOOSE,
+                                    FLAG_EXCLUSIVE | FLAG_EQUAL_SHARE])
+chooser_refusals = st.sampled_from([R.CARD_NOT_FOUND_CUSTOM_FILTER_RULE, R.NUMA_NOT_FIT, R.CARD_NOT_HEALTH])
+
+
+def _without_mig(cols, vendors):
+    """Families with a chooser have no MIG (the kernel may assume it): clear it on their devices."""
+    cols = {k: list(v) for k, v in cols.items()}
+    for j, v in enumerate(cols["vendor"]):
+        if v in vendors:
+            cols["dev_mig"][j] = cols["mig_used"][j] = cols["mig_prof_len"][j] = 0
+    return cols
 
 
 @settings(max_examples=400, deadline=None)
@@ -212,17 +271,24 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
     weights=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
     mask_seed=st.none() | st.lists(st.sampled_from([0] * 15 + [R.CARD_CORDONED, R.CARD_TYPE_MISMATCH,
                                                                R.CARD_UUID_MISMATCH]), min_size=64, max_size=64),
+    vendor_flags=st.tuples(vendor_flag_sets, vendor_flag_sets),
+    refusals=st.tuples(chooser_refusals, chooser_refusals),
 )
 def test_cython_kernel_matches_reference(cluster, rows, node_policy, gpu_policy, numa_bind, mutex, topology,
-                                         mig_ok, quotas, weights, mask_seed):
+                                         mig_ok, quotas, weights, mask_seed, vendor_flags, refusals):
     cols, node_offset, node_len, candidates = cluster
     n_dev = len(cols["total_mem"])
     mask = [] if mask_seed is None else mask_seed[:n_dev] + [0] * max(0, n_dev - 64)
     policies = (node_policy, gpu_policy, numa_bind, mutex, float(weights[0]), float(weights[1]), float(weights[2]))
+    choosing = {v for v in (0, 1) if vendor_flags[v] & FLAG_CHOOSE}
+    cols = _without_mig(cols, choosing)
+    refusals = tuple(refusals[v] if v in choosing else None for v in (0, 1))
     args = (cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology, mig_ok)
-    best, out = _run(_kernel.filter_nodes, *args)
+    best, out, calls = _run(_kernel.filter_nodes, *args, vendor_flags=vendor_flags, refusals=refusals)
     event(_outcome(best, out))
-    assert (best, out) == _run(kernel_ref.filter_nodes, *args)
+    if any(calls):
+        event("a chooser was asked")
+    assert (best, out, calls) == _run(kernel_ref.filter_nodes, *args, vendor_flags=vendor_flags, refusals=refusals)
 
 
 @st.composite
@@ -284,8 +350,7 @@ def test_cython_kernel_places_a_fitting_pod_as_the_reference_does(cluster, rows,
     policies = (node_policy, gpu_policy, numa_bind, 0, float(weights[0]), float(weights[1]), float(weights[2]))
     unlimited = ([UNLIMITED] * 2, [UNLIMITED] * 2)
     args = (cols, node_offset, node_len, candidates, rows, [], policies, unlimited, topology, mig_ok)
-    best, out = _run(_kernel.filter_nodes, *args)
-    assert (best, out) == _run(kernel_ref.filter_nodes, *args)
+    best, out = _compare(*args)
     assert best >= 0 and out["status"][best] == R.NODE_FIT
     node = candidates[best]
     n_rows = len(rows) // ROW_WIDTH
@@ -316,8 +381,7 @@ def test_one_container_gets_several_instances_of_one_mig_gpu():
     cols = _one_mig_gpu()
     unlimited = ([UNLIMITED] * 2, [UNLIMITED] * 2)
     args = (cols, [0], [1], [0], [0, 0, 0, 3, 0, 101, 0], [], (0, 1, 0, 0, 1.0, 1.0, 1.0), unlimited, 0, 1)
-    best, out = _run(_kernel.filter_nodes, *args)
-    assert (best, out) == _run(kernel_ref.filter_nodes, *args)
+    best, out = _compare(*args)
     assert out["dev"] == [0, 0, 0] and out["prof"] == [0, 0, 0]
     assert out["place"] == [0, 1, 2]            # 1g placements tried from the top slice down
     assert out["mem"] == [4864] * 3 and out["cores"] == [14] * 3   # charged as the profile
@@ -327,8 +391,7 @@ def test_mig_request_without_a_free_placement_is_infeasible():
     cols = _one_mig_gpu(mig_used=0b1111111)      # the seven 1g slices are taken
     unlimited = ([UNLIMITED] * 2, [UNLIMITED] * 2)
     args = (cols, [0], [1], [0], [0, 0, 0, 1, 4000, 101, 0], [], (0, 1, 0, 0, 1.0, 1.0, 1.0), unlimited, 0, 1)
-    best, out = _run(_kernel.filter_nodes, *args)
-    assert (best, out) == _run(kernel_ref.filter_nodes, *args)
+    best, out = _compare(*args)
     assert best == -1 and out["reasons"][R.CARD_MIG_TOPOLOGY_INFEASIBLE] == 1
 
 
@@ -338,8 +401,7 @@ def test_more_instances_than_gpus_only_for_mig_requests():
     rows = [0, 0, 0, 2, 0, 101, 0]
     for mig_ok, fits in ((1, True), (0, False)):
         args = (cols, [0], [1], [0], rows, [], (0, 1, 0, 0, 1.0, 1.0, 1.0), unlimited, 0, mig_ok)
-        best, out = _run(_kernel.filter_nodes, *args)
-        assert (best, out) == _run(kernel_ref.filter_nodes, *args)
+        best, out = _compare(*args)
         assert (best == 0) == fits
         if not fits:
             assert out["status"] == [R.NODE_INSUFFICIENT_DEVICE]
@@ -357,3 +419,254 @@ def test_best_fit_nodes_matches_the_reference(nodes, k, spread):
     fit, best = _kernel.best_fit_nodes(status, score, k, spread)
     assert (fit, best) == kernel_ref.best_fit_nodes(status, score, k, spread)
     assert fit == sum(s == R.NODE_FIT for s, _ in nodes) and len(best) == min(k, fit)
+
+
+# -- the numbers, written once ---------------------------------------------------------------
+
+def _pxd_codes() -> dict[str, int]:
+    return {name: int(value) for name, value in re.findall(r"^\s+([A-Z][A-Z0-9_]*) = (-?\d+)", KERNEL_CODES.read_text(),
+                                                             re.M)}
+
+
+def test_every_shared_number_comes_from_kernel_codes_pxd():
+    """reasons.py, kernel_ref and the device base take their numbers from the built kernel, which
+    compiled them from kernel_codes.pxd: a name missing from CODES, a kernel built before the
+    .pxd changed, or a number typed back into a Python module fails here."""
+    codes = _pxd_codes()
+    assert len(codes) > 40 and _kernel.CODES == codes
+    python_side = {**{n: getattr(R, n) for n in codes if hasattr(R, n)},
+                   **{n: getattr(kernel_ref, n) for n in codes if hasattr(kernel_ref, n)},
+                   **{n: getattr(base, n) for n in codes if n.startswith("FLAG_")}}
+    assert {n: codes[n] for n in python_side} == python_side
+    assert set(python_side) == set(codes)   # each one has its Python name
+    # Every device reason has upstream's string; the reason count bounds them.
+    assert sorted(R.NAMES) == list(range(1, R.N_DEVICE_REASONS))
+    assert _kernel.QUOTA_UNLIMITED == quota.UNLIMITED == UNLIMITED
+
+
+# -- device families' rules, one by one ------------------------------------------------------
+
+def _plain_node(used, used_mem, total_mem=16384, count=4):
+    """One node of devices of vendor 0, 100 cores each, with this usage per device."""
+    n = len(used)
+    return {"total_mem": [total_mem] * n, "total_cores": [100] * n, "count": [count] * n, "numa": [0] * n,
+            "health": [1] * n, "vendor": [0] * n, "used_mem": list(used_mem), "used_cores": [0] * n,
+            "used": list(used)}
+
+
+def _one_row(nums=1, memreq=4000):
+    return [0, 0, 0, nums, memreq, 101, 0]
+
+
+_SPREAD = (0, ORDER_SPREAD, 0, 0, 1.0, 1.0, 1.0)
+_UNLIMITED = ([UNLIMITED], [UNLIMITED])
+
+
+def _fit(cols, rows, flags, refusal=None):
+    n = len(cols["total_mem"])
+    return _compare(cols, [0], [n], [0], rows, [], _SPREAD, _UNLIMITED, vendor_flags=(flags,),
+                    refusals=(refusal,))
+
+
+def _failure_text(out):
+    nr = R.N_DEVICE_REASONS
+    return R.gen_reason({r: out["reasons"][r] for r in range(nr) if out["reasons"][r]}, out["total"][0])
+
+
+def test_exclusive_family_refuses_a_device_in_use():
+    cols = _plain_node(used=[1], used_mem=[1000])
+    best, out = _fit(cols, _one_row(), 0)
+    assert best == 0                                             # shared by default
+    best, out = _fit(cols, _one_row(), FLAG_EXCLUSIVE)
+    assert best == -1 and _failure_text(out) == "1/1 ExclusiveDeviceAllocateConflict"
+    best, out = _fit(_plain_node(used=[1, 0], used_mem=[1000, 0]), _one_row(), FLAG_EXCLUSIVE)
+    assert best == 0 and out["dev"] == [1]                       # the idle one is taken
+
+
+def test_a_busy_whole_card_of_an_exclusive_family_reads_exclusive_not_time_slicing():
+    """A whole card has one slot: the family's reason comes before the slot count (upstream's)."""
+    cols = _plain_node(used=[1], used_mem=[0], count=1)
+    best, out = _fit(cols, _one_row(), FLAG_EXCLUSIVE)
+    assert _failure_text(out) == "1/1 ExclusiveDeviceAllocateConflict"
+    best, out = _fit(cols, _one_row(), 0)
+    assert _failure_text(out) == "1/1 CardTimeSlicingExhausted"
+
+
+def test_exclusive_family_gives_one_pod_one_device_per_container():
+    """The pod's own first container makes the device busy for the second."""
+    rows = _one_row() + [1, 0, 0, 1, 4000, 101, 0]
+    best, out = _fit(_plain_node(used=[0], used_mem=[0]), rows, FLAG_EXCLUSIVE)
+    assert best == -1 and _failure_text(out) == "1/1 ExclusiveDeviceAllocateConflict"
+
+
+def test_equal_share_family_takes_only_tasks_of_the_size_it_hosts():
+    cols = _plain_node(used=[2], used_mem=[8000])                # two tasks of 4000 MiB
+    best, out = _fit(cols, _one_row(memreq=4000), FLAG_EQUAL_SHARE)
+    assert best == 0 and out["mem"] == [4000]
+    best, out = _fit(cols, _one_row(memreq=2000), FLAG_EQUAL_SHARE)
+    assert best == -1 and _failure_text(out) == "1/1 CardNotFoundCustomFilterRule"
+    best, out = _fit(cols, _one_row(memreq=2000), 0)
+    assert best == 0                                             # any size without the rule
+    best, out = _fit(_plain_node(used=[0], used_mem=[0]), _one_row(memreq=2000), FLAG_EQUAL_SHARE)
+    assert best == 0                                             # an idle device takes any size
+
+
+def test_equal_share_is_checked_after_memory():
+    cols = _plain_node(used=[1], used_mem=[15000])
+    best, out = _fit(cols, _one_row(memreq=4000), FLAG_EQUAL_SHARE)
+    assert _failure_text(out) == "1/1 CardInsufficientMemory"
+
+
+def _chooser_query(chooser, cols, nums):
+    """Two identical nodes of ``cols``'s devices, a FLAG_CHOOSE family, one row of ``nums``."""
+    n = len(cols["total_mem"])
+    table = _table({k: v + v for k, v in cols.items()}, [0, n], [n, n])
+    query = FitQuery(array("i", [0, 1]), array("i", _one_row(nums=nums)), nums, gpu_policy=ORDER_SPREAD,
+                     quota_mem=array("q", [UNLIMITED]), quota_cores=array("q", [UNLIMITED]),
+                     vendor_flags=array("i", [FLAG_CHOOSE]), choosers=[chooser])
+    return table, query
+
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+def test_chooser_picks_the_devices_and_moves_the_node_score(impl):
+    """The chooser sees every fitting device (not just the first ``nums``), its picks are the
+    allocation in its order, and its delta decides between two otherwise identical nodes."""
+    cols = _plain_node(used=[0, 0, 0, 1], used_mem=[0, 0, 0, 20000], total_mem=16384)   # the last one is full
+    seen = []
+
+    def chooser(node_index, positions, nums):
+        seen.append((node_index, sorted(positions), nums))
+        return [2, 0], 5.0 if node_index == 1 else 0.0
+
+    table, query = _chooser_query(chooser, cols, nums=2)
+    best = impl(table, query)
+    assert seen == [(0, [0, 1, 2], 2), (1, [0, 1, 2], 2)]
+    assert best == 1                                  # binpack: the higher score, thanks to the delta
+    assert query.out_score[1] - query.out_score[0] == 5.0
+    assert list(query.out_dev) == [4 + 2, 4 + 0]      # node 1's slice starts at 4; the chooser's order
+    assert list(query.out_mem) == [4000, 4000]
+
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+def test_chooser_reason_is_reported_for_the_node(impl):
+    cols = _plain_node(used=[0, 0, 1], used_mem=[0, 0, 20000])
+    table, query = _chooser_query(lambda node_index, positions, nums: R.CARD_NOT_FOUND_CUSTOM_FILTER_RULE, cols, 2)
+    assert impl(table, query) == -1
+    assert list(query.out_status) == [R.NODE_DEVICE_REASONS] * 2
+    nr = R.N_DEVICE_REASONS
+    counts = {r: query.out_reasons[r] for r in range(nr) if query.out_reasons[r]}
+    # The walk's own refusal stays; the chooser's reason is counted once, over the family's devices.
+    assert R.gen_reason(counts, query.out_total[0]) == "1/3 CardInsufficientMemory, 1/3 CardNotFoundCustomFilterRule"
+
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+def test_chooser_is_not_asked_when_too_few_devices_fit(impl):
+    cols = _plain_node(used=[0, 1], used_mem=[0, 20000])
+    calls = []
+    table, query = _chooser_query(lambda *args: calls.append(args), cols, 2)
+    assert impl(table, query) == -1 and calls == []
+    assert query.out_reasons[R.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] == 1
+
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+@pytest.mark.parametrize("answer", [([0], 0.0), ([0, 0], 0.0), ([0, 3], 0.0), ([0, 1, 2], 0.0), [0, 1], 0, 99,
+                                    "nope", ([0, "1"], 0.0)])
+def test_a_chooser_breaking_its_contract_raises(impl, answer):
+    cols = _plain_node(used=[0, 0, 0, 1], used_mem=[0, 0, 0, 20000])
+    table, query = _chooser_query(lambda *args: answer, cols, 2)
+    with pytest.raises(ValueError, match="chooser"):
+        impl(table, query)
+
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+def test_a_chooser_family_without_a_chooser_raises(impl):
+    table, query = _chooser_query(None, _plain_node(used=[0, 0], used_mem=[0, 0]), 2)
+    with pytest.raises(ValueError, match="no chooser"):
+        impl(table, query)
+
+
+# -- the rules as the filter applies them, for a family that sets them ---------------------------
+
+def _family(flags, chooser=None):
+    """A generic-template family with these kernel flags (and chooser), beside NVIDIA."""
+    from hami_py.devices.template import TemplateSpec, TemplateVendor
+
+    class Family(TemplateVendor):
+        kernel_flags = flags
+
+        def chooser(self, cache, pod_annotations):
+            return chooser
+
+    return Family(TemplateSpec(vendor_key="Example", count_resource="example.com/dev",
+                               memory_resource="example.com/devmem", register_annotation="example.com/register"))
+
+
+def _decide(family, devices, pod_mem, *, used=()):
+    """Filterer.decide for a pod asking one device of ``pod_mem`` MiB, on node n1 holding ``devices``
+    (``(memory, split count)`` each) after pods of ``used`` MiB each were placed on its first device."""
+    import orjson
+
+    from hami_py.cache.usage import UsageCache
+    from hami_py.config import DeviceConfig
+    from hami_py.devices.registry import build_vendors
+    from hami_py.scheduling.filter import Filterer
+    from hami_py.scheduling.requests import parse_pod_requests
+
+    vendors = {**build_vendors(DeviceConfig.default()), family.vendor_key: family}
+    cache = UsageCache(vendors)
+    registration = [{"id": f"EX-{i}", "index": i, "count": count, "devmem": mem, "devcore": 100, "type": "Example",
+                     "health": True} for i, (mem, count) in enumerate(devices)]
+    cache.upsert_node({"metadata": {"name": "n1", "annotations": {
+        "example.com/register": orjson.dumps(registration).decode()}}, "status": {}})
+
+    def pod(name, mem):
+        return {"metadata": {"name": name, "namespace": "default", "uid": name, "annotations": {}},
+                "spec": {"containers": [{"name": "c", "resources": {"limits": {
+                    "example.com/dev": "1", "example.com/devmem": str(mem)}}}]}}
+
+    filterer = Filterer(cache, vendors)
+    for i, mem in enumerate(used):   # reserved by earlier filters, on the first device (binpack)
+        earlier = pod(f"earlier-{i}", mem)
+        decision = filterer.decide(earlier, ["n1"], parse_pod_requests(earlier, vendors, cache.vendor_ids))
+        assert decision.node == "n1"
+    probe = pod("probe", pod_mem)
+    return filterer.decide(probe, ["n1"], parse_pod_requests(probe, vendors, cache.vendor_ids), reserve=False)
+
+
+def test_filter_refuses_a_busy_device_of_an_exclusive_family():
+    decision = _decide(_family(FLAG_EXCLUSIVE), [(16384, 4)], 1000, used=[1000])
+    assert decision.node is None and decision.failed == {"n1": "1/1 ExclusiveDeviceAllocateConflict"}
+    assert _decide(_family(0), [(16384, 4)], 1000, used=[1000]).node == "n1"
+
+
+def test_filter_keeps_equal_shares_on_an_equal_share_family():
+    family = _family(FLAG_EQUAL_SHARE)
+    assert _decide(family, [(16384, 4)], 4000, used=[4000, 4000]).node == "n1"
+    decision = _decide(family, [(16384, 4)], 2000, used=[4000, 4000])
+    assert decision.node is None and decision.failed == {"n1": "1/1 CardNotFoundCustomFilterRule"}
+
+
+def test_filter_gives_the_devices_the_family_chooser_picks_and_reports_its_refusal():
+    asked = []
+
+    def chooser(node_index, positions, nums):
+        asked.append(sorted(positions))
+        return [max(positions)], 0.0
+
+    decision = _decide(_family(FLAG_CHOOSE, chooser), [(16384, 4)] * 3, 1000)
+    assert asked == [[0, 1, 2]]
+    [[device]] = decision.allocation["Example"]
+    assert device.uuid == "EX-2"
+    refusing = _family(FLAG_CHOOSE, lambda node_index, positions, nums: R.CARD_NOT_FOUND_CUSTOM_FILTER_RULE)
+    decision = _decide(refusing, [(16384, 4)] * 3, 1000)
+    assert decision.node is None and decision.failed == {"n1": "1/3 CardNotFoundCustomFilterRule"}
+
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+def test_a_row_of_a_vendor_beyond_the_per_vendor_arrays_raises(impl):
+    """The kernel indexes quota and flags by the rows' vendor ids without bounds checks: it checks
+    them once, up front."""
+    table, query = _chooser_query(None, _plain_node(used=[0], used_mem=[0]), 1)
+    query.vendor_flags = array("i")
+    with pytest.raises(ValueError, match="vendor id 0"):
+        impl(table, query)

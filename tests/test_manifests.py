@@ -31,7 +31,7 @@ from hami_py.cli import _duration, build_parser, options_from_args
 from hami_py.config import DeviceConfig, parse_device_config
 from hami_py.devices.base import NodeView
 from hami_py.devices.nvidia import NvidiaVendor
-from hami_py.devices.registry import build_vendors, managed_resource_names
+from hami_py.devices.registry import FamilySwitches, build_vendors, managed_resource_names
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
@@ -284,7 +284,8 @@ def test_extender_points_at_hami_on_loopback():
 
 def test_managed_resources_are_exactly_the_vendors_resources():
     [extender] = SCHEDULER_CONFIG["extenders"]
-    vendors = build_vendors(parse_device_config(DEVICE_CONFIG_TEXT))
+    switches = FamilySwitches(enable_ascend=OPTIONS.enable_ascend, enable_iluvatar=OPTIONS.enable_iluvatar)
+    vendors = build_vendors(parse_device_config(DEVICE_CONFIG_TEXT), switches)
     assert [r["name"] for r in extender["managedResources"]] == managed_resource_names(vendors)
     assert all(r["ignoredByScheduler"] is True and set(r) == {"name", "ignoredByScheduler"}
                for r in extender["managedResources"])

@@ -107,12 +107,13 @@ def test_topology_aware_on_a_mig_node_weighs_a_bounded_number_of_combinations():
     topology-aware pod asking 6 would make C(56, 6) = 32 million combinations (seconds on the
     event loop per node; any user can set the annotation). Only MAX_TOPOLOGY_COMBOS are weighed,
     and the Cython kernel stops at the same one as the reference."""
-    from array import array
+    from types import SimpleNamespace
     from hami_py.cache.usage import UsageCache
     from hami_py.config import DeviceConfig
     from hami_py.devices.registry import build_vendors
     from hami_py.scheduling import kernel_ref
     from hami_py.scheduling.filter import Filterer
+    from hami_py.scheduling.fit_query import TABLE_COLUMNS
     from hami_py.scheduling.requests import parse_pod_requests
     from hami_py import _kernel
 
@@ -127,16 +128,16 @@ def test_topology_aware_on_a_mig_node_weighs_a_bounded_number_of_combinations():
                                annotations={"hami.io/node-nvidia-score": orjson.dumps(scores).decode()}))
     pod = gpu_pod("topo", gpus=6, gpumem=10000, annotations={"hami.io/gpu-scheduler-policy": "topology-aware"})
     request = parse_pod_requests(pod, vendors, cache.vendor_ids)
-    calls = []
-    Filterer(cache, vendors, kernel=lambda *args: calls.append(args) or -1).decide(pod, ["n1"], request, reserve=False)
-    [args] = calls
+    queries = []
+    Filterer(cache, vendors, kernel=lambda table, query: queries.append(query) or -1).decide(
+        pod, ["n1"], request, reserve=False)
+    [query] = queries
 
     def run(kernel, pair_score):
-        call = list(args)
-        call[next(i for i, a in enumerate(args) if a is cache.pair_score)] = pair_score
-        outputs = [array(a.typecode, a) for a in call[-10:]]
-        best = kernel(*call[:-10], *outputs)
-        return best, [list(o) for o in outputs]
+        table = SimpleNamespace(**{name: getattr(cache, name) for name in TABLE_COLUMNS})
+        table.pair_score = pair_score
+        fresh = query.clone()
+        return kernel(table, fresh), fresh.outputs()
 
     pairs = 6 * 5 // 2
     _CountingScores.reads, _CountingScores.limit = 0, kernel_ref.MAX_TOPOLOGY_COMBOS * pairs

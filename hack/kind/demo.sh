@@ -2,6 +2,8 @@
 # make kind-demo: fake GPU nodes, then GPU pods created with the default scheduler. The webhook
 # hands them to hami-scheduler, hami-py picks node and GPUs, and this script plays the device
 # plugin's last step (bind-phase success, node lock released). Prints where each pod landed.
+# FAKE_DEVICE=ascend910b3|mlu370|kunlun|... fakes another family instead (see fake-gpu-nodes.sh)
+# and creates that family's demo pods (hami_py/fakeapi/families.py); default nvidia.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 NS=hami-demo
@@ -34,11 +36,18 @@ finish_allocation() {  # what HAMi's device plugin does once it handed the GPUs 
   if [[ "$lock" == *",$NS,$pod" ]]; then
     $KUBECTL annotate node "$node" hami.io/mutex.lock- >/dev/null
   fi
+  if [ "$FAKE_DEVICE" = "mlu370" ]; then   # Cambricon's plugin frees its own lock (a bare timestamp)
+    $KUBECTL annotate node "$node" cambricon.com/dsmlu.lock- >/dev/null 2>&1 || true
+  fi
 }
 
 schedule() {  # create one pod and wait until hami-py bound it
   local pod="$1" node="" deadline=$((SECONDS + 60))
-  gpu_pod "$@" | $KUBECTL apply -f - >/dev/null
+  if [ -n "${POD_JSON:-}" ]; then
+    printf '%s' "$POD_JSON" | $KUBECTL apply -f - >/dev/null
+  else
+    gpu_pod "$@" | $KUBECTL apply -f - >/dev/null
+  fi
   while [ -z "$node" ]; do
     if [ "$SECONDS" -ge "$deadline" ]; then
       echo "$pod was not scheduled within 60 s:" >&2
@@ -51,6 +60,16 @@ schedule() {  # create one pod and wait until hami-py bound it
   finish_allocation "$pod" "$node"
   echo "$pod -> $node"
 }
+
+if [ "$FAKE_DEVICE" != "nvidia" ]; then
+  # The family's demo pods, as a user would write them (no scheduler name: the webhook assigns it).
+  while IFS=$'\t' read -r name json; do
+    POD_JSON="$json" schedule "$name"
+  done < <(families --family "$FAKE_DEVICE" --demo-pods "$NS")
+  echo
+  $KUBECTL -n "$NS" get pods -o custom-columns='POD:.metadata.name,NODE:.spec.nodeName,SCHEDULER:.spec.schedulerName'
+  exit 0
+fi
 
 schedule vgpu-3g 1 '          nvidia.com/gpumem: "3000"'
 schedule vgpu-8g-half-cores 1 '          nvidia.com/gpumem: "8000"

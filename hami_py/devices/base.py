@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+from hami_py._kernel import CODES
+
 
 class DeviceDecodeError(ValueError):
     """A node's registration cannot be decoded; the message says exactly why."""
@@ -104,9 +106,10 @@ DeviceSelector = Callable[[DeviceInfo], int]
 
 # Kernel flags a family sets (``DeviceVendor.kernel_flags``); the kernel applies them per
 # request row of that family, so a family's rule never becomes a vendor branch in the filter.
-FLAG_EXCLUSIVE = 1     # a device already hosting a task takes no other (whole cards)
-FLAG_EQUAL_SHARE = 2   # a shared device takes only tasks of the memory size it already hosts
-FLAG_CHOOSE = 4        # collect every fitting device of the node, then the vendor's chooser picks
+# The numbers are the kernel's own (cython_core/kernel_codes.pxd).
+FLAG_EXCLUSIVE = CODES["FLAG_EXCLUSIVE"]      # a device already hosting a task takes no other (whole cards)
+FLAG_EQUAL_SHARE = CODES["FLAG_EQUAL_SHARE"]  # a shared device takes only tasks of the memory size it already hosts
+FLAG_CHOOSE = CODES["FLAG_CHOOSE"]            # collect every fitting device of the node, then the vendor's chooser picks
 
 # The vendor's per-node choice among the devices that fit one request row (FLAG_CHOOSE):
 #     chooser(node_index, positions, nums) -> (chosen positions, node score adjustment) | reason
@@ -212,9 +215,10 @@ class DeviceVendor:
     # -- allocation annotations ------------------------------------------------------------
 
     def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions: list[dict] = (),
-                          now: float = 0.0) -> dict[str, str]:
+                          now: float = 0.0, pod_annotations: dict[str, str] | None = None) -> dict[str, str]:
         """Every pod annotation a decision writes for this family ({} when no container got one
-        of its devices). ``partitions`` lists the MIG-like instances the decision reserved."""
+        of its devices). ``partitions`` lists the MIG-like instances the decision reserved;
+        ``pod_annotations`` are the pod's own (a family whose annotations depend on the pod's mode)."""
         return {}
 
     def decision_annotations(self) -> tuple[str, ...]:

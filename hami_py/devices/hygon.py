@@ -1,5 +1,123 @@
-"""Placeholder until this family's module lands (built by nothing yet)."""
+"""Hygon DCUs, shared through HAMi's DCU device plugin.
+
+The plugin registers its cards in ``hami.io/node-dcu-register`` in the legacy colon format
+(``<id>,<count>,<devmem>,<devcore>,<type>,<numa>,<health>[,<index>,<mode>]:`` per card) and keeps
+the handshake ``hami.io/node-handshake-dcu``; the kubelet's allocatable ``hygon.com/dcunum`` is the
+liveness fallback. A container asks with ``hygon.com/dcunum`` (count), ``hygon.com/dcumem`` (MiB,
+times the config's ``memoryFactor`` when above 1) and ``hygon.com/dcucores`` (percent, default
+100: a card is exclusive unless the container names its cores). Pods pick cards by model with
+``hygon.com/use-dcutype`` / ``hygon.com/nouse-dcutype`` (case-insensitive substrings) and by id
+with ``hygon.com/use-gpuuuid`` / ``hygon.com/nouse-gpuuuid``. No quota is checked (upstream's fit
+does not), and the fit is the generic template's.
+
+Deliberate difference from upstream (docs/devices/hygon.md): a malformed or out-of-range value
+(count, memory, memory after the factor, cores) refuses the pod with a RequestError naming the
+container, the resource and the value; upstream drops the container's request, or, for a
+memory value that is not a whole number, silently treats it as 0 (the whole card).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hami_py.config import ConfigError, DeviceConfig
+from hami_py.devices.template import TemplateSpec, TemplateVendor, lookup, MISSING, whole_number
+from hami_py.quantity import INT32_MAX, INT32_MIN
+
+VENDOR_KEY = "DCU"
+SECTION = "hygon"
+
+REGISTER_ANNOTATION = "hami.io/node-dcu-register"
+HANDSHAKE_ANNOTATION = "hami.io/node-handshake-dcu"
+TO_ALLOCATE_ANNOTATION = "hami.io/dcu-devices-to-allocate"
+ALLOCATED_ANNOTATION = "hami.io/dcu-devices-allocated"
+USE_TYPE_ANNOTATION = "hygon.com/use-dcutype"
+NOUSE_TYPE_ANNOTATION = "hygon.com/nouse-dcutype"
+USE_UUID_ANNOTATION = "hygon.com/use-gpuuuid"
+NOUSE_UUID_ANNOTATION = "hygon.com/nouse-gpuuuid"
 
 
-def build_family(config, switches) -> list:
-    return []
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    for python_type, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"),
+                              (list, "list"), (dict, "mapping")):
+        if isinstance(value, python_type):
+            return name
+    return type(value).__name__
+
+
+@dataclass(slots=True, frozen=True)
+class HygonConfig:
+    """The ``hygon`` section; a missing key is Go's zero value, as upstream."""
+    resource_count_name: str = ""
+    resource_memory_name: str = ""
+    resource_core_name: str = ""
+    memory_factor: int = 0           # int32; <= 1 means 1
+
+    @classmethod
+    def from_section(cls, section: object) -> HygonConfig:
+        if section is None:
+            return cls()
+        if not isinstance(section, dict):
+            raise ConfigError(f"device config: {SECTION}: expected a mapping, got {_kind(section)}")
+        values: dict[str, object] = {}
+        for key, attribute in (("resourceCountName", "resource_count_name"),
+                               ("resourceMemoryName", "resource_memory_name"),
+                               ("resourceCoreName", "resource_core_name")):
+            value = section.get(key)
+            if value is None:
+                continue
+            if not isinstance(value, str):
+                raise ConfigError(f"device config: {SECTION}.{key}: expected a string, got {_kind(value)}")
+            values[attribute] = value
+        factor = section.get("memoryFactor")
+        if factor is not None:
+            if isinstance(factor, float) and factor.is_integer():
+                factor = int(factor)   # yaml.v2 accepts 2.0 for an int32
+            if isinstance(factor, bool) or not isinstance(factor, int):
+                raise ConfigError(f"device config: {SECTION}.memoryFactor: expected an integer, got {_kind(factor)}")
+            if not INT32_MIN <= factor <= INT32_MAX:
+                raise ConfigError(f"device config: {SECTION}.memoryFactor: {factor} is out of range for int32")
+            values["memory_factor"] = factor
+        return cls(**values)
+
+
+class HygonVendor(TemplateVendor):
+    """Upstream's ``DCU`` vendor: legacy registration, type and UUID gates, no quota."""
+
+    def __init__(self, config: HygonConfig):
+        self.config = config
+        self.memory_factor = max(config.memory_factor, 1)
+        super().__init__(TemplateSpec(
+            vendor_key=VENDOR_KEY,
+            count_resource=config.resource_count_name,
+            memory_resource=config.resource_memory_name,
+            core_resource=config.resource_core_name,
+            memory_unit=self.memory_factor,
+            default_cores=100,
+            register_annotation=REGISTER_ANNOTATION,
+            register_format="legacy",
+            handshake_annotation=HANDSHAKE_ANNOTATION,
+            to_allocate_annotation=TO_ALLOCATE_ANNOTATION,
+            allocated_annotation=ALLOCATED_ANNOTATION,
+            use_uuid=(USE_UUID_ANNOTATION,),
+            nouse_uuid=(NOUSE_UUID_ANNOTATION,),
+            use_type=USE_TYPE_ANNOTATION,
+            nouse_type=NOUSE_TYPE_ANNOTATION,
+        ))
+
+    def request_memory(self, container: str, limits: dict, requests: dict) -> int:
+        """MiB, times ``memoryFactor``: the value must be a whole number whose product still fits int32."""
+        spec = self.spec
+        raw = lookup(limits, requests, spec.memory_resource)
+        if raw is MISSING:
+            return 0
+        unit = "MiB" if self.memory_factor == 1 else f"units of {self.memory_factor} MiB (memoryFactor)"
+        return whole_number(container, spec.memory_resource, raw, low=0, high=INT32_MAX // self.memory_factor,
+                            unit=unit) * self.memory_factor
+
+
+def build_family(config: DeviceConfig, switches) -> list[HygonVendor]:
+    """Always built, as upstream always initialises it (without a section, with empty names,
+    so it matches no container)."""
+    return [HygonVendor(HygonConfig.from_section(config.other_sections.get(SECTION)))]

@@ -1,5 +1,335 @@
-"""Placeholder until this family's module lands (built by nothing yet)."""
+"""Kunlun (Kunlunxin): whole XPUs (vendor key ``kunlun``) and vXPU shares (vendor key ``XPU``).
+
+Whole XPUs register nothing: the device plugin advertises ``kunlunxin.com/xpu`` and the node's
+capacity says how many cards it has (``<node>-kunlun-<i>``, the upper half on NUMA node 1).
+vXPUs register a JSON inventory in ``hami.io/node-register-xpu`` and answer the
+``hami.io/node-handshake-xpu`` handshake; a vXPU is a quarter, a half or a whole card
+(24576/49152/98304 MiB), and only shares of one size may share a card.
+
+Both choose their cards with the 8-card topology of a Kunlun node (two groups of four, 0-3 and
+4-7, linked pairwise 0-4, 1-5, 2-6, 3-7): :func:`choose_topology`, a pure function of the free
+cards' **physical indexes** (upstream reads the list position after the policy sort, which is
+a different card as soon as the sort moves one; see docs/devices/kunlun.md). Whole XPUs also
+adjust the node score by upstream's "bubble" rule (:func:`bubble_score`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+from hami_py.config import ConfigError, DeviceConfig
+from hami_py.devices.base import (
+    FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices,
+)
+from hami_py.devices.codec import encode_pod_devices
+from hami_py.devices.template import (
+    MISSING, TemplateSpec, TemplateVendor, ensure_limits, lookup, resource_lists, rounded_quantity,
+    whole_number,
+)
+from hami_py.quantity import INT64_MAX, parse_exact_int
+from hami_py.reasons import NUMA_NOT_FIT
+
+# -- names ---------------------------------------------------------------------------------------
+
+KUNLUN_KEY = "kunlun"
+XPU_KEY = "XPU"
+KUNLUN_ALLOCATED = "hami.io/kunlun-allocated"
+DEVICE_IDX_ANNOTATION = "BAIDU_COM_DEVICE_IDX"
+XPU_REGISTER = "hami.io/node-register-xpu"
+XPU_HANDSHAKE = "hami.io/node-handshake-xpu"
+XPU_TO_ALLOCATE = "hami.io/xpu-devices-to-allocate"
+XPU_ALLOCATED = "hami.io/xpu-devices-allocated"
+USE_UUID = ("hami.io/use-xpu-uuid", "baidu.com/use-gpuuuid")
+NOUSE_UUID = ("hami.io/no-use-xpu-uuid", "baidu.com/nouse-gpuuuid")
+
+CARD_MEMORY = 98304             # MiB of one card
+VXPU_SIZES = (24576, 49152)     # a quarter and a half card; anything larger is the whole card
+CARD_MEMORY_WHOLE_CORES = 100
+MAX_CARDS = 1024                # a capacity beyond this is refused rather than synthesised
 
 
-def build_family(config, switches) -> list:
-    return []
+# -- config ---------------------------------------------------------------------------------------
+
+_KINDS = ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string"), (list, "list"),
+          (dict, "mapping"))
+
+
+def kind_of(value: object) -> str:
+    if value is None:
+        return "null"
+    for python_type, name in _KINDS:
+        if isinstance(value, python_type):
+            return name
+    return type(value).__name__
+
+
+def section_string(section: dict, name: str, key: str) -> str:
+    """A string key of a raw config section: missing or null = "" (Go's zero value)."""
+    value = section.get(key)
+    if value is None:
+        return ""
+    if type(value) is not str:
+        raise ConfigError(f"device config: {name}.{key}: expected string, got {kind_of(value)}")
+    return value
+
+
+@dataclass(slots=True, frozen=True)
+class KunlunConfig:
+    """The ``kunlun`` section (upstream's ``KunlunConfig``)."""
+    resource_count_name: str = ""
+    resource_vcount_name: str = ""
+    resource_vmemory_name: str = ""
+
+    @classmethod
+    def from_section(cls, section: object) -> KunlunConfig:
+        if section is None:
+            return cls()
+        if not isinstance(section, dict):
+            raise ConfigError(f"device config: kunlun: expected mapping, got {kind_of(section)}")
+        return cls(section_string(section, "kunlun", "resourceCountName"),
+                   section_string(section, "kunlun", "resourceVCountName"),
+                   section_string(section, "kunlun", "resourceVMemoryName"))
+
+
+# -- the 8-card topology ------------------------------------------------------------------------
+
+INTER_PAIRS = ((0, 4), (1, 5), (2, 6), (3, 7))
+INTRA_PAIRS = ((0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3), (4, 5), (4, 6), (4, 7), (5, 6), (5, 7), (6, 7))
+QUADS = ((0, 1, 4, 5), (2, 3, 6, 7), (0, 2, 4, 6), (1, 3, 5, 7), (0, 3, 4, 7), (1, 2, 5, 6))
+ODD_ORDER = (1, 3, 2, 4)   # for one card: a group with exactly 1 free, then 3, then 2, then 4
+
+
+def choose_topology(free: Iterable[int], nums: int) -> tuple[int, ...] | None:
+    """The physical indexes to give a request of ``nums`` cards, or None when no acceptable set
+    exists. ``free``: the indexes of the cards that fit the request (any order; only 0-7 belong
+    to the topology, others are never chosen).
+
+    Upstream's rule (``graghSelect``), on indexes: 8 cards only when all eight are free. For 1, 2
+    or 4: when a group has enough free cards, the first group (left first) whose free count is,
+    in turn, each of ``nums..4`` (for one card: 1, 3, 2, 4) gives its lowest free indexes;
+    otherwise the cross-group links: 2 → the first linked pair ``i, i±4``; 4 → with 4 or 5 free,
+    the first fully free quad; with 6 free, the first fully free quad whose two leftover cards
+    are linked (any pair), else the last fully free quad. Any other count: None.
+    Work is constant (at most 8 indexes are looked at after one pass over ``free``).
+    """
+    have = sorted({i for i in free if 0 <= i < 8})
+    if nums == 8:
+        return tuple(range(8)) if len(have) == 8 else None
+    if nums not in (1, 2, 4):
+        return None
+    left = [i for i in have if i < 4]
+    right = [i for i in have if i >= 4]
+    if len(left) >= nums or len(right) >= nums:
+        for slots in range(nums, 5):
+            num = ODD_ORDER[slots - 1] if nums % 2 == 1 else slots
+            if len(left) == num:
+                return tuple(left[:nums])
+            if len(right) == num:
+                return tuple(right[:nums])
+    have_set = set(have)
+    if nums == 2:
+        for i in have:
+            partner = i + 4 if i < 4 else i - 4
+            if partner in have_set:
+                return (i, partner)
+        return None
+    if nums == 4:
+        if len(have) in (4, 5):
+            for quad in QUADS:
+                if have_set.issuperset(quad):
+                    return quad
+            return None
+        if len(have) == 6:
+            last = None
+            for quad in QUADS:
+                if have_set.issuperset(quad):
+                    last = quad
+                    rest = have_set.difference(quad)
+                    if any(rest.issuperset(pair) for pair in INTER_PAIRS + INTRA_PAIRS):
+                        return quad
+            return last
+    return None
+
+
+def _group_value(n: int) -> int:
+    return 0 if n == 4 else 2 if n == 1 else 1
+
+
+def bubbles(indexes: Iterable[int]) -> int:
+    """Upstream's fragmentation count of a set of card indexes (``countbubble``)."""
+    s = set(indexes)
+    if not s:
+        return 1
+    left = sum(1 for i in s if i < 4)
+    return _group_value(left) + _group_value(len(s) - left)
+
+
+def bubble_score(previous: Iterable[int], current: Iterable[int]) -> float:
+    """The node score upstream adds for a whole-XPU pod: ``previous`` = the indexes of the cards
+    in use before the pod, ``current`` = the pod's cards (``calcscore``)."""
+    delta = bubbles(current) - bubbles(previous)
+    return {-1: 3000.0, 0: 2000.0, 1: 1000.0, 2: 0.0}.get(delta, 1000.0)
+
+
+def topology_chooser(cache, *, score: bool):
+    """The FLAG_CHOOSE callable for one filter: maps the fitting positions to physical indexes,
+    chooses with :func:`choose_topology` and maps back (the first position, in the policy's
+    order, holding each index). With ``score`` the node score delta is the bubble score of the
+    pod's cards on that node; the calls of one node (its rows, in order) telescope, so the sum
+    of the deltas is the score of every card the pod gets there, as upstream computes it."""
+    chosen_on: dict[int, list[int]] = {}
+    score_on: dict[int, float] = {}
+
+    def choose(node_index: int, positions: list[int], nums: int):
+        devices = cache.devices_at(node_index)
+        by_index: dict[int, int] = {}
+        for p in positions:
+            by_index.setdefault(devices[p].index, p)
+        picked = choose_topology(by_index, nums)
+        if picked is None:
+            return NUMA_NOT_FIT
+        chosen = [by_index[i] for i in picked]
+        if not score:
+            return chosen, 0.0
+        if any(KUNLUN_KEY not in d.type for d in devices):
+            return chosen, 0.0     # upstream scores 0 on a node with other devices
+        offset = cache.node_offset[node_index]
+        used = cache.used
+        previous = [d.index for k, d in enumerate(devices) if used[offset + k] > 0]
+        pod_cards = chosen_on.setdefault(node_index, [])
+        pod_cards.extend(picked)
+        total = bubble_score(previous, pod_cards)
+        delta = total - score_on.get(node_index, 0.0)
+        score_on[node_index] = total
+        return chosen, delta
+
+    return choose
+
+
+# -- whole XPU ----------------------------------------------------------------------------------
+
+def card_index(uuid: str) -> int | None:
+    """The index of a synthesised whole-XPU id ``<node>-kunlun-<i>``."""
+    head, sep, tail = uuid.rpartition(f"-{KUNLUN_KEY}-")
+    if not sep or not tail.isdigit():
+        return None
+    return int(tail)
+
+
+class KunlunVendor(TemplateVendor):
+    """Whole XPUs from ``status.capacity[kunlunxin.com/xpu]``."""
+
+    kernel_flags = FLAG_EXCLUSIVE | FLAG_CHOOSE
+    uses_node_lock = False
+
+    def __init__(self, config: KunlunConfig):
+        super().__init__(TemplateSpec(vendor_key=KUNLUN_KEY, count_resource=config.resource_count_name,
+                                      allocated_annotation=KUNLUN_ALLOCATED,
+                                      use_uuid=USE_UUID, nouse_uuid=NOUSE_UUID))
+
+    def registration_inputs(self, node) -> object:
+        return (node.capacity.get(self.spec.count_resource),) if self.spec.count_resource else (None,)
+
+    def registration_source(self) -> str:
+        return f"{self.spec.count_resource} capacity"
+
+    def parse_node_devices(self, node) -> list[DeviceInfo]:
+        resource = self.spec.count_resource
+        if not resource or resource not in node.capacity:
+            return []
+        raw = node.capacity[resource]
+        cards = parse_exact_int(raw)
+        if cards is None:
+            raise DeviceDecodeError(f"{resource} {raw!r} is not a whole number of cards")
+        if not 0 <= cards <= MAX_CARDS:
+            raise DeviceDecodeError(f"{resource} {raw!r} is out of range: must be between 0 and {MAX_CARDS}")
+        return [DeviceInfo(id=f"{node.name}-{KUNLUN_KEY}-{i}", index=i, count=100, devmem=CARD_MEMORY,
+                           devcore=100, type=KUNLUN_KEY, numa=1 if i >= cards // 2 else 0, health=True)
+                for i in range(cards)]
+
+    def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
+        # Each card is given whole: upstream's allocation carries the card's memory and cores.
+        request.memreq, request.mempct, request.coresreq = 0, 100, 100
+        return request
+
+    def chooser(self, cache, pod_annotations: dict[str, str]):
+        return topology_chooser(cache, score=True)
+
+    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0,
+                          pod_annotations=None):
+        if not any(pod_devices):
+            return {}
+        out = {KUNLUN_ALLOCATED: encode_pod_devices(pod_devices)}
+        for container in pod_devices:      # the last container with cards wins, as upstream
+            if container:
+                indexes = [card_index(d.uuid) for d in container]
+                out[DEVICE_IDX_ANNOTATION] = ",".join("" if i is None else str(i) for i in indexes)
+        return out
+
+    def decision_annotations(self) -> tuple[str, ...]:
+        return (KUNLUN_ALLOCATED, DEVICE_IDX_ANNOTATION)
+
+
+# -- vXPU ---------------------------------------------------------------------------------------
+
+def round_vxpu_memory(mib: int) -> int:
+    """A vXPU's memory: the smallest share size holding ``mib`` (upstream's ``trimMemory``)."""
+    for size in VXPU_SIZES:
+        if mib <= size:
+            return size
+    return CARD_MEMORY
+
+
+class VXPUVendor(TemplateVendor):
+    """vXPU shares of the cards in ``hami.io/node-register-xpu``."""
+
+    kernel_flags = FLAG_EQUAL_SHARE | FLAG_CHOOSE
+
+    def __init__(self, config: KunlunConfig):
+        super().__init__(TemplateSpec(vendor_key=XPU_KEY, count_resource=config.resource_vcount_name,
+                                      memory_resource=config.resource_vmemory_name,
+                                      register_annotation=XPU_REGISTER, handshake_annotation=XPU_HANDSHAKE,
+                                      to_allocate_annotation=XPU_TO_ALLOCATE, allocated_annotation=XPU_ALLOCATED,
+                                      use_uuid=USE_UUID, nouse_uuid=NOUSE_UUID))
+
+    def request_memory(self, container: str, limits: dict, requests: dict) -> int:
+        spec = self.spec
+        raw = lookup(limits, requests, spec.memory_resource)
+        if raw is MISSING:
+            return 0
+        # Any whole number is a share size: above half a card is the whole card, as upstream
+        # (and as the webhook rounds "24Gi").
+        mib = whole_number(container, spec.memory_resource, raw, low=0, high=INT64_MAX, unit="MiB")
+        return round_vxpu_memory(mib)
+
+    def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
+        if request.memreq == 0:      # no memory asked: a whole card
+            request.memreq, request.mempct, request.coresreq = CARD_MEMORY, 100, 100
+        else:
+            request.mempct, request.coresreq = 0, request.memreq * 100 // CARD_MEMORY
+        return request
+
+    def mutate_admission(self, container: dict, pod: dict) -> bool:
+        """Upstream's webhook: a vXPU container's memory limit is rounded to its share size, in
+        limits and in requests."""
+        limits, _ = resource_lists(container)
+        spec = self.spec
+        if spec.count_resource not in limits:
+            return False
+        if spec.memory_resource and spec.memory_resource in limits:
+            name = str(container.get("name") or "")
+            rounded = str(round_vxpu_memory(rounded_quantity(name, spec.memory_resource, limits[spec.memory_resource])))
+            ensure_limits(container)[spec.memory_resource] = rounded
+            resources = container["resources"]
+            if not isinstance(resources.get("requests"), dict):
+                resources["requests"] = {}
+            resources["requests"][spec.memory_resource] = rounded
+        return True
+
+    def chooser(self, cache, pod_annotations: dict[str, str]):
+        return topology_chooser(cache, score=False)
+
+
+def build_family(config: DeviceConfig, switches) -> list:
+    kunlun = KunlunConfig.from_section(config.other_sections.get("kunlun"))
+    return [KunlunVendor(kunlun), VXPUVendor(kunlun)]

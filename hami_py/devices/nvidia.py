@@ -455,7 +455,7 @@ class NvidiaVendor(DeviceVendor):
         return parse_numa_bind(pod_annotations)
 
     def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions: list[dict] = (),
-                          now: float = 0.0) -> dict[str, str]:
+                          now: float = 0.0, pod_annotations: dict[str, str] | None = None) -> dict[str, str]:
         """Both allocation annotations (identical text), or {} when no container got a GPU; and
         ``hami.io/vgpu-mig-allocations``, the MIG instances this decision reserved, as upstream
         writes them (containerIndex, deviceIndex, gpuUUID, profile, placement{start,size})."""

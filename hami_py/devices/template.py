@@ -216,7 +216,7 @@ class TemplateVendor(DeviceVendor):
     # -- allocation annotations ------------------------------------------------------------
 
     def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions: list[dict] = (),
-                          now: float = 0.0) -> dict[str, str]:
+                          now: float = 0.0, pod_annotations: dict[str, str] | None = None) -> dict[str, str]:
         if not any(pod_devices):
             return {}
         text = encode_pod_devices(pod_devices)

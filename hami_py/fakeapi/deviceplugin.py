@@ -19,9 +19,13 @@ import structlog
 from hami_py.devices.nvidia import MIG_ALLOCATIONS_ANNOTATION
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.k8s.informer import Informer
-from hami_py.k8s.nodelock import NodeLocker
+from hami_py.k8s.nodelock import ExtraLock, NodeLocker
 
 log = structlog.get_logger(__name__)
+
+# The families whose plugins hold a lock of their own, by the allocation annotation that names
+# the pod theirs: the simulated plugin releases it once it has "allocated", as the real one does.
+_OWN_LOCKS = {"hami.io/cambricon-mlu-devices-allocated": ExtraLock("cambricon.com/dsmlu.lock", 120.0)}
 
 
 def realise_mig_instances(text: str) -> str | None:
@@ -80,12 +84,14 @@ class SimulatedDevicePlugin:
             return
         self._done.add(uid)
         mig = ann.get(MIG_ALLOCATIONS_ANNOTATION)
+        own = tuple(lock for key, lock in _OWN_LOCKS.items() if key in ann)
         task = asyncio.create_task(self._allocate(meta.get("namespace", ""), meta.get("name", ""), node,
-                                                  realise_mig_instances(mig) if mig else None))
+                                                  realise_mig_instances(mig) if mig else None, own))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _allocate(self, namespace: str, name: str, node: str, mig: str | None) -> None:
+    async def _allocate(self, namespace: str, name: str, node: str, mig: str | None,
+                        own: tuple[ExtraLock, ...] = ()) -> None:
         try:
             if self.allocation_delay_s > 0:
                 await asyncio.sleep(self.allocation_delay_s)   # the simulated device set-up
@@ -94,7 +100,11 @@ class SimulatedDevicePlugin:
             if mig is not None:
                 annotations[MIG_ALLOCATIONS_ANNOTATION] = mig
             await self.client.patch(pod_path(namespace, name), {"metadata": {"annotations": annotations}})
-            if not await self.locker.release(node, namespace, name):
+            released = await self.locker.release(node, namespace, name)
+            if own:
+                # A family's plugin releases its own lock too (Cambricon's: cambricon.com/dsmlu.lock).
+                released = await self.locker.release_own(node, own) and released
+            if not released:
                 log.warning("simulated device plugin could not release the node lock", pod=f"{namespace}/{name}",
                             node=node)
                 return

@@ -126,12 +126,47 @@ class NodeLocker:
         return (annotations.get(LOCK_ANNOTATION), meta.get("resourceVersion", ""),
                 {x.annotation: annotations[x.annotation] for x in extra if annotations.get(x.annotation)})
 
-    async def _cas(self, node: str, value: str | None, rv: str, extra: tuple[ExtraLock, ...] = ()) -> None:
-        annotations: dict[str, str | None] = {LOCK_ANNOTATION: value}
+    async def _cas(self, node: str, value: str | None, rv: str, extra: tuple[ExtraLock, ...] = (), *,
+                   shared: bool = True, taking: bool = True) -> None:
+        annotations: dict[str, str | None] = {LOCK_ANNOTATION: value} if shared else {}
         for lock in extra:
-            annotations[lock.annotation] = None if value is None else _now_text()
+            annotations[lock.annotation] = _now_text() if taking else None
         body = {"metadata": {"annotations": annotations, "resourceVersion": rv}}
         await self.client.patch(node_path(node), body)
+
+    async def acquire_own(self, node: str, extra: tuple[ExtraLock, ...]) -> None:
+        """Take only the families' own locks (a family that does not take HAMi's, as Cambricon):
+        refused while another bind's copy is fresh, set by compare-and-set."""
+        for attempt in range(CAS_ATTEMPTS):
+            _, rv, held = await self._read_all(node, extra)
+            _check_extra_locks(node, extra, held)
+            try:
+                await self._cas(node, None, rv, extra, shared=False)
+                return
+            except KubeApiError as exc:
+                if not exc.conflict:
+                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
+            if attempt < CAS_ATTEMPTS - 1:
+                await asyncio.sleep(0.1 * (2 ** attempt) * random.uniform(0.5, 1.0))
+        raise NodeLockError(f"node {node} is locked: node lock contention", contention=True)
+
+    async def release_own(self, node: str, extra: tuple[ExtraLock, ...]) -> bool:
+        """Drop the families' own locks (no owner is recorded in them, as upstream). Never raises."""
+        for attempt in range(CAS_ATTEMPTS):
+            try:
+                _, rv, held = await self._read_all(node, extra)
+                if not held:
+                    return True
+                await self._cas(node, None, rv, extra, shared=False, taking=False)
+                return True
+            except KubeApiError as exc:
+                if exc.not_found:
+                    return True
+                if not exc.conflict:
+                    log.warning("node lock release failed", node=node, error=str(exc), attempt=attempt + 1)
+            if attempt < CAS_ATTEMPTS - 1:
+                await asyncio.sleep(0.05 * (2 ** attempt) * random.uniform(0.5, 1.0))
+        return False
 
     async def acquire(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = ()) -> None:
         """Take the lock for pod namespace/name (and the families' own ``extra`` locks, in the
@@ -192,7 +227,7 @@ class NodeLocker:
                 current, rv = await self._read(node)
                 if not current or not current.endswith(suffix):
                     return True
-                await self._cas(node, None, rv, extra)
+                await self._cas(node, None, rv, extra, taking=False)
                 return True
             except KubeApiError as exc:
                 if exc.not_found:

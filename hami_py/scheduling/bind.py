@@ -121,11 +121,12 @@ class Binder:
     async def _bind_reserved(self, req: BindRequest, pod: dict, reservation) -> None:
         """Lock (when the pod's families lock), then the Binding with the decision; undo on failure."""
         locked = locking = False
-        needs_lock, extra = self._locks_for(pod)
+        shared, extra = self._locks_for(pod)
+        needs_lock = shared or bool(extra)
         try:
             if needs_lock:
                 locking = True
-                await self._lock(req, pod, extra)
+                await self._lock(req, pod, extra, shared=shared)
                 locked, locking = True, False
                 if reservation is not None and self.cache.live_reservation(req.uid, req.node) is not reservation:
                     # The wait for the lock let the node's registration or the pod change under
@@ -134,8 +135,10 @@ class Binder:
                                     f"{req.node} (filter it again)")
             await self._create_binding(req, reservation.annotations if reservation is not None else None)
         except (KubeApiError, NodeLockError, BindError) as exc:
-            if locked:
+            if locked and shared:
                 await self.locker.release(req.node, req.namespace, req.name, extra=extra)
+            elif locked:
+                await self.locker.release_own(req.node, extra)
             if not isinstance(exc, BindOutcomeUnknown):
                 self.cache.release_pod(req.uid)
             # Reading the node is the lock's first step: a 404 there is upstream's missing node.
@@ -174,8 +177,8 @@ class Binder:
             self.on_result(pod, req.node, error)
 
     def _locks_for(self, pod: dict) -> tuple[bool, tuple[ExtraLock, ...]]:
-        """Whether the node lock is taken (upstream locks only for pods given devices of a family
-        that locks), and the families' own locks taken with it."""
+        """Whether HAMi's node lock is taken (upstream locks only for pods given devices of a
+        family that locks), and the families' own locks taken with it (or alone)."""
         usage = self.cache.pods.get((pod.get("metadata") or {}).get("uid", ""))
         if usage is None:
             usage = self.cache.pod_usage_from_object(pod)
@@ -184,9 +187,10 @@ class Binder:
         families = [self.vendors[key] for key in dict.fromkeys(e.vendor for e in usage.entries) if key in self.vendors]
         extra = tuple(ExtraLock(v.extra_lock_annotation, v.extra_lock_expiry_s)
                       for v in families if v.extra_lock_annotation)
-        return any(v.uses_node_lock for v in families) or bool(extra), extra
+        return any(v.uses_node_lock for v in families), extra
 
-    async def _lock(self, req: BindRequest, pod: dict, extra: tuple[ExtraLock, ...] = ()) -> None:
+    async def _lock(self, req: BindRequest, pod: dict, extra: tuple[ExtraLock, ...] = (), *,
+                    shared: bool = True) -> None:
         """Take the node lock. Held by another pod (its allocation in progress: the device plugin
         releases the lock when it has allocated), wait for the node watch to show it change, for
         up to ``lock_wait_s`` (PodGroup members: ``lock_retry_timeout_s``, as upstream): a bind
@@ -199,7 +203,10 @@ class Binder:
         woken = False
         while True:
             try:
-                await self.locker.acquire(req.node, req.namespace, req.name, extra=extra)
+                if shared:
+                    await self.locker.acquire(req.node, req.namespace, req.name, extra=extra)
+                else:
+                    await self.locker.acquire_own(req.node, extra)
                 return
             except NodeLockError as exc:
                 left = deadline - time.monotonic()

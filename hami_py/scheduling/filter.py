@@ -14,8 +14,9 @@ from itertools import compress, repeat
 
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
-from hami_py.devices.base import ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
+from hami_py.devices.base import FLAG_CHOOSE, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
 from hami_py import reasons as R
+from hami_py.scheduling.fit_query import FitQuery
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
 from hami_py.scheduling.policies import Policies, pod_policies
 from hami_py.scheduling.requests import PodRequest
@@ -25,6 +26,11 @@ VGPU_NODE_LABEL = "hami.io/vgpu-node"     # the decision's node, also as a label
 # How many of the fitting nodes a decision keeps scores for (the FilteringSucceed event lists
 # them). Upstream lists all; at thousands of nodes that message cost more than the decision.
 LISTED_NODE_SCORES = 20
+
+
+def _concerns(node_annotations: dict[str, str], gate_keys: set[str]) -> bool:
+    """Whether a node's kept annotations can change the gates of a pod of these families."""
+    return any(k in gate_keys or k.startswith("hami.io/device-") for k in node_annotations)
 
 
 class FilterDecision:
@@ -58,6 +64,12 @@ class Filterer:
         self.default_node_policy = default_node_policy
         self.default_gpu_policy = default_gpu_policy
         self.kernel = kernel or _kernel.filter_nodes
+        # The kernel's per-vendor rules, indexed by vendor id; choosers are made per filter, for
+        # the FLAG_CHOOSE families the pod asks for (a list of None when it asks for none).
+        self.vendor_flags = array("i", [vendors[key].kernel_flags if key in vendors else 0
+                                        for key in cache.vendor_ids])
+        self._choosing = {key: i for key, i in cache.vendor_ids.items() if self.vendor_flags[i] & FLAG_CHOOSE}
+        self._no_choosers = [None] * len(cache.vendor_ids)
 
     def policies(self, pod: dict, vendors=None) -> Policies:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -96,28 +108,22 @@ class Filterer:
         quota_mem, quota_cores = cache.quota.headroom(namespace)
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
-        out_status = array("i", bytes(4 * n))
-        out_reasons = array("i", bytes(4 * n * nr))
-        out_total = array("i", bytes(4 * n))
-        out_score = array("d", bytes(8 * n))
-        k = max(request.total_nums, 1)
-        out_row = array("i", bytes(4 * k))
-        out_dev = array("i", bytes(4 * k))
-        out_mem = array("q", bytes(8 * k))
-        out_cores = array("i", bytes(4 * k))
-        out_prof = array("i", bytes(4 * k))
-        out_place = array("i", bytes(4 * k))
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
-        best = self.kernel(
-            cache.total_mem, cache.total_cores, cache.count, cache.numa, cache.health, cache.vendor,
-            cache.used_mem, cache.used_cores, cache.used,
-            cache.node_offset, cache.node_len, cand_idx, request.rows, mask,
-            policies.node, policies.gpu, int(policies.numa_bind), int(policies.mutex), *policies.weights,
-            quota_mem, quota_cores, int(policies.topology), cache.pair_score, cache.node_pair_offset,
-            int(mig_ok), cache.dev_mig, cache.mig_used, cache.mig_prof_off, cache.mig_prof_len,
-            cache.prof_mem, cache.prof_core, cache.prof_place_off, cache.prof_place_len, cache.place_mask,
-            out_status, out_reasons, out_total, out_score, out_row, out_dev, out_mem, out_cores,
-            out_prof, out_place)
+        choosers = self._no_choosers
+        if self._choosing and (asked := [k for k in request.vendors if k in self._choosing]):
+            choosers = list(choosers)
+            for key in asked:
+                choosers[self._choosing[key]] = self.vendors[key].chooser(cache, annotations)
+        query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
+                         gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
+                         weights=policies.weights, quota_mem=quota_mem, quota_cores=quota_cores,
+                         topology=policies.topology, mig_ok=mig_ok, vendor_flags=self.vendor_flags,
+                         choosers=choosers)
+        best = self.kernel(cache, query)
+        out_status, out_reasons, out_total, out_score = (
+            query.out_status, query.out_reasons, query.out_total, query.out_score)
+        out_row, out_dev, out_mem, out_cores, out_prof, out_place = (
+            query.out_row, query.out_dev, query.out_mem, query.out_cores, query.out_prof, query.out_place)
 
         failed: dict[str, str] = {}
         texts: dict[tuple[bytes, int], str] = {}
@@ -147,7 +153,7 @@ class Filterer:
         pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
         for key, devices in allocation.items():
             pod_annotations.update(self.vendors[key].encode_allocation(
-                devices, node=winner, partitions=mig.get(key, []), now=now))
+                devices, node=winner, partitions=mig.get(key, []), now=now, pod_annotations=annotations))
         reservation = None
         if reserve:
             entries = []
@@ -191,13 +197,16 @@ class Filterer:
         Only pods that pick or avoid devices, and nodes that cordon some, pay for this."""
         cache = self.cache
         vendors = [self.vendors[k] for k in request.vendors]
-        # The pod's own gates are parsed once; only nodes that cordon devices need their own.
+        # The pod's own gates are parsed once; only nodes whose annotations concern the pod's
+        # families (a cordon list, a family's node switch) need gates of their own.
         pod_selectors = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, {}) for v in vendors}
-        annotated = cache.annotated_nodes
+        gate_keys = {k for v in vendors for k in v.gate_annotations}
+        annotated = {n for n in cache.annotated_nodes if _concerns(cache.nodes[n].annotations, gate_keys)} \
+            if cache.annotated_nodes else set()
         pod_wide = any(sel is not None for sel in pod_selectors.values())
         # Model and mode gates are judged kind by kind over all devices at once; what is left
         # (cordons, UUID lists) device by device on the nodes concerned.
-        mask = self._kind_mask(pod_selectors) if pod_wide else None
+        mask = kind_mask = self._kind_mask(pod_selectors) if pod_wide else None
         if pod_wide and mask is None:
             marked = [n for c, n in enumerate(node_names) if cand_idx[c] >= 0]
         else:
@@ -206,15 +215,33 @@ class Filterer:
             if not marked:
                 return array("b")
             mask = array("b", bytes(len(cache.total_mem)))
+        # Nodes with the same annotations get the same gates: built once per distinct set (a
+        # family's plugin may write the same node switch on every node it runs on).
+        node_gates: dict[tuple, dict[int, DeviceSelector | None]] = {}
         for name in marked:
             entry = cache.nodes[name]
-            selectors = pod_selectors if name not in annotated else {
-                cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations) for v in vendors}
+            if name in annotated:
+                key = tuple(sorted(entry.annotations.items()))
+                selectors = node_gates.get(key)
+                if selectors is None:
+                    selectors = node_gates[key] = {
+                        cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations)
+                        for v in vendors}
+                if all(sel is None for sel in selectors.values()):
+                    # Nothing restricts the pod here: the node's slice is free of any pod-wide mark.
+                    if kind_mask is not None and entry.length:
+                        mask[entry.offset:entry.offset + entry.length] = array("b", bytes(entry.length))
+                    continue
+            else:
+                selectors = pod_selectors
             for k, dev in enumerate(entry.devices):
                 j = entry.offset + k
-                sel = selectors.get(cache.vendor[j])
-                if sel is not None:
-                    mask[j] = sel(dev)
+                vid = cache.vendor[j]
+                if vid in selectors:
+                    sel = selectors[vid]
+                    # A node's own gates replace the pod-wide ones (its annotations may lift
+                    # what the pod-wide judgement, made without them, refused).
+                    mask[j] = sel(dev) if sel is not None else 0
         return mask
 
     def _kind_mask(self, pod_selectors: dict[int, DeviceSelector | None]) -> array | None:

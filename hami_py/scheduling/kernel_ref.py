@@ -5,39 +5,48 @@
 rule here first, then mirror it there.
 
 Inputs are the usage cache's struct-of-arrays (one entry per registered device; a node owns the
-contiguous slice ``[node_offset[n], node_offset[n] + node_len[n])``) plus the pod's requests as
-flat rows of ``ROW_WIDTH`` int32 values:
+contiguous slice ``[node_offset[n], node_offset[n] + node_len[n])``), read as attributes of a
+table object, plus one filter's query (``hami_py.scheduling.fit_query.FitQuery``) holding the
+policies and the pod's requests as flat rows of ``ROW_WIDTH`` int32 values:
 
     container, is_init, vendor, nums, memreq, mempct, coresreq
 
 Rows are ordered by container, init containers first. The rules are upstream HAMi's generic
 device fit (hami-scheduling.md §7, §8, §9, §10) with two deliberate fixes: candidates are matched
 by vendor id, not by substring of the model name, and the per-device score includes the request
-being placed (upstream's exact-type comparison makes that term vanish for NVIDIA).
+being placed (upstream's exact-type comparison makes that term vanish for its main family).
 """
 from __future__ import annotations
 
 from itertools import combinations, islice
 
+from hami_py._kernel import CODES
 from hami_py.cache.quota import UNLIMITED
 from hami_py import reasons as R
 
-ROW_WIDTH = 7
-ROW_CONTAINER, ROW_IS_INIT, ROW_VENDOR, ROW_NUMS, ROW_MEMREQ, ROW_MEMPCT, ROW_CORESREQ = range(7)
+# The numbers are the Cython kernel's (cython_core/kernel_codes.pxd), so the two cannot disagree.
+ROW_WIDTH = CODES["ROW_WIDTH"]
+ROW_CONTAINER, ROW_IS_INIT, ROW_VENDOR, ROW_NUMS, ROW_MEMREQ, ROW_MEMPCT, ROW_CORESREQ = (
+    CODES[f"ROW_{name}"] for name in ("CONTAINER", "IS_INIT", "VENDOR", "NUMS", "MEMREQ", "MEMPCT", "CORESREQ"))
 
-POLICY_BINPACK = 0
-POLICY_SPREAD = 1
+POLICY_BINPACK = CODES["POLICY_BINPACK"]
+POLICY_SPREAD = CODES["POLICY_SPREAD"]
 
-# Device orderings (the ``gpu_order`` argument). Single policies are small numbers; a chain of up
+# Device orderings (the query's ``gpu_policy``). Single policies are small numbers; a chain of up
 # to three sort keys (``"numa,binpack"``) is CHAIN + k0 + 4*k1 + 16*k2 with keys below, 0 = end.
-ORDER_BINPACK = POLICY_BINPACK
-ORDER_SPREAD = POLICY_SPREAD
-ORDER_MUTEX = 2
-ORDER_CHAIN = 64
-KEY_BINPACK, KEY_SPREAD, KEY_NUMA = 1, 2, 3
+ORDER_BINPACK = CODES["ORDER_BINPACK"]
+ORDER_SPREAD = CODES["ORDER_SPREAD"]
+ORDER_MUTEX = CODES["ORDER_MUTEX"]
+ORDER_CHAIN = CODES["ORDER_CHAIN"]
+KEY_BINPACK, KEY_SPREAD, KEY_NUMA = CODES["KEY_BINPACK"], CODES["KEY_SPREAD"], CODES["KEY_NUMA"]
 
-MEMPCT_UNSET = 101
-MAX_TOPOLOGY_COMBOS = 20000   # device combinations weighed for one topology-aware pick
+MEMPCT_UNSET = CODES["MEMPCT_UNSET"]
+MAX_TOPOLOGY_COMBOS = CODES["MAX_TOPOLOGY_COMBOS"]   # device combinations weighed for one topology-aware pick
+
+# Per-vendor rules (query.vendor_flags, from DeviceVendor.kernel_flags).
+FLAG_EXCLUSIVE = CODES["FLAG_EXCLUSIVE"]
+FLAG_EQUAL_SHARE = CODES["FLAG_EQUAL_SHARE"]
+FLAG_CHOOSE = CODES["FLAG_CHOOSE"]
 
 # Mask reason codes that upstream checks before the NUMA regrouping step, and the one after it.
 _PRE_NUMA_MASK = (R.CARD_CORDONED, R.CARD_TYPE_MISMATCH)
@@ -83,17 +92,12 @@ def _preference_key(score, numa, pos, used, gpu_policy, numa_bind):
     return (score, -numa, -pos)
 
 
-def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
-                 used_mem, used_cores, used,
-                 node_offset, node_len, candidates,
-                 rows, mask,
-                 node_policy, gpu_policy, numa_bind, mutex, w_slot, w_core, w_mem,
-                 quota_mem, quota_cores, topology, pair_score, node_pair_offset,
-                 mig_ok, dev_mig, mig_used, mig_prof_off, mig_prof_len, prof_mem, prof_core,
-                 prof_place_off, prof_place_len, place_mask,
-                 out_status, out_reasons, out_total, out_score,
-                 out_row, out_dev, out_mem, out_cores, out_prof, out_place):
+def filter_nodes(table, query):
     """Fit the pod on every candidate node, score, and choose.
+
+    ``table`` is the device table (any object with the attributes in
+    ``fit_query.TABLE_COLUMNS``: the usage cache), ``query`` a ``fit_query.FitQuery``: the inputs
+    named below are its slots or the table's columns, and the outputs go to its ``out_*`` arrays.
 
     ``candidates`` holds node indexes; -1 stands for a name the cache does not know (reported as
     NODE_UNREGISTERED). ``quota_mem``/``quota_cores`` give, per vendor id, what the pod's namespace
@@ -102,22 +106,55 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
     best-connected set is kept, by the pair scores in ``pair_score`` (an n x n block per node at
     ``node_pair_offset[node]``, -1 when the node published none).
 
+    Device families' rules, per vendor id in ``vendor_flags``: FLAG_EXCLUSIVE refuses a device
+    that hosts a task (as ``mutex`` does, for that family's rows only, but before the slot count,
+    so a busy whole card reads ExclusiveDeviceAllocateConflict, upstream's reason, rather than
+    CardTimeSlicingExhausted); FLAG_EQUAL_SHARE refuses a shared device whose tasks do not all
+    hold the memory this row asks (CARD_NOT_FOUND_CUSTOM_FILTER_RULE); FLAG_CHOOSE collects every
+    device that fits the row (as ``topology`` does, NUMA regrouping included) and lets
+    ``choosers[vendor]`` pick ``nums`` of them, adding its score delta to the node's score, or
+    refuse the node with a reason of its own (counted once, on top of the walk's counts; see
+    ``_choose``).
+
     MIG: a device with ``dev_mig`` set hands out MIG instances. Its profiles are
     ``[mig_prof_off[j], +mig_prof_len[j])`` in the profile table (sorted by memory, then slices), each
     with its placements in the order they are tried, as bit masks of the GPU's slices; ``mig_used``
     holds the slices taken. A request fits when some profile with enough memory has a free placement;
     the instance then counts the profile's memory and cores, and the same GPU is offered again so one
     container may get several instances of it. ``mig_ok`` is false when the pod's
-    ``nvidia.com/vgpu-mode`` rules MIG out (then the device-count precheck is not relaxed).
+    family's ``allows_partitions`` rules MIG out (then the device-count precheck is not relaxed).
 
-    Per candidate position ``c``: ``out_status[c]`` (reasons.NODE_*), ``out_score[c]``, and for a
-    device-level failure ``out_reasons[c * N_DEVICE_REASONS + r]`` counts and ``out_total[c]`` (the
-    number of candidate devices of the failing request). Returns the winning candidate position,
-    or -1; the winner's devices are written to ``out_row/out_dev/out_mem/out_cores`` (one entry per
-    device given, in request order) and their number is ``sum(nums)``; ``out_prof``/``out_place``
-    name the MIG profile and placement of each (-1 for a shared, non-MIG device).
+    Per candidate position ``c``: ``out_status[c]`` (reasons.NODE_*), ``out_score[c]`` (with the
+    choosers' score deltas), and for a device-level failure ``out_reasons[c * N_DEVICE_REASONS + r]``
+    counts and ``out_total[c]`` (the number of candidate devices of the failing request). Returns
+    the winning candidate position, or -1; the winner's devices are written to
+    ``out_row/out_dev/out_mem/out_cores`` (one entry per device given, in request order) and their
+    number is ``sum(nums)``; ``out_prof``/``out_place`` name the MIG profile and placement of each
+    (-1 for a shared, non-MIG device).
     """
+    total_mem, total_cores, count, numa, health, vendor = (
+        table.total_mem, table.total_cores, table.count, table.numa, table.health, table.vendor)
+    used_mem, used_cores, used = table.used_mem, table.used_cores, table.used
+    node_offset, node_len = table.node_offset, table.node_len
+    pair_score, node_pair_offset = table.pair_score, table.node_pair_offset
+    dev_mig, mig_used, mig_prof_off, mig_prof_len = table.dev_mig, table.mig_used, table.mig_prof_off, table.mig_prof_len
+    prof_mem, prof_core, prof_place_off, prof_place_len, place_mask = (
+        table.prof_mem, table.prof_core, table.prof_place_off, table.prof_place_len, table.place_mask)
+    q = query
+    candidates, rows, mask = q.candidates, q.rows, q.mask
+    node_policy, gpu_policy, numa_bind, mutex = q.node_policy, q.gpu_policy, q.numa_bind, q.mutex
+    w_slot, w_core, w_mem = q.w_slot, q.w_core, q.w_mem
+    quota_mem, quota_cores, topology, mig_ok = q.quota_mem, q.quota_cores, q.topology, q.mig_ok
+    vendor_flags, choosers = q.vendor_flags, q.choosers
+    out_status, out_reasons, out_total, out_score = q.out_status, q.out_reasons, q.out_total, q.out_score
+    out_row, out_dev, out_mem, out_cores, out_prof, out_place = (
+        q.out_row, q.out_dev, q.out_mem, q.out_cores, q.out_prof, q.out_place)
+
     n_rows = len(rows) // ROW_WIDTH
+    for r in range(n_rows):
+        v = rows[r * ROW_WIDTH + ROW_VENDOR]
+        if v < 0 or v >= len(vendor_flags) or v >= len(quota_mem) or v >= len(quota_cores):
+            raise ValueError(f"request row {r} names vendor id {v}, beyond the query's per-vendor arrays")
     has_mask = len(mask) > 0
     nr = R.N_DEVICE_REASONS
     best = -1
@@ -183,6 +220,11 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
             is_init = rows[base + ROW_IS_INIT]
             qm = quota_mem[v]
             qc = quota_cores[v]
+            flags = vendor_flags[v]
+            exclusive = flags & FLAG_EXCLUSIVE
+            equal_share = flags & FLAG_EQUAL_SHARE
+            choose = flags & FLAG_CHOOSE
+            collect_all = topology or choose   # every fitting device, not the first nums
             keyed = []
             for k in cands:
                 j = off + k
@@ -215,7 +257,7 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                     counts[m] += 1
                     continue
                 if numa_bind and numa[j] != prev_numa:
-                    if picked and not topology:
+                    if picked and not collect_all:
                         counts[R.NUMA_NOT_FIT] += len(picked)
                     picked = []
                     pick_occ = [0] * n
@@ -225,7 +267,17 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                     counts[m] += 1
                     continue
                 if count[j] <= s_used_l[k]:
-                    counts[R.CARD_TIME_SLICING_EXHAUSTED] += 1
+                    # A busy device of an exclusive family is refused for being busy, even when its
+                    # slots are gone too (a whole card has one): upstream's reason. Tested inside
+                    # the slot check so that rows of other families pay nothing for it (the
+                    # Cython kernel measured 2-4 % slower with the flag tested first).
+                    if exclusive and s_used_l[k] > 0:
+                        counts[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                    else:
+                        counts[R.CARD_TIME_SLICING_EXHAUSTED] += 1
+                    continue
+                if exclusive and s_used_l[k] > 0:
+                    counts[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                     continue
                 if mutex and s_used_l[k] > 0:
                     counts[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
@@ -243,6 +295,10 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                 if total_cores[j] - s_cores_l[k] < cores:
                     counts[R.CARD_INSUFFICIENT_CORE] += 1
                     continue
+                if equal_share and s_used_l[k] > 0 and s_mem_l[k] != s_used_l[k] * mem:
+                    # Its tasks hold another size than this one asks.
+                    counts[R.CARD_NOT_FOUND_CUSTOM_FILTER_RULE] += 1
+                    continue
                 if total_cores[j] == 100 and cores == 100 and s_used_l[k] > 0:
                     counts[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                     continue
@@ -259,12 +315,24 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                     pick_occ[k] |= place_mask[place]
                     revisit = True  # a MIG GPU may give this container another instance
                 picked.append((k, mem, prof, place))
-                if not topology:
+                if not collect_all:
                     need -= 1
                     if need == 0:
                         break
-            if topology and len(picked) >= nums:
-                if len(picked) > nums:
+            if collect_all and len(picked) >= nums:
+                if choose:
+                    answer = _choose(choosers, v, ni, picked, nums)
+                    if isinstance(answer, int):   # the vendor refuses every subset: its reason
+                        status = R.NODE_DEVICE_REASONS
+                        for i in range(nr):
+                            out_reasons[c * nr + i] = counts[i]
+                        out_reasons[c * nr + answer] += 1
+                        out_total[c] = len(cands)
+                        break
+                    picked, delta = answer
+                    node_score += delta
+                    out_score[c] = node_score
+                elif len(picked) > nums:
                     picked = _topology_pick(picked, nums, pair_score, node_pair_offset[ni], n)
                 need = 0
             if need > 0:
@@ -306,6 +374,32 @@ def filter_nodes(total_mem, total_cores, count, numa, health, vendor,
                 out_prof[i] = prof
                 out_place[i] = place
     return best
+
+
+def _choose(choosers, v, ni, picked, nums):
+    """Ask vendor ``v``'s chooser for ``nums`` of the devices that fit one row on node ``ni``.
+
+    Returns ``(picks, score delta)`` with the picks (entries of ``picked``) in the chooser's
+    order, or the reason code it refused the node with. An answer outside the contract
+    (``devices.base.Chooser``) is the family's bug, not the pod's: it raises ValueError."""
+    chooser = choosers[v] if v < len(choosers) else None
+    if chooser is None:
+        raise ValueError(f"vendor id {v} has FLAG_CHOOSE but the query carries no chooser for it")
+    positions = [entry[0] for entry in picked]
+    answer = chooser(ni, positions, nums)
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if not 0 < answer < R.N_DEVICE_REASONS:
+            raise ValueError(f"chooser of vendor id {v} answered reason {answer}, not a device reason code")
+        return answer
+    if not isinstance(answer, tuple) or len(answer) != 2:
+        raise ValueError(f"chooser of vendor id {v} answered {answer!r}, not (positions, score delta) or a reason")
+    chosen, delta = answer
+    by_position = {entry[0]: entry for entry in picked}
+    chosen = list(chosen)
+    if (len(chosen) != nums or len(set(chosen)) != nums
+            or not all(type(p) is int and p in by_position for p in chosen)):
+        raise ValueError(f"chooser of vendor id {v} chose {chosen!r}: not {nums} distinct positions of {positions}")
+    return [by_position[p] for p in chosen], float(delta)
 
 
 def _pod_total(cands, off, vendor, v, is_init, picked, k_extra, mem_extra, cores_extra,

@@ -12,6 +12,7 @@ import sys
 from hami_py.cli import OneLineParser, UsageError
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.devices.registry import build_vendors
+from hami_py.simulate.runner import SWITCHES
 from hami_py.logs import configure_logging
 from hami_py.simulate.cluster import Cluster, load_cluster
 from hami_py.simulate.progress import ProgressBar
@@ -58,12 +59,12 @@ def main(argv: list[str] | None = None) -> int:
         if ns.report_file is not None and ns.output != "html":
             raise UsageError("--report-file goes with --output html")
         device_config = load_device_config(ns.device_config_file) if ns.device_config_file else DeviceConfig.default()
-        vendors = build_vendors(device_config)
+        configure_logging(json=False, level=logging.WARNING)   # before the vendors, which may log
+        vendors = build_vendors(device_config, SWITCHES)
         cluster = load_cluster(ns.cluster, vendors=vendors)
         workload = load_workload(ns.workload, vendors=vendors, device_config=device_config)
     except (UsageError, ConfigError, InputError) as exc:
         return _fail(str(exc))
-    configure_logging(json=False, level=logging.WARNING)
     chosen = Scenario(ns.node_scheduler_policy, ns.gpu_scheduler_policy)
     scenarios = [Scenario(n, g) for n in POLICIES for g in POLICIES] if ns.compare_policies else [chosen]
     progress = ProgressBar(enabled=False if ns.no_progress else None)

@@ -10,9 +10,20 @@ Two forms are accepted.
           gpus: 8
           model: H200         # a known model, or any name with memory: 48Gi
           splitCount: 10      # pods per GPU (the device plugin's deviceSplitCount)
+        - name: npu
+          count: 2
+          gpus: 8             # devices per node, whatever the family calls them
+          model: Ascend910B3  # another family's model, registered as its plugin would
+        - name: xpu-shared
+          family: kunlun-vxpu # only needed when a model name is ambiguous (P800: whole by default)
+          model: P800
+          gpus: 8
         - name: odd-box
           devices:            # explicit registrations, HAMi's fields
             - {type: NVIDIA A100-SXM4-40GB, devmem: 40960, count: 4}
+
+  Families (``family:``): nvidia (the default), ascend, cambricon, hygon, kunlun, kunlun-vxpu,
+  enflame; their models and what each plugin registers are in :mod:`hami_py.fakeapi.families`.
 
 * Plain Kubernetes: ``kubectl get nodes -o yaml`` (a List, or Node documents) whose nodes carry
   HAMi's registration annotations, so a planner can snapshot a real cluster. Pods in the same
@@ -34,6 +45,7 @@ import orjson
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION
 from hami_py.devices.base import AllocationDecodeError, DeviceDecodeError, DeviceInfo, DeviceVendor, NodeView
 from hami_py.devices.nvidia import REGISTER_ANNOTATION as NVIDIA_REGISTER_ANNOTATION
+from hami_py.fakeapi.families import FAMILIES, MODELS, DeviceModel, find_device_model
 from hami_py.fakeapi.objects import GPU_MODELS, gpu_node, gpu_uuid, registration
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
 from hami_py.scheduling.bind import BIND_PHASE_ANNOTATION
@@ -43,8 +55,10 @@ from hami_py.simulate.source import (
 )
 
 _NODE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-_GROUP_FIELDS = ("name", "count", "gpus", "model", "memory", "cores", "splitCount", "numaNodes", "mode",
+_GROUP_FIELDS = ("name", "count", "family", "gpus", "model", "memory", "cores", "splitCount", "numaNodes", "mode",
                  "unhealthy", "labels", "annotations", "devices")
+# What only NVIDIA's registration carries; the other families' models say what they accept.
+_NVIDIA_ONLY = ("cores", "numaNodes", "mode")
 _DEVICE_FIELDS = ("id", "index", "count", "devmem", "devcore", "type", "model", "numa", "mode", "health")
 _TERMINAL_PHASES = ("Succeeded", "Failed")
 
@@ -121,7 +135,10 @@ def _load_simulator_form(doc: dict, where: Where, *, vendors: dict[str, DeviceVe
     for i, raw in enumerate(groups):
         group_where = groups_where.at(groups, i)
         for node in _node_group(group_where, read_map(group_where, raw)):
-            _add_node(cluster, node, group_where, vendors=vendors)
+            if not _add_node(cluster, node, group_where, vendors=vendors):
+                raise group_where.error(
+                    f'the scheduler finds no device on node "{node["metadata"]["name"]}": no vendor it runs '
+                    "decodes this registration")
     return cluster
 
 
@@ -150,6 +167,10 @@ def _node_group(where: Where, group: dict) -> list[dict]:
                          devices=[_explicit_device(devices_where, entries, k, n) for k in range(len(entries))])
                 for n in names]
     gpus = required(where, group, "gpus", read_int, minimum=1, maximum=1024)
+    family_model = _family_model(where, group)
+    if family_model is not None:
+        return _family_group(where, group, family_model, names=names, devices=gpus, labels=labels,
+                             annotations=annotations)
     model = _group_model(where, group)
     split = optional(where, group, "splitCount", read_int, 10, minimum=1, maximum=1 << 20)
     numa = optional(where, group, "numaNodes", read_int, 1, minimum=1, maximum=gpus)
@@ -164,6 +185,48 @@ def _node_group(where: Where, group: dict) -> list[dict]:
     return nodes
 
 
+def _known_models() -> str:
+    others = ", ".join(dict.fromkeys(m.model for m in MODELS if m.family != "nvidia"))
+    return f"{', '.join(GPU_MODELS)}; other families: {others}"
+
+
+def _family_model(where: Where, group: dict) -> DeviceModel | None:
+    """The non-NVIDIA model a group names, or None for an NVIDIA group (the default family)."""
+    family = optional(where, group, "family", read_str)
+    if family is not None and family.strip().lower() not in FAMILIES:
+        raise where.at(group, "family").error(f'unknown family "{family}" (known: {", ".join(FAMILIES)})')
+    family = family.strip().lower() if family is not None else None
+    if family == "nvidia":
+        return None
+    name = required(where, group, "model", read_str)
+    if family is None and (find_model(name) is not None or group.get("memory") is not None
+                           and find_device_model(name) is None):
+        return None      # NVIDIA's known models, or any other NVIDIA model given with its memory
+    found = find_device_model(name, family)
+    if isinstance(found, list):
+        raise where.at(group, "model").error(
+            f'model "{name}" is made by several families ({", ".join(m.family for m in found)}); say which with family:')
+    if family is None and (found is None or found.family == "nvidia"):
+        return None      # NVIDIA's path says what is unknown
+    if found is None:
+        known = ", ".join(dict.fromkeys(m.model for m in MODELS if m.family == family))
+        raise where.at(group, "model").error(f'unknown model "{name}" in family {family} (known: {known})')
+    return found
+
+
+def _family_group(where: Where, group: dict, model: DeviceModel, *, names: list[str], devices: int,
+                  labels: dict, annotations: dict) -> list[dict]:
+    for key in (*_NVIDIA_ONLY, "splitCount", "memory", "unhealthy"):
+        if group.get(key) is not None and (key in _NVIDIA_ONLY or key not in model.settable):
+            raise where.at(group, key).error(f'"{key}" does not apply to {model.model} nodes ({model.family}: '
+                                             f"{model.description})")
+    split = optional(where, group, "splitCount", read_int, None, minimum=1, maximum=1 << 20)
+    memory = optional(where, group, "memory", read_mib)
+    unhealthy = _unhealthy(where, group, devices)
+    return [model.node(n, devices=devices, split=split, memory=memory, unhealthy=unhealthy, labels=labels,
+                       annotations=annotations) for n in names]
+
+
 def _group_model(where: Where, group: dict) -> dict:
     name = required(where, group, "model", read_str)
     memory = optional(where, group, "memory", read_mib)
@@ -171,8 +234,8 @@ def _group_model(where: Where, group: dict) -> dict:
     known = find_model(name)
     if known is None and memory is None:
         raise where.at(group, "model").error(
-            f'unknown GPU model "{name}" (known: {", ".join(GPU_MODELS)}); '
-            'for another model give its memory too, e.g. memory: 48Gi')
+            f'unknown GPU model "{name}" (known: {_known_models()}); '
+            'for another NVIDIA model give its memory too, e.g. memory: 48Gi')
     model = dict(known) if known else {"type": registered_type(name.strip()), "devcore": 100}
     if memory is not None:
         model["devmem"] = memory

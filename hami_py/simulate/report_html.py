@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from html import escape
 
-from hami_py.simulate.report_text import DETAIL_MAX_PODS
-from hami_py.simulate.results import BEST_RULE, Report, ScenarioResult, best_scenario, percent
+from hami_py.simulate.report_text import DETAIL_MAX_PODS, node_devices
+from hami_py.simulate.results import (
+    BEST_RULE, Report, ScenarioResult, allocation_label, best_scenario, device_label, percent,
+)
 
 # Sequential colour scale for memory use: pale green (little) through amber to deep red (full).
 _STOPS = ((0.0, (214, 239, 207)), (0.5, (253, 190, 90)), (1.0, (178, 24, 43)))
@@ -55,10 +57,10 @@ def heat_map(result: ScenarioResult, *, title: str = "") -> str:
     width = max(label_w + columns * (_CELL_W + _GAP) + 10, _LEGEND_W)
     height = 24 + len(rows) * (_CELL_H + _GAP) + 34
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-           f'aria-label="GPU memory heat map {escape(title)}" font-family="system-ui,sans-serif" font-size="11">']
+           f'aria-label="{"device" if result.mixed else "GPU"} memory heat map {escape(title)}" font-family="system-ui,sans-serif" font-size="11">']
     for k in range(columns):
         x = label_w + k * (_CELL_W + _GAP) + _CELL_W / 2
-        out.append(f'<text x="{x}" y="14" text-anchor="middle" fill="#5b6775">gpu{k}</text>')
+        out.append(f'<text x="{x}" y="14" text-anchor="middle" fill="#5b6775">{"dev" if result.mixed else "gpu"}{k}</text>')
     for i, row in enumerate(rows):
         y = 22 + i * (_CELL_H + _GAP)
         out.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" fill="#1d2733">'
@@ -69,7 +71,7 @@ def heat_map(result: ScenarioResult, *, title: str = "") -> str:
             fill = _UNHEALTHY if not d.health else (_IDLE if d.slots_used == 0 else colour(fraction))
             text = "x" if not d.health else f"{round(100 * fraction)}"
             ink = "#fff" if (not d.health or fraction > 0.6) else "#1d2733"
-            tip = (f"{row['name']} gpu{d.index} {d.type}: memory {d.memory_used}/{d.memory} MiB "
+            tip = (f"{row['name']} {device_label(d, mixed=result.mixed)} {d.type}: memory {d.memory_used}/{d.memory} MiB "
                    f"({percent(d.memory_used, d.memory)}%), cores {d.cores_used}/{d.cores}, "
                    f"slots {d.slots_used}/{d.slots}"
                    + ("" if d.health else ", unhealthy"))
@@ -111,8 +113,8 @@ def render_html(report: Report) -> str:
         f"<div><b>Policies</b> node {escape(r.node_policy)}, GPU {escape(r.gpu_policy)}</div>",
         *(f'<div class="note">{escape(n)}</div>' for n in report.notes),
         "</div>",
-        _cards(s),
-        "<h2>GPU memory heat map</h2>",
+        _cards(s, mixed=r.mixed),
+        f"<h2>{'Device' if r.mixed else 'GPU'} memory heat map</h2>",
         heat_map(r, title=r.label),
     ]
     if report.comparison:
@@ -140,15 +142,18 @@ def render_html(report: Report) -> str:
             f"<body>{''.join(body)}</body></html>\n")
 
 
-def _cards(s: dict) -> str:
+def _cards(s: dict, *, mixed: bool = False) -> str:
     f = s["fragmentation"]
+    in_use = ([(f"{vendor} in use", f"{row['inUse']}/{row['devices']}", "")
+               for vendor, row in s["devicesByVendor"].items()] if mixed
+              else [("GPUs in use", f"{s['gpusInUse']}/{s['gpus']}", "")])
     cards = [
         ("placed", str(s["placed"]), "good" if s["placed"] else ""),
         ("pending", str(s["pending"]), "bad" if s["pending"] else "good"),
         ("memory used", f"{s['memory']['percent']}%", ""),
         ("cores used", f"{s['cores']['percent']}%", ""),
         ("slots used", f"{s['slots']['percent']}%", ""),
-        ("GPUs in use", f"{s['gpusInUse']}/{s['gpus']}", ""),
+        *in_use,
         ("fragmented", f"{f['percent']}%" if f["typicalRequest"] else "-", ""),
     ]
     html = "".join(f'<div class="card {cls}"><div class="v">{escape(v)}</div>'
@@ -156,7 +161,7 @@ def _cards(s: dict) -> str:
     frag = ""
     if f["typicalRequest"]:
         frag = (f"<div>Fragmentation: {f['strandedMiB']:,} of {f['freeMiB']:,} MiB free memory, on "
-                f"{f['strandedGpus']} GPUs, cannot take the typical request ({escape(f['typicalRequest'])}).</div>")
+                f"{f['strandedGpus']} {'devices' if mixed else 'GPUs'}, cannot take the typical request ({escape(f['typicalRequest'])}).</div>")
     return f'<div class="cards">{html}</div>{frag}'
 
 
@@ -177,11 +182,13 @@ def _comparison(results: list[ScenarioResult], *, chosen: ScenarioResult) -> str
 
 
 def _nodes(r: ScenarioResult) -> str:
-    rows = ['<table><tr><th class="l">node</th><th>pods</th><th>GPUs</th><th>memory MiB</th><th>memory</th>'
+    rows = ['<table><tr><th class="l">node</th><th>pods</th>'
+            f'<th>{"devices" if r.mixed else "GPUs"}</th><th>memory MiB</th><th>memory</th>'
             "<th>cores</th><th>slots</th></tr>"]
     for row in r.node_rows():
         (mu, mt), (cu, ct), (su, st) = row["memory"], row["cores"], row["slots"]
-        rows.append(f'<tr><td class="l">{escape(row["name"])}</td><td>{row["pods"]}</td><td>{len(row["gpus"])}</td>'
+        count = escape(node_devices(row["gpus"])) if r.mixed else str(len(row["gpus"]))
+        rows.append(f'<tr><td class="l">{escape(row["name"])}</td><td>{row["pods"]}</td><td>{count}</td>'
                     f"<td>{mu:,} / {mt:,}</td><td>{percent(mu, mt)}%</td><td>{percent(cu, ct)}%</td>"
                     f"<td>{percent(su, st)}%</td></tr>")
     rows.append("</table>")
@@ -201,7 +208,8 @@ def _pods(r: ScenarioResult) -> str:
     rows = ['<table><tr><th class="l">pod</th><th class="l">state</th><th class="l">node</th>'
             '<th class="l">devices / reason</th></tr>']
     for p in r.pods:
-        detail = (", ".join(f"gpu{d['index']} {d['memoryMiB']} MiB {d['cores']}%" for d in p.devices)
+        detail = (", ".join(f"{allocation_label(d, mixed=r.mixed)} {d['memoryMiB']} MiB {d['cores']}%"
+                            for d in p.devices)
                   if p.node else p.reason)
         rows.append(f'<tr><td class="l">{escape(p.namespace + "/" + p.name)}</td><td class="l">{p.state}</td>'
                     f'<td class="l">{escape(p.node or "-")}</td><td class="reason">{escape(detail)}</td></tr>')

@@ -6,7 +6,9 @@ small clusters (or with ``--detail``); larger ones have them in the JSON and HTM
 """
 from __future__ import annotations
 
-from hami_py.simulate.results import BEST_RULE, Report, ScenarioResult, best_scenario
+from hami_py.simulate.results import (
+    BEST_RULE, Report, ScenarioResult, allocation_label, best_scenario,
+)
 
 DETAIL_MAX_GPUS = 32
 DETAIL_MAX_PODS = 40
@@ -36,14 +38,21 @@ def render_table(report: Report, *, detail: bool = False) -> str:
     add("")
     add(_pods_line(s))
     add(f"Nodes       {s['nodes']}, {s['nodesInUse']} in use")
-    unhealthy = f", {s['unhealthyGpus']} unhealthy" if s["unhealthyGpus"] else ""
-    add(f"GPUs        {s['gpus']}, {s['gpusInUse']} in use{unhealthy}")
+    if r.mixed:     # one line per family, named by its vendor key
+        width = max([11] + [len(v) + 1 for v in s["devicesByVendor"]])
+        for vendor, row in s["devicesByVendor"].items():
+            unhealthy = f", {row['unhealthy']} unhealthy" if row["unhealthy"] else ""
+            add(f"{vendor:<{width}} {row['devices']}, {row['inUse']} in use{unhealthy}, "
+                f"memory {row['memory']['percent']:.1f}%, slots {row['slots']['percent']:.1f}%")
+    else:
+        unhealthy = f", {s['unhealthyGpus']} unhealthy" if s["unhealthyGpus"] else ""
+        add(f"GPUs        {s['gpus']}, {s['gpusInUse']} in use{unhealthy}")
     m, c, sl = s["memory"], s["cores"], s["slots"]
     add(f"Memory      {m['percent']:5.1f}%  {m['usedMiB']:,} / {m['totalMiB']:,} MiB "
         f"(peak {s['peakMemoryPercent']:.1f}%)")
     add(f"Cores       {c['percent']:5.1f}%  {c['used']:,} / {c['total']:,}")
     add(f"Slots       {sl['percent']:5.1f}%  {sl['used']:,} / {sl['total']:,}")
-    add(_fragmentation_line(s["fragmentation"]))
+    add(_fragmentation_line(s["fragmentation"], devices="devices" if r.mixed else "GPUs"))
     add("")
     lines.extend(_node_table(r))
     pending = r.pending_groups()
@@ -76,23 +85,38 @@ def _pods_line(s: dict) -> str:
     return f"Pods        {s['pods']}: {placed}, {s['pending']} pending{existing}"
 
 
-def _fragmentation_line(f: dict) -> str:
+def _fragmentation_line(f: dict, *, devices: str = "GPUs") -> str:
     if not f["typicalRequest"]:
         return "Fragmented  -"
     return (f"Fragmented  {f['percent']:5.1f}%  of free memory ({f['strandedMiB']:,} of {f['freeMiB']:,} MiB, "
-            f"on {f['strandedGpus']} GPUs) cannot take the typical request: {f['typicalRequest']}")
+            f"on {f['strandedGpus']} {devices}) cannot take the typical request: {f['typicalRequest']}")
 
 
 def _node_table(r: ScenarioResult) -> list[str]:
     rows = r.node_rows()
     width = max([len("NODE")] + [len(row["name"]) for row in rows])
-    out = [f"{'NODE':<{width}}  {'PODS':>4}  {'GPUS':>4}  {'MEMORY':>6}  {'CORES':>6}  {'SLOTS':>6}  GPU MEMORY"]
+    if r.mixed:     # the device column names each node's families: "8 Ascend910B3"
+        kinds = {row["name"]: node_devices(row["gpus"]) for row in rows}
+        kind_w = max([len("DEVICES")] + [len(k) for k in kinds.values()])
+        out = [f"{'NODE':<{width}}  {'PODS':>4}  {'DEVICES':<{kind_w}}  {'MEMORY':>6}  {'CORES':>6}  {'SLOTS':>6}  "
+               "DEVICE MEMORY"]
+    else:
+        out = [f"{'NODE':<{width}}  {'PODS':>4}  {'GPUS':>4}  {'MEMORY':>6}  {'CORES':>6}  {'SLOTS':>6}  GPU MEMORY"]
     for row in rows:
         (mu, mt), (cu, ct), (su, st) = row["memory"], row["cores"], row["slots"]
         strip = "".join(memory_glyph(d.memory_used, d.memory, d.health) for d in row["gpus"])
-        out.append(f"{row['name']:<{width}}  {row['pods']:>4}  {len(row['gpus']):>4}  {_pct(mu, mt)}  "
+        count = f"{kinds[row['name']]:<{kind_w}}" if r.mixed else f"{len(row['gpus']):>4}"
+        out.append(f"{row['name']:<{width}}  {row['pods']:>4}  {count}  {_pct(mu, mt)}  "
                    f"{_pct(cu, ct)}  {_pct(su, st)}  {strip}")
     return out
+
+
+def node_devices(devices: list) -> str:
+    """``8 NVIDIA``, ``8 Ascend910B3``, ``4 NVIDIA + 4 XPU``: a node's devices by vendor."""
+    counts: dict[str, int] = {}
+    for d in devices:
+        counts[d.vendor] = counts.get(d.vendor, 0) + 1
+    return " + ".join(f"{n} {vendor}" for vendor, n in counts.items())
 
 
 def _pct(used: int, total: int) -> str:
@@ -102,10 +126,13 @@ def _pct(used: int, total: int) -> str:
 def _gpu_table(r: ScenarioResult) -> list[str]:
     width = max([len("NODE")] + [len(d.node) for d in r.devices])
     type_width = max([len("TYPE")] + [len(d.type) for d in r.devices])
-    out = [f"{'NODE':<{width}}  {'GPU':>3}  {'TYPE':<{type_width}}  {'MEMORY MiB':>19}  {'MEM':>6}  "
-           f"{'CORES':>7}  {'SLOTS':>7}  HEALTH"]
+    vendor_width = max([len("VENDOR")] + [len(d.vendor) for d in r.devices])
+    vendor_head = f"{'VENDOR':<{vendor_width}}  " if r.mixed else ""
+    out = [f"{'NODE':<{width}}  {vendor_head}{'DEV' if r.mixed else 'GPU':>3}  {'TYPE':<{type_width}}  "
+           f"{'MEMORY MiB':>19}  {'MEM':>6}  {'CORES':>7}  {'SLOTS':>7}  HEALTH"]
     for d in r.devices:
-        out.append(f"{d.node:<{width}}  {d.index:>3}  {d.type:<{type_width}}  "
+        vendor = f"{d.vendor:<{vendor_width}}  " if r.mixed else ""
+        out.append(f"{d.node:<{width}}  {vendor}{d.index:>3}  {d.type:<{type_width}}  "
                    f"{d.memory_used:>9}/{d.memory:<9}  {_pct(d.memory_used, d.memory)}  "
                    f"{d.cores_used:>3}/{d.cores:<3}  {d.slots_used:>3}/{d.slots:<3}  "
                    f"{'ok' if d.health else 'unhealthy'}")
@@ -116,7 +143,8 @@ def _pod_table(r: ScenarioResult) -> list[str]:
     width = max([len("POD")] + [len(f"{p.namespace}/{p.name}") for p in r.pods])
     out = [f"{'POD':<{width}}  {'STATE':<9}  {'NODE':<12}  DEVICES"]
     for p in r.pods:
-        devices = ", ".join(f"gpu{d['index']} {d['memoryMiB']} MiB {d['cores']}%" for d in p.devices)
+        devices = ", ".join(f"{allocation_label(d, mixed=r.mixed)} {d['memoryMiB']} MiB {d['cores']}%"
+                            for d in p.devices)
         out.append(f"{p.namespace + '/' + p.name:<{width}}  {p.state:<9}  {p.node or '-':<12}  "
                    + (devices if p.node else p.reason))
     return out
@@ -125,8 +153,10 @@ def _pod_table(r: ScenarioResult) -> list[str]:
 def comparison_table(results: list[ScenarioResult], *, chosen: ScenarioResult | None = None) -> list[str]:
     """Every node x GPU policy pair side by side, the best packing marked (BEST_RULE)."""
     best = best_scenario(results)
+    mixed = any(x.mixed for x in results)
     out = ["POLICY COMPARISON (node/gpu)",
-           f"  {'POLICIES':<16}  {'PLACED':>6}  {'PENDING':>7}  {'NODES':>5}  {'GPUS':>5}  {'MEM':>6}  {'CORES':>6}  "
+           f"  {'POLICIES':<16}  {'PLACED':>6}  {'PENDING':>7}  {'NODES':>5}  {'DEVS' if mixed else 'GPUS':>5}  "
+           f"{'MEM':>6}  {'CORES':>6}  "
            f"{'SLOTS':>6}  {'FRAGMENTED':>10}"]
     for x in results:
         s = x.summary()

@@ -59,13 +59,15 @@ class DeviceState:
     memory_used: int
     cores: int
     cores_used: int
+    vendor: str = "NVIDIA"     # the scheduler's vendor key: what the reports name the device by
 
     @property
     def memory_percent(self) -> float:
         return percent(self.memory_used, self.memory)
 
     def as_json(self) -> dict:
-        return {"index": self.index, "uuid": self.uuid, "type": self.type, "health": self.health,
+        return {"index": self.index, "uuid": self.uuid, "type": self.type, "vendor": self.vendor,
+                "health": self.health,
                 "memory": {"usedMiB": self.memory_used, "totalMiB": self.memory,
                            "percent": percent(self.memory_used, self.memory)},
                 "cores": {"used": self.cores_used, "total": self.cores,
@@ -106,6 +108,15 @@ class ScenarioResult:
     def label(self) -> str:
         return f"{self.node_policy}/{self.gpu_policy}"
 
+    def vendors(self) -> list[str]:
+        """The device vendors of the cluster, in the order the devices list them."""
+        return list(dict.fromkeys(d.vendor for d in self.devices))
+
+    @property
+    def mixed(self) -> bool:
+        """Devices other than NVIDIA GPUs: the reports name devices by their vendor."""
+        return any(d.vendor != "NVIDIA" for d in self.devices)
+
     def summary(self) -> dict:
         healthy = [d for d in self.devices if d.health]
         nodes = sorted({d.node for d in self.devices})
@@ -130,7 +141,33 @@ class ScenarioResult:
             "slots": {"used": slots_used, "total": slots, "percent": percent(slots_used, slots)},
             "peakMemoryPercent": self.peak_memory_percent,
             "fragmentation": self.fragmentation.as_json(),
+            "devicesByVendor": self.by_vendor(),
         }
+
+    def by_vendor(self) -> dict[str, dict]:
+        """Per vendor key (``NVIDIA``, ``Ascend910B3``, ``kunlun`` ...): devices, in use,
+        unhealthy, and the memory, core and slot use of its healthy devices."""
+        out: dict[str, dict] = {}
+        for d in self.devices:
+            row = out.setdefault(d.vendor, {"devices": 0, "inUse": 0, "unhealthy": 0,
+                                            "memory": {"usedMiB": 0, "totalMiB": 0},
+                                            "cores": {"used": 0, "total": 0}, "slots": {"used": 0, "total": 0}})
+            row["devices"] += 1
+            row["inUse"] += 1 if d.slots_used else 0
+            if not d.health:
+                row["unhealthy"] += 1
+                continue
+            row["memory"]["usedMiB"] += d.memory_used
+            row["memory"]["totalMiB"] += d.memory
+            row["cores"]["used"] += d.cores_used
+            row["cores"]["total"] += d.cores
+            row["slots"]["used"] += d.slots_used
+            row["slots"]["total"] += d.slots
+        for row in out.values():
+            row["memory"]["percent"] = percent(row["memory"]["usedMiB"], row["memory"]["totalMiB"])
+            row["cores"]["percent"] = percent(row["cores"]["used"], row["cores"]["total"])
+            row["slots"]["percent"] = percent(row["slots"]["used"], row["slots"]["total"])
+        return out
 
     def node_rows(self) -> list[dict]:
         """Per node: totals over its devices, the devices themselves, and its pod count."""
@@ -171,6 +208,16 @@ class ScenarioResult:
 
 
 BEST_RULE = "most pods placed, then fewest GPUs in use, then least stranded memory"
+
+
+def device_label(device: "DeviceState", *, mixed: bool) -> str:
+    """``gpu3`` on an all-NVIDIA cluster; ``Ascend910B3 #3``, ``kunlun #3`` once families mix."""
+    return f"{device.vendor} #{device.index}" if mixed else f"gpu{device.index}"
+
+
+def allocation_label(entry: dict, *, mixed: bool) -> str:
+    """One device a pod got (an entry of ``PodOutcome.devices``), named as :func:`device_label` does."""
+    return f"{entry.get('vendor', 'NVIDIA')} #{entry['index']}" if mixed else f"gpu{entry['index']}"
 
 
 def best_scenario(results: list[ScenarioResult]) -> ScenarioResult:

@@ -28,8 +28,10 @@ import aiohttp
 
 from hami_py.app import SchedulerApp
 from hami_py.config import DeviceConfig
-from hami_py.devices.base import ContainerRequest
+from hami_py.devices.base import ContainerRequest, DeviceVendor
 from hami_py.devices.nvidia import USE_UUID_ANNOTATION, VENDOR_KEY as NVIDIA
+from hami_py.devices.registry import FamilySwitches
+from hami_py.devices.template import TemplateVendor
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
 from hami_py.fakeapi.kubescheduler import ExtenderClient
@@ -38,8 +40,19 @@ from hami_py.simulate.cluster import Cluster
 from hami_py.simulate.results import DeviceState, Fragmentation, PodOutcome, ScenarioResult, percent, summarize_failed
 from hami_py.simulate.workload import Template, Workload
 
-# Pins a one-device probe pod to one device, per vendor (the fragmentation figure).
-_PIN_ANNOTATIONS = {NVIDIA: USE_UUID_ANNOTATION}
+# A simulated cluster may hold any family: every one upstream gates behind a switch is on.
+SWITCHES = FamilySwitches(enable_ascend=True, enable_iluvatar=True)
+
+
+def pin_annotation(vendor_key: str, vendor: DeviceVendor) -> str | None:
+    """The pod annotation that pins a one-device probe pod to one device (the fragmentation
+    figure): NVIDIA's, or a generic-template family's first "use these ids" annotation."""
+    if vendor_key == NVIDIA:
+        return USE_UUID_ANNOTATION
+    if isinstance(vendor, TemplateVendor) and vendor.spec.use_uuid:
+        return vendor.spec.use_uuid[0]
+    return None
+
 # Generous: a scheduler that answers nothing for this long is broken, not slow.
 _WAIT_S = 60.0
 
@@ -145,7 +158,8 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
         for pod in cluster.existing_pods:
             api.create("pods", pod)
         options = embedded_options(node_scheduler_policy=scenario.node_policy,
-                                   gpu_scheduler_policy=scenario.gpu_policy, metrics_bind_address="")
+                                   gpu_scheduler_policy=scenario.gpu_policy, metrics_bind_address="",
+                                   enable_ascend=SWITCHES.enable_ascend, enable_iluvatar=SWITCHES.enable_iluvatar)
         async with running_scheduler(api, options=options, device_config=device_config) as app:
             await wait_for(lambda: all(n in app.cache.nodes for n in cluster.node_names), timeout=_WAIT_S,
                            what="the scheduler to register every node")
@@ -295,7 +309,7 @@ class _Run:
                 for dev in devices:
                     info = by_uuid.get(dev.uuid)
                     out.append({"container": containers[position] if position < len(containers) else "",
-                                "uuid": dev.uuid, "index": info.index if info else None,
+                                "vendor": vendor.vendor_key, "uuid": dev.uuid, "index": info.index if info else None,
                                 "type": info.type if info else dev.type,
                                 "memoryMiB": dev.usedmem, "cores": dev.usedcores})
         return out
@@ -312,10 +326,14 @@ class _Run:
 
 def device_states(app: SchedulerApp, node_names: list[str]) -> list[DeviceState]:
     """Every device as the scheduler's usage cache books it now."""
+    cache = app.cache
+    keys = {i: key for key, i in cache.vendor_ids.items()}
     out = []
     for node in node_names:
-        for d in app.cache.device_usage(node):
+        offset = cache.nodes[node].offset
+        for k, d in enumerate(cache.device_usage(node)):
             out.append(DeviceState(node=node, index=d["index"], uuid=d["id"], type=d["type"], health=d["health"],
+                                   vendor=keys.get(cache.vendor[offset + k], ""),
                                    slots=d["count"], slots_used=d["used"], memory=d["totalmem"],
                                    memory_used=d["usedmem"], cores=d["totalcore"], cores_used=d["usedcores"]))
     return out
@@ -361,9 +379,9 @@ def fragmentation(app: SchedulerApp, workload: Workload, node_names: list[str]) 
     if typical is None:
         return Fragmentation()
     template, position, vendor_key, req = typical
-    pin = _PIN_ANNOTATIONS.get(vendor_key)
-    result = Fragmentation(request=describe_request(req, vendor_key))
     vendor = app.vendors[vendor_key]
+    pin = pin_annotation(vendor_key, vendor)
+    result = Fragmentation(request=describe_request(req, vendor_key))
     probe = _probe_pod(template, position, count_resource=vendor.resource_names()[0])
     request = parse_pod_requests(probe, app.vendors, app.cache.vendor_ids)
     filterer = app.service.filterer

@@ -12,6 +12,10 @@ Two forms are accepted.
           gpumem: 20Gi          # or MiB as a number; gpumemPercentage: 50 instead
           gpucores: 30
           lifetime: 25          # deleted 25 arrivals after it was placed
+        - name: npu-infer
+          device: Ascend910B3   # another family's devices (vendor key or model): gpus, gpumem
+          gpus: 1               # and gpucores become its count, memory and core resources
+          gpumem: 16Gi
         - name: trainer
           replicas: 2
           template: {...}       # any Pod manifest, used as it is
@@ -35,7 +39,9 @@ import orjson
 
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceVendor, RequestError
-from hami_py.devices.nvidia import USE_TYPE_ANNOTATION
+from hami_py.devices.nvidia import USE_TYPE_ANNOTATION, VENDOR_KEY as NVIDIA
+from hami_py.devices.template import TemplateVendor
+from hami_py.fakeapi.families import find_device_model
 from hami_py.scheduling.bind import BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION
 from hami_py.scheduling.filter import VGPU_NODE_LABEL
 from hami_py.scheduling.policies import (
@@ -51,9 +57,9 @@ from hami_py.simulate.source import (
 LIFETIME_ANNOTATION = "simulate.hami-py.io/lifetime"
 ORDERS = ("as-listed", "interleaved", "shuffled")
 POLICIES = ("binpack", "spread")
-_ENTRY_FIELDS = ("name", "namespace", "replicas", "lifetime", "gpus", "gpumem", "gpumemPercentage", "gpucores",
-                 "gpuType", "nodePolicy", "gpuPolicy", "annotations", "labels", "nodeSelector", "template")
-_SHORTHAND = ("gpus", "gpumem", "gpumemPercentage", "gpucores", "gpuType", "nodePolicy", "gpuPolicy",
+_ENTRY_FIELDS = ("name", "namespace", "replicas", "lifetime", "device", "gpus", "gpumem", "gpumemPercentage",
+                 "gpucores", "gpuType", "nodePolicy", "gpuPolicy", "annotations", "labels", "nodeSelector", "template")
+_SHORTHAND = ("device", "gpus", "gpumem", "gpumemPercentage", "gpucores", "gpuType", "nodePolicy", "gpuPolicy",
               "annotations", "labels", "nodeSelector")
 _CONTROLLERS = ("Deployment", "ReplicaSet", "StatefulSet", "Job")
 _MAX_PODS = 100_000
@@ -191,25 +197,77 @@ def _entry(where: Where, entry: dict, *, vendors: dict[str, DeviceVendor], devic
                          lifetime=lifetime, vendors=vendors, allow_no_device=False)
     name = required(where, entry, "name", read_str)
     namespace = optional(where, entry, "namespace", read_str, "default")
-    pod = _shorthand_pod(where, entry, device_config=device_config)
+    pod = _shorthand_pod(where, entry, device_config=device_config, vendors=vendors)
     return _template(where, pod, name=name, namespace=namespace, replicas=replicas, lifetime=lifetime,
                      vendors=vendors, allow_no_device=False)
 
 
-def _shorthand_pod(where: Where, entry: dict, *, device_config: DeviceConfig) -> dict:
-    names = device_config.nvidia
-    limits: dict[str, str] = {names.resource_count_name: str(optional(where, entry, "gpus", read_int, 1, minimum=1))}
-    memory = optional(where, entry, "gpumem", read_mib)
-    if memory is not None:
-        limits[names.resource_memory_name] = str(memory)
-    percent = optional(where, entry, "gpumemPercentage", read_int, None, minimum=1, maximum=100)
-    if percent is not None:
-        limits[names.resource_memory_percentage_name] = str(percent)
+def _device_vendor(where: Where, entry: dict, vendors: dict[str, DeviceVendor]) -> str:
+    """The vendor key ``device:`` names (a vendor key or a known model, case-insensitively)."""
+    name = optional(where, entry, "device", read_str)
+    if name is None:
+        return NVIDIA
+    by_fold = {key.lower(): key for key in vendors}
+    key = by_fold.get(name.strip().lower())
+    if key is None:
+        model = find_device_model(name)
+        if model is not None and not isinstance(model, list):
+            key = by_fold.get(model.vendor_key.lower())
+    if key is None:
+        raise where.at(entry, "device").error(
+            f'"{name}" is none of the scheduler\'s device vendors ({", ".join(vendors)}) nor a known model of one')
+    return key
+
+
+def _family_limits(where: Where, entry: dict, vendor: DeviceVendor) -> dict[str, str]:
+    """gpus, gpumem and gpucores as the family's own count, memory and core resources."""
+    key = vendor.vendor_key
+    for field_name in ("gpumemPercentage", "gpuType"):
+        if entry.get(field_name) is not None:
+            raise where.at(entry, field_name).error(f'"{field_name}" is NVIDIA\'s; {key} devices have no such request')
+    if isinstance(vendor, TemplateVendor):
+        count, memory, core, unit = (vendor.spec.count_resource, vendor.spec.memory_resource,
+                                     vendor.spec.core_resource, max(vendor.spec.memory_unit, 1))
+    else:
+        count, memory, core, unit = vendor.resource_names()[0], "", "", 1
+    limits = {count: str(optional(where, entry, "gpus", read_int, 1, minimum=1))}
+    mib = optional(where, entry, "gpumem", read_mib)
+    if mib is not None:
+        if not memory:
+            raise where.at(entry, "gpumem").error(f"{key} devices are given whole: no memory request")
+        if mib % unit:
+            raise where.at(entry, "gpumem").error(f"{key} memory is asked in units of {unit} MiB; "
+                                                  f"{mib} MiB is not a whole number of them")
+        limits[memory] = str(mib // unit)
     cores = optional(where, entry, "gpucores", read_int, None, minimum=0, maximum=100)
     if cores is not None:
-        limits[names.resource_core_name] = str(cores)
+        if not core:
+            raise where.at(entry, "gpucores").error(f"{key} devices take no core request")
+        limits[core] = str(cores)
+    return limits
+
+
+def _shorthand_pod(where: Where, entry: dict, *, device_config: DeviceConfig,
+                   vendors: dict[str, DeviceVendor]) -> dict:
+    names = device_config.nvidia
+    vendor_key = _device_vendor(where, entry, vendors)
+    image = "cuda:12"
+    if vendor_key != NVIDIA:
+        limits = _family_limits(where, entry, vendors[vendor_key])
+        image = "registry.k8s.io/pause:3.10"
+    else:
+        limits = {names.resource_count_name: str(optional(where, entry, "gpus", read_int, 1, minimum=1))}
+        memory = optional(where, entry, "gpumem", read_mib)
+        if memory is not None:
+            limits[names.resource_memory_name] = str(memory)
+        percent = optional(where, entry, "gpumemPercentage", read_int, None, minimum=1, maximum=100)
+        if percent is not None:
+            limits[names.resource_memory_percentage_name] = str(percent)
+        cores = optional(where, entry, "gpucores", read_int, None, minimum=0, maximum=100)
+        if cores is not None:
+            limits[names.resource_core_name] = str(cores)
     annotations = optional(where, entry, "annotations", read_str_map, {})
-    gpu_type = optional(where, entry, "gpuType", read_str)
+    gpu_type = optional(where, entry, "gpuType", read_str) if vendor_key == NVIDIA else None
     if gpu_type is not None:
         annotations[USE_TYPE_ANNOTATION] = gpu_type
     for key, annotation in (("nodePolicy", NODE_POLICY_ANNOTATION), ("gpuPolicy", GPU_POLICY_ANNOTATION)):
@@ -218,7 +276,7 @@ def _shorthand_pod(where: Where, entry: dict, *, device_config: DeviceConfig) ->
             if policy not in POLICIES:
                 raise where.at(entry, key).error(f'must be binpack or spread, got "{policy}"')
             annotations[annotation] = policy
-    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "cuda:12", "resources": {"limits": limits}}]}
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": image, "resources": {"limits": limits}}]}
     selector = optional(where, entry, "nodeSelector", read_str_map, None)
     if selector:
         spec["nodeSelector"] = selector

@@ -1,5 +1,23 @@
-"""Placeholder until the Ascend family lands (built by nothing yet)."""
+"""Huawei Ascend NPUs: one vendor per ``vnpus.configs`` entry, only with ``--enable-ascend``.
+
+See :mod:`.vendor` for the annotations and rules, :mod:`.topology` for the choice of NPUs
+(910C module pairs, NetworkID groups) and :mod:`.config` for the ``vnpus`` section.
+"""
+from __future__ import annotations
+
+from hami_py.devices.ascend.config import VnpuConfig, VnpusConfig, VnpuTemplate, parse_vnpus
+from hami_py.devices.ascend.vendor import AscendVendor
+
+__all__ = ["AscendVendor", "VnpuConfig", "VnpuTemplate", "VnpusConfig", "build_family", "parse_vnpus"]
 
 
-def build_family(config, switches) -> list:
-    return []
+def build_family(config, switches) -> list[AscendVendor]:
+    """Nothing unless ``switches.enable_ascend`` (upstream's ``--enable-ascend``); then one vendor
+    per chip kind of the ``vnpus`` section, in file order.
+
+    The section is checked even when Ascend is off, as upstream decodes the whole file at start:
+    ConfigError for a malformed ``vnpus`` section either way."""
+    vnpus = parse_vnpus(config.other_sections.get("vnpus"))
+    if not switches.enable_ascend:
+        return []
+    return [AscendVendor(chip, hami_vnpu_core=vnpus.hami_vnpu_core) for chip in vnpus.configs]

@@ -1,0 +1,391 @@
+"""Nodes as the other device families' plugins register them: Ascend, Cambricon, Hygon, Kunlun, Enflame.
+
+Each family's device plugin announces its devices in its own way, and the scheduler reads
+exactly that (see /work/shared/reference/hami-vendors.md and each module under
+``hami_py/devices/``). The builders here produce those Node parts for known models, so that the
+simulator, the benchmarks, the kind demo and the tests all start from what a real node carries:
+
+=================  ==========================================================================
+Ascend (910A/B/C,  ``hami.io/node-register-<commonWord>``: a JSON list, one entry per NPU, as HAMi's
+310P)              Ascend plugin writes it (Go's ``omitempty``: no ``index`` for NPU 0, no ``numa``);
+                   ``count`` = memoryAllocatable / the smallest template, ``devmem`` =
+                   memoryAllocatable, ``devcore`` = the chip's AI cores, ``custominfo.NetworkID``
+                   on 910 chips (NPUs 0-3 on network 0, 4-7 on 1; all 0 on a 910C);
+                   ``hami.io/node-handshake-<commonWord>`` ``Reported_<time>``; ``hami-vnpu-core``;
+                   capacity ``huawei.com/<commonWord>``. Models and memory come from the chart's
+                   device config (section ``vnpus``).
+Cambricon MLU370   No annotation: capacity ``cambricon.com/mlu.smlu.vcore`` (100 a card) and
+                   ``cambricon.com/mlu.smlu.vmemory`` (units of 256 MiB), plus ``cambricon.com/vmlu``.
+Hygon DCU Z100     ``hami.io/node-dcu-register`` in the colon format (``id,count,devmem,devcore,type,
+                   numa,health,index,mode:`` per card, 4 shares a card), ``hami.io/node-handshake-dcu``,
+                   capacity ``hygon.com/dcunum``.
+Kunlun P800        Whole XPUs: capacity ``kunlunxin.com/xpu`` only.
+Kunlun vXPU        ``hami.io/node-register-xpu`` JSON (type ``XPU``, 98304 MiB, 4 shares a card),
+                   ``hami.io/node-handshake-xpu``, capacity ``kunlunxin.com/vxpu``.
+Enflame GCU S60    Whole GCUs: capacity ``enflame.com/gcu`` only.
+=================  ==========================================================================
+
+Resource names are read from the device config (the chart's default unless one is given), as the
+plugins read theirs. NVIDIA stays in :mod:`hami_py.fakeapi.objects`; its models are listed here too
+(family ``nvidia``) so that one table names every fake device.
+
+    python -m hami_py.fakeapi.families --family ascend910b3 --node worker-1 [--devices 8]
+        [--patch metadata|status]     the kubectl merge patch(es) making ``worker-1`` such a node
+    python -m hami_py.fakeapi.families --list                   the known --family values
+    python -m hami_py.fakeapi.families --family kunlun --demo-pods hami-demo
+                                      demo pods asking for that family (name TAB JSON per line)
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid as uuidlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import orjson
+
+from hami_py.config import DeviceConfig
+from hami_py.fakeapi.objects import GPU_MODELS, gpu_node, registration
+
+GiB = 1024
+HANDSHAKE_REPORTED = "Reported 2026-01-01 00:00:00"
+# HAMi's Ascend plugin stamps its answer as ``Reported_`` + Go's "2006.01.02 15:04:05".
+ASCEND_HANDSHAKE_REPORTED = "Reported_2026.01.01 00:00:00"
+ASCEND_VNPU_CORE_ANNOTATION = "hami-vnpu-core"
+
+
+@dataclass
+class NodeParts:
+    """What a device plugin (and the kubelet, from what the plugin advertises) puts on a Node."""
+    annotations: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    capacity: dict[str, str] = field(default_factory=dict)
+
+    def metadata_patch(self) -> dict:
+        """``kubectl patch node N --type=merge -p …``"""
+        return {"metadata": {"labels": dict(self.labels), "annotations": dict(self.annotations)}}
+
+    def status_patch(self) -> dict:
+        """``kubectl patch node N --subresource=status --type=merge -p …``"""
+        return {"status": {"capacity": dict(self.capacity), "allocatable": dict(self.capacity)}}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    devices: int
+    split: int | None = None          # shares a device (the plugin's split count), where it registers one
+    memory: int | None = None         # MiB a device, where the plugin registers it
+    unhealthy: frozenset[int] = frozenset()
+    config: DeviceConfig | None = None
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """One kind of fake node: a family's model as its plugin registers it."""
+    key: str                  # "ascend910b3": the --family / FAKE_DEVICE value
+    family: str               # "ascend", "cambricon", "hygon", "kunlun", "kunlun-vxpu", "enflame", "nvidia"
+    model: str                # "Ascend910B3": the name a cluster file gives
+    vendor_key: str           # the scheduler's vendor key (and the report's device column)
+    devmem: int               # MiB a device, as the scheduler will see it
+    description: str
+    build: Callable[["DeviceModel", str, BuildOptions], NodeParts]
+    aliases: tuple[str, ...] = ()
+    devices: int = 8          # a node's devices by default
+    # What a cluster file may set for this family (besides devices and labels).
+    settable: tuple[str, ...] = ()
+    demo_limits: tuple[tuple[str, dict[str, str]], ...] = ()
+    primary: bool = True      # the model name's default family when several share it (P800)
+
+    def parts(self, node: str, *, devices: int | None = None, split: int | None = None, memory: int | None = None,
+              unhealthy: set[int] | frozenset[int] = frozenset(), config: DeviceConfig | None = None) -> NodeParts:
+        options = BuildOptions(devices=self.devices if devices is None else devices, split=split, memory=memory,
+                               unhealthy=frozenset(unhealthy), config=config)
+        parts = self.build(self, node, options)
+        parts.labels.setdefault("kubernetes.io/hostname", node)
+        return parts
+
+    def node(self, name: str, *, labels: dict | None = None, annotations: dict | None = None, **kwargs) -> dict:
+        """A whole Node object (raw dict) carrying this model's registration."""
+        parts = self.parts(name, **kwargs)
+        return family_node(name, parts, labels=labels, annotations=annotations)
+
+
+def family_node(name: str, parts: NodeParts, *, labels: dict | None = None, annotations: dict | None = None) -> dict:
+    capacity = {"cpu": "64", "memory": "512Gi", **parts.capacity}
+    return {
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": {**parts.labels, **(labels or {})},
+                     "annotations": {**parts.annotations, **(annotations or {})}},
+        "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
+    }
+
+
+def device_uuid(node: str, family: str, index: int) -> str:
+    """A stable id shaped like the family's own (hex, derived from the node name)."""
+    return uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}/{family}{index}").hex
+
+
+def _section(config: DeviceConfig | None, name: str):
+    return (config or DeviceConfig.default()).other_sections.get(name)
+
+
+def _go_json(entries: list[dict]) -> str:
+    """As Go's encoding/json writes a struct with ``omitempty`` fields: zero values left out."""
+    return orjson.dumps([{k: v for k, v in e.items() if v not in (0, "", False, None, {}, [])} for e in entries]).decode()
+
+
+# -- Ascend -----------------------------------------------------------------------------------------
+
+def ascend_config(common_word: str, config: DeviceConfig | None = None) -> dict:
+    section = _section(config, "vnpus") or {}
+    for entry in section.get("configs") or []:
+        if isinstance(entry, dict) and entry.get("commonWord") == common_word:
+            return entry
+    raise KeyError(f"the device config has no vnpus entry for {common_word}")
+
+
+def _ascend(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    cw = model.vendor_key
+    chip = ascend_config(cw, o.config)
+    devmem = o.memory if o.memory is not None else int(chip["memoryAllocatable"])
+    templates = sorted(int(t["memory"]) for t in chip.get("templates") or [])
+    count = o.split if o.split is not None else (int(chip["memoryAllocatable"]) // templates[0] if templates else 1)
+    entries = []
+    for i in range(o.devices):
+        entry = {"id": device_uuid(node, cw, i), "index": i, "count": count, "devmem": devmem,
+                 "devcore": int(chip.get("aiCore") or 0), "type": cw, "numa": 0, "health": i not in o.unhealthy}
+        if cw.startswith("Ascend910"):
+            entry["custominfo"] = {"NetworkID": 0 if cw == "Ascend910C" else (1 if i > 3 else 0)}
+        entries.append(entry)
+    resource = chip.get("resourceName") or f"huawei.com/{cw}"
+    return NodeParts(annotations={f"hami.io/node-register-{cw}": _go_json(entries),
+                                  f"hami.io/node-handshake-{cw}": ASCEND_HANDSHAKE_REPORTED,
+                                  ASCEND_VNPU_CORE_ANNOTATION: "false"},
+                     labels={"accelerator": "huawei-Ascend910" if cw.startswith("Ascend910") else "huawei-Ascend310P"},
+                     capacity={resource: str(o.devices)})
+
+
+def _ascend_model(cw: str, *, memory_gib: int, aliases: tuple[str, ...], demo_memory: int) -> DeviceModel:
+    chip = ascend_config(cw)
+    return DeviceModel(
+        key=cw.lower(), family="ascend", model=cw, vendor_key=cw, devmem=int(chip["memoryAllocatable"]),
+        description=f"Huawei {cw} NPU ({memory_gib} GiB), HAMi's Ascend device plugin", build=_ascend,
+        aliases=aliases, settable=("splitCount", "memory", "unhealthy"),
+        demo_limits=((f"{cw.lower()}-vnpu", {chip["resourceName"]: "1", chip["resourceMemoryName"]: str(demo_memory)}),
+                     (f"{cw.lower()}-whole", {chip["resourceName"]: "1"})))
+
+
+# -- Cambricon --------------------------------------------------------------------------------------
+
+CAMBRICON_MEMORY_UNIT = 256      # MiB a unit of cambricon.com/mlu.smlu.vmemory
+
+
+def _cambricon(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "cambricon") or {}
+    memory = o.memory if o.memory is not None else model.devmem
+    return NodeParts(labels={"mlu": "on"}, capacity={
+        section.get("resourceCountName", "cambricon.com/vmlu"): str(o.devices * 100),
+        section.get("resourceCoreName", "cambricon.com/mlu.smlu.vcore"): str(o.devices * 100),
+        section.get("resourceMemoryName", "cambricon.com/mlu.smlu.vmemory"): str(o.devices * (memory // CAMBRICON_MEMORY_UNIT)),
+    })
+
+
+# -- Hygon ------------------------------------------------------------------------------------------
+
+def _hygon(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "hygon") or {}
+    count = o.split if o.split is not None else 4
+    memory = o.memory if o.memory is not None else model.devmem
+    text = "".join(f"DCU-{device_uuid(node, 'dcu', i)[:24]},{count},{memory},100,{model.model},0,"
+                   f"{'false' if i in o.unhealthy else 'true'},{i},hami-core:" for i in range(o.devices))
+    return NodeParts(annotations={"hami.io/node-dcu-register": text,
+                                  "hami.io/node-handshake-dcu": HANDSHAKE_REPORTED},
+                     labels={"dcu": "on"},
+                     capacity={section.get("resourceCountName", "hygon.com/dcunum"): str(o.devices * count)})
+
+
+# -- Kunlun -----------------------------------------------------------------------------------------
+
+KUNLUN_CARD_MEMORY = 98304
+
+
+def _kunlun(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "kunlun") or {}
+    return NodeParts(labels={"xpu": "on"},
+                     capacity={section.get("resourceCountName", "kunlunxin.com/xpu"): str(o.devices)})
+
+
+def _kunlun_vxpu(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "kunlun") or {}
+    count = o.split if o.split is not None else 4
+    entries = [{"id": f"{node}-xpu-{i}", "index": i, "count": count, "devmem": KUNLUN_CARD_MEMORY, "devcore": 100,
+                "type": "XPU", "numa": 1 if i >= o.devices // 2 else 0, "health": i not in o.unhealthy}
+               for i in range(o.devices)]
+    return NodeParts(annotations={"hami.io/node-register-xpu": _go_json(entries),
+                                  "hami.io/node-handshake-xpu": HANDSHAKE_REPORTED},
+                     labels={"xpu": "on"},
+                     capacity={section.get("resourceVCountName", "kunlunxin.com/vxpu"): str(o.devices * count)})
+
+
+# -- Enflame ----------------------------------------------------------------------------------------
+
+def _enflame(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "enflame") or {}
+    return NodeParts(labels={"gcu": "on"}, capacity={section.get("resourceNameGCU", "enflame.com/gcu"): str(o.devices)})
+
+
+# -- NVIDIA (objects.py's registration, in this table's shape) ---------------------------------------
+
+def _nvidia(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    nvidia = next((m for m in GPU_MODELS.values() if m["type"] == model.vendor_type), None) or {
+        "type": model.vendor_type, "devmem": model.devmem, "devcore": 100}
+    spec = dict(nvidia, devmem=o.memory if o.memory is not None else nvidia["devmem"])
+    split = o.split if o.split is not None else 10
+    devices = registration(node, gpus=o.devices, model=spec, split=split, numa_nodes=1)
+    for dev in devices:
+        dev["health"] = dev["index"] not in o.unhealthy
+    built = gpu_node(node, gpus=o.devices, split=split, devices=devices)
+    return NodeParts(annotations=built["metadata"]["annotations"], labels={"gpu": "on"},
+                     capacity={"nvidia.com/gpu": built["status"]["capacity"]["nvidia.com/gpu"]})
+
+
+@dataclass(frozen=True)
+class _NvidiaModel(DeviceModel):
+    vendor_type: str = ""
+
+
+def _nvidia_models() -> list[DeviceModel]:
+    out = [_NvidiaModel(key="nvidia", family="nvidia", model="A10", vendor_key="NVIDIA", devmem=23028,
+                        description="NVIDIA A10 (23028 MiB), HAMi's NVIDIA device plugin (the kind demo's default)",
+                        build=_nvidia, devices=4, vendor_type="NVIDIA A10",
+                        settable=("splitCount", "memory", "unhealthy"))]
+    for short, spec in GPU_MODELS.items():
+        out.append(_NvidiaModel(key=f"nvidia-{short.lower()}", family="nvidia", model=short, vendor_key="NVIDIA",
+                                devmem=spec["devmem"], description=f"{spec['type']} ({spec['devmem']} MiB)",
+                                build=_nvidia, vendor_type=spec["type"], settable=("splitCount", "memory", "unhealthy")))
+    return out
+
+
+def _models() -> list[DeviceModel]:
+    ascend_demo = {"Ascend910B3": 16384, "Ascend910B4": 8192, "Ascend310P": 3072, "Ascend910A": 8738,
+                   "Ascend910B2": 8192, "Ascend910B4-1": 16384, "Ascend910C": 16384}
+    ascend_gib = {"Ascend910A": 32, "Ascend910B2": 64, "Ascend910B3": 64, "Ascend910B4": 32, "Ascend910B4-1": 64,
+                  "Ascend310P": 24, "Ascend910C": 64}
+    aliases = {"Ascend910B3": ("910B3",), "Ascend910B4": ("910B4",), "Ascend310P": ("310P", "310P3"),
+               "Ascend910A": ("910A",), "Ascend910B2": ("910B2",), "Ascend910B4-1": ("910B4-1",),
+               "Ascend910C": ("910C",)}
+    models: list[DeviceModel] = [
+        _ascend_model(cw, memory_gib=ascend_gib[cw], aliases=aliases[cw], demo_memory=ascend_demo[cw])
+        for cw in ("Ascend910B3", "Ascend910B4", "Ascend310P", "Ascend910A", "Ascend910B2", "Ascend910B4-1",
+                   "Ascend910C")]
+    models += [
+        DeviceModel(key="mlu370", family="cambricon", model="MLU370", vendor_key="MLU", devmem=48 * GiB,
+                    description="Cambricon MLU370-X8 (48 GiB), Cambricon's DSMLU device plugin (node capacity)",
+                    build=_cambricon, aliases=("MLU370-X8",), settable=("memory",),
+                    demo_limits=(("mlu-quarter", {"cambricon.com/vmlu": "1", "cambricon.com/mlu.smlu.vmemory": "48",
+                                                  "cambricon.com/mlu.smlu.vcore": "25"}),
+                                 ("mlu-whole", {"cambricon.com/vmlu": "1"}))),
+        DeviceModel(key="z100", family="hygon", model="Z100", vendor_key="DCU", devmem=32 * GiB,
+                    description="Hygon DCU Z100 (32 GiB), HAMi's DCU device plugin", build=_hygon,
+                    aliases=("DCU", "hygon-z100"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("dcu-8g", {"hygon.com/dcunum": "1", "hygon.com/dcumem": "8192",
+                                             "hygon.com/dcucores": "30"}),)),
+        DeviceModel(key="kunlun", family="kunlun", model="P800", vendor_key="kunlun", devmem=KUNLUN_CARD_MEMORY,
+                    description="Kunlunxin P800 (96 GiB), whole XPUs (node capacity)", build=_kunlun,
+                    aliases=("kunlun-p800", "p800"),
+                    demo_limits=(("xpu-one", {"kunlunxin.com/xpu": "1"}), ("xpu-four", {"kunlunxin.com/xpu": "4"}))),
+        DeviceModel(key="kunlun-vxpu", family="kunlun-vxpu", model="P800", vendor_key="XPU", devmem=KUNLUN_CARD_MEMORY,
+                    description="Kunlunxin P800 shared as vXPUs (quarter, half, whole card)", build=_kunlun_vxpu,
+                    aliases=("vxpu", "XPU", "P800-vXPU"), settable=("splitCount", "unhealthy"), primary=False,
+                    demo_limits=(("vxpu-quarter", {"kunlunxin.com/vxpu": "1", "kunlunxin.com/vxpu-memory": "24576"}),)),
+        DeviceModel(key="gcu", family="enflame", model="S60", vendor_key="GCU", devmem=100,
+                    description="Enflame S60 GCU, whole cards (node capacity; the scheduler books 100 units a card)",
+                    build=_enflame, aliases=("enflame-s60", "GCU", "s60"),
+                    demo_limits=(("gcu-one", {"enflame.com/gcu": "1"}),)),
+    ]
+    return models + _nvidia_models()
+
+
+MODELS: list[DeviceModel] = _models()
+BY_KEY: dict[str, DeviceModel] = {m.key: m for m in MODELS}
+FAMILIES: tuple[str, ...] = tuple(dict.fromkeys(m.family for m in MODELS))
+
+
+def _fold(text: str) -> str:
+    return text.strip().lower().replace("_", "-")
+
+
+def find_device_model(name: str, family: str | None = None) -> DeviceModel | list[DeviceModel] | None:
+    """The model a cluster file (or --family) names: by key, model name or alias, case-insensitively,
+    within ``family`` when given. Several matches and no primary among them: the list of them."""
+    wanted = _fold(name)
+    fam = _fold(family) if family else None
+    found = [m for m in MODELS
+             if (fam is None or m.family == fam)
+             and wanted in (_fold(m.key), _fold(m.model), *(_fold(a) for a in m.aliases))]
+    if not found:
+        return None
+    if len(found) == 1:
+        return found[0]
+    primary = [m for m in found if m.primary]
+    return primary[0] if len(primary) == 1 else found
+
+
+def demo_pods(model: DeviceModel, namespace: str) -> list[dict]:
+    """Pods asking for this family's devices as a user would write them (no scheduler name: the
+    webhook hands them to hami-scheduler)."""
+    return [{"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+             "spec": {"containers": [{"name": "main", "image": "registry.k8s.io/pause:3.10",
+                                      "resources": {"limits": dict(limits)}}]}}
+            for name, limits in model.demo_limits]
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m hami_py.fakeapi.families",
+                                description="A fake node registration for one device family (kubectl patch JSON).")
+    p.add_argument("--family", help="what to fake: " + ", ".join(BY_KEY))
+    p.add_argument("--node", help="node name (device ids are derived from it)")
+    p.add_argument("--devices", type=int, default=None, help="devices on the node (default: the model's, 8 or 4)")
+    p.add_argument("--patch", choices=("metadata", "status"), default=None,
+                   help="print only this merge patch (default: both, as one object)")
+    p.add_argument("--demo-pods", metavar="NAMESPACE", default=None,
+                   help="print the family's demo pods instead, one 'name<TAB>json' a line")
+    p.add_argument("--list", action="store_true", help="list the known --family values")
+    args = p.parse_args(argv)
+    if not args.list and not args.family:
+        p.error("--family is required (or --list)")
+    if args.family and args.family.lower() not in BY_KEY:
+        p.error(f"unknown --family {args.family!r}; known: {', '.join(BY_KEY)}")
+    if args.family and args.demo_pods is None and not args.node:
+        p.error("--node is required")
+    if args.devices is not None and not 1 <= args.devices <= 64:
+        p.error("--devices must be between 1 and 64")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    out = sys.stdout
+    if args.list:
+        for m in MODELS:
+            out.write(f"{m.key:<16} {m.family:<12} {m.description}\n")
+        return 0
+    model = BY_KEY[args.family.lower()]
+    if args.demo_pods is not None:
+        for pod in demo_pods(model, args.demo_pods):
+            out.write(f"{pod['metadata']['name']}\t{orjson.dumps(pod).decode()}\n")
+        return 0
+    parts = model.parts(args.node, devices=args.devices)
+    if args.patch == "metadata":
+        body = parts.metadata_patch()
+    elif args.patch == "status":
+        body = parts.status_patch()
+    else:
+        body = {**parts.metadata_patch(), **parts.status_patch()}
+    out.write(orjson.dumps(body).decode() + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,252 @@
+"""Enflame whole GCUs and DRS partitions: inventory, requests, webhook, annotations, placement."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from hami_py.config import ConfigError, DeviceConfig
+from hami_py.devices import enflame
+from hami_py.devices.base import (
+    ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, NodeView, RequestError,
+)
+from hami_py.devices.enflame import (
+    DrsAssignment, DrsProfile, DrsRequest, EnflameConfig, collect_profiles, drs_annotations, parse_profile,
+    select_profile,
+)
+from hami_py.devices.registry import build_vendors
+from hami_py.fakeapi.objects import gpu_node, gpu_pod
+from tests.conftest import assert_books_balance, place, register_nodes, wait_until
+from tests.test_webhook import admit, container, make_pod
+
+VENDORS = build_vendors(DeviceConfig.default())
+GCU = VENDORS["GCU"]
+DRS = VENDORS["Enflame"]
+
+# The capacity annotation as upstream's docs and device_test.go show it.
+DRS_TEXT = ('{"devices":[{"index":"0","minor":"0","capacity":6},{"index":"1","minor":"1","capacity":"6"}],'
+            '"profiles":{"1g.6gb":"0","3g.20gb":"1","6g.40gb":"2"}}')
+
+
+def ctr(limits=None, requests=None, name="main") -> dict:
+    resources = {}
+    if limits is not None:
+        resources["limits"] = limits
+    if requests is not None:
+        resources["requests"] = requests
+    return {"name": name, "resources": resources}
+
+
+# -- whole GCU ---------------------------------------------------------------------------------------
+
+def test_gcus_come_from_the_node_capacity():
+    devices = GCU.parse_node_devices(NodeView.of({}, name="e1", capacity={"enflame.com/gcu": "4"}))
+    assert [d.id for d in devices] == ["e1-GCU-0", "e1-GCU-1", "e1-GCU-2", "e1-GCU-3"]
+    assert {(d.count, d.devmem, d.devcore, d.type, d.health) for d in devices} == {(1, 100, 100, "GCU", True)}
+    assert GCU.parse_node_devices(NodeView.of({}, name="e1", capacity={"enflame.com/gcu": "0"})) == []
+    with pytest.raises(DeviceDecodeError) as err:
+        GCU.parse_node_devices(NodeView.of({}, name="e1", capacity={"enflame.com/gcu": "two"}))
+    assert str(err.value) == "enflame.com/gcu 'two' is not a whole number of cards"
+    assert GCU.registration_source() == "enflame.com/gcu capacity"
+
+
+def test_gcu_request_is_a_whole_card_and_has_no_uuid_selection():
+    assert GCU.container_request(ctr({"enflame.com/gcu": "2"}), pod_annotations={}) == \
+        ContainerRequest("GCU", 2, 100, 100, 100)
+    assert GCU.container_request(ctr(requests={"enflame.com/gcu": "1"}), pod_annotations={}).nums == 1
+    with pytest.raises(RequestError, match='container "main": enflame.com/gcu "1.5" is not a whole number'):
+        GCU.container_request(ctr({"enflame.com/gcu": "1.5"}), pod_annotations={})
+    assert GCU.device_selector({"enflame.com/use-gpuuuid": "e1-GCU-0"}, {}) is None
+    assert GCU.mutate_admission(ctr({"enflame.com/gcu": "1"}), {}) is True
+    assert GCU.mutate_admission(ctr(requests={"enflame.com/gcu": "1"}), {}) is False
+
+
+def test_gcu_annotations_are_upstreams():
+    out = GCU.encode_allocation([[ContainerDevice("e1-GCU-1", "GCU", 100, 100)]])
+    assert out == {"hami.io/enflame-gcu-devices-to-allocate": "e1-GCU-1,GCU,100,100:;",
+                   "hami.io/enflame-gcu-devices-allocated": "e1-GCU-1,GCU,100,100:;"}
+
+
+# -- DRS inventory -------------------------------------------------------------------------------------
+
+def test_drs_inventory_from_the_capacity_annotation():
+    devices = DRS.parse_node_devices(NodeView.of({"enflame.com/gcu-drs-capacity": DRS_TEXT}, name="e1"))
+    assert [(d.id, d.index, d.count, d.devmem, d.devcore, d.type) for d in devices] == [
+        ("e1-enflame-drs-0", 0, 6, 40960, 100, "Enflame"), ("e1-enflame-drs-1", 1, 6, 40960, 100, "Enflame")]
+    assert devices[0].custom == {"minor": "0", "index": "0", "maxSlice": 6,
+                                 "profiles": {"1g.6gb": "0", "3g.20gb": "1", "6g.40gb": "2"}}
+    # An index that does not parse is the position; a missing minor is the index.
+    odd = DRS.parse_node_devices(NodeView.of({"enflame.com/gcu-drs-capacity": orjson.dumps(
+        {"devices": [{"index": "x", "capacity": 3}], "profiles": {"3g.24gb": "7"}}).decode()}, name="e1"))
+    assert (odd[0].index, odd[0].custom["minor"], odd[0].devmem) == (0, "0", 24576)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "invalid JSON"),
+    ('{"devices":[{"index":"0","capacity":0}],"profiles":{"1g.6gb":"0"}}',
+     'device 0: field "capacity": 0 is not a positive slice count'),
+    ('{"devices":[{"index":0,"capacity":1}],"profiles":{"1g.6gb":"0"}}', 'device 0: field "index": expected a string'),
+    ('{"devices":[{"index":"0","capacity":1}],"profiles":{"big":"0"}}', "no valid DRS profile in ['big']"),
+    ('{"devices":[],"profiles":{"1g.6gb":"0"}}', "the DRS capacity lists no device"),
+])
+def test_a_garbled_drs_capacity_is_refused_precisely(text, message):
+    with pytest.raises(DeviceDecodeError) as err:
+        DRS.parse_node_devices(NodeView.of({"enflame.com/gcu-drs-capacity": text}, name="e1"))
+    assert message in str(err.value)
+
+
+# -- DRS profiles and requests ------------------------------------------------------------------------
+
+def test_profile_names_and_the_profile_choice():
+    assert parse_profile("3G.20GB") == (3, 20) and parse_profile("x") == (0, 0) and parse_profile("2g.x") == (2, 0)
+    devices = DRS.parse_node_devices(NodeView.of({"enflame.com/gcu-drs-capacity": DRS_TEXT}, name="e1"))
+    profiles = collect_profiles(devices)
+    assert profiles == [DrsProfile("1g.6gb", "0", 1, 6, 17), DrsProfile("3g.20gb", "1", 3, 20, 50),
+                        DrsProfile("6g.40gb", "2", 6, 40, 100)]
+    assert select_profile(profiles, DrsRequest(direct=True, slices=3)).name == "3g.20gb"
+    assert select_profile(profiles, DrsRequest(direct=True, slices=2)) is None
+    assert select_profile(profiles, DrsRequest(direct=False, memory=8)).name == "3g.20gb"        # GB
+    assert select_profile(profiles, DrsRequest(direct=False, memory=16384)).name == "3g.20gb"    # MiB
+    assert select_profile(profiles, DrsRequest(direct=False, cores=60)).name == "6g.40gb"
+    assert select_profile(profiles, DrsRequest(direct=False, memory=41)) is None
+    # upstream's TestFit_SelectProfileByMemoryCoreRequest: 20480 MiB and 40 % on a card whose custom
+    # info has no maxSlice (it is then read from the profile names) -> 3g.20gb, charged 20480 / 50.
+    bare = [DeviceInfo(id="node-a-enflame-drs-0", index=0, count=6, devmem=40960, devcore=0, type="Enflame",
+                       health=True, custom={"minor": "0", "index": "0", "profiles": devices[0].custom["profiles"]})]
+    chosen = select_profile(collect_profiles(bare), DrsRequest(direct=False, memory=20480, cores=40))
+    assert (chosen.name, chosen.id, chosen.memory_gb * 1024, chosen.core_percent) == ("3g.20gb", "1", 20480, 50)
+
+
+def test_drs_requests_are_parsed_then_refused_until_the_kernel_can_charge_them():
+    assert DRS.parse_request(ctr({"enflame.com/drs-gcu": "3"})) == DrsRequest(direct=True, slices=3)
+    assert DRS.parse_request(ctr({"enflame.com/gcu-memory": "20"}, {"enflame.com/gcu-core": "50"})) == \
+        DrsRequest(direct=False, memory=20, cores=50)
+    assert DRS.parse_request(ctr({"cpu": "1"})) is None
+    with pytest.raises(RequestError, match='enflame.com/drs-gcu "1.5" is not a whole number of slices'):
+        DRS.parse_request(ctr({"enflame.com/drs-gcu": "1.5"}))
+    with pytest.raises(RequestError) as err:
+        DRS.container_request(ctr({"enflame.com/drs-gcu": "3"}), pod_annotations={})
+    assert str(err.value).startswith('container "main": enflame.com/drs-gcu: Enflame DRS partitions are not supported')
+    assert DRS.container_request(ctr({"cpu": "1"}), pod_annotations={}) is None
+
+
+def test_drs_webhook_validates_and_mirrors_as_upstream():
+    c = ctr(requests={"enflame.com/drs-gcu": "2"})
+    assert DRS.admission(c) is True
+    assert c["resources"]["limits"] == {"enflame.com/drs-gcu": "2"}
+    c = ctr({"enflame.com/gcu-memory": "20"}, {"enflame.com/gcu-core": "30"})
+    assert DRS.admission(c) is True
+    assert c["resources"]["limits"] == {"enflame.com/gcu-memory": "20", "enflame.com/gcu-core": "30"}
+    assert c["resources"]["requests"] == {"enflame.com/gcu-memory": "20", "enflame.com/gcu-core": "30"}
+    for bad, message in (({"enflame.com/drs-gcu": "0"}, 'enflame.com/drs-gcu "0" must be greater than 0'),
+                         ({"enflame.com/gcu-memory": "0"}, 'enflame.com/gcu-memory "0" must be greater than 0'),
+                         ({"enflame.com/gcu-core": "101"}, 'enflame.com/gcu-core "101" must be in range (0,100]')):
+        with pytest.raises(RequestError) as err:
+            DRS.admission(ctr(bad))
+        assert str(err.value) == f'container "main": {message}'
+    assert DRS.admission(ctr({"cpu": "1"})) is False
+
+
+def test_the_webhook_leaves_other_containers_exactly_as_they_came():
+    """A container without DRS resources gains no empty ``requests`` (one JSON-patch operation
+    more on every admitted pod, and a spec the user never wrote)."""
+    plain = {"name": "main", "resources": {"limits": {"cpu": "1"}}}
+    assert DRS.admission(plain) is False
+    assert plain == {"name": "main", "resources": {"limits": {"cpu": "1"}}}
+    bare = {"name": "side"}
+    assert DRS.admission(bare) is False and bare == {"name": "side"}
+
+
+def test_the_webhook_refuses_a_drs_pod_with_the_reason():
+    response, _ = admit(make_pod(container(limits={"enflame.com/drs-gcu": "3"})))
+    assert not response["allowed"]
+    assert "Enflame DRS partitions are not supported by this scheduler yet" in response["status"]["message"]
+    response, patched = admit(make_pod(container(limits={"enflame.com/gcu": "1"})))
+    assert response["allowed"] and patched["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_drs_annotations_are_upstreams():
+    profile = DrsProfile("3g.20gb", "1", 3, 20, 50)
+    devices = [[ContainerDevice("e1-enflame-drs-1", "Enflame", 20480, 50)], []]
+    out = drs_annotations(devices, [DrsAssignment("main", "1", "1", profile), None], now_ns=1700000000123456789)
+    assert out == {
+        "hami.io/enflame-vgpu-devices-allocated": "e1-enflame-drs-1,Enflame,20480,50:;;",
+        "enflame.com/gcu-assigned": "false", "enflame.com/gcu-assigned-time": "1700000000123456789",
+        "enflame.com/gcu-assigned-index": "1", "enflame.com/gcu-assigned-id": "1",
+        "enflame.com/gcu-assigned-minor": "1", "enflame.com/gcu-request-size": "3",
+        "assigned-containers": '{"main":{"allocated":false,"request":3,"profileID":"1","profileName":"3g.20gb"}}'}
+    assert set(out) <= set(DRS.decision_annotations())
+    assert drs_annotations([[]], [None], now_ns=1) == {}
+
+
+# -- config ------------------------------------------------------------------------------------------
+
+def test_config_section_keys_defaults_and_errors():
+    assert EnflameConfig.from_section(None).drs_names() == ("enflame.com/drs-gcu", "enflame.com/gcu-memory",
+                                                            "enflame.com/gcu-core")
+    assert EnflameConfig.from_section({"resourceNameVGCU": "old/vgcu"}).drs_names()[0] == "old/vgcu"
+    with pytest.raises(ConfigError) as err:
+        EnflameConfig.from_section({"resourceNameGCU": ["x"]})
+    assert str(err.value) == "device config: enflame.resourceNameGCU: expected string, got list"
+    vendors = enflame.build_family(DeviceConfig(other_sections={}), None)
+    assert [v.resource_names() for v in vendors] == [[], ["enflame.com/drs-gcu", "enflame.com/gcu-memory",
+                                                          "enflame.com/gcu-core"]]
+
+
+# -- end to end ------------------------------------------------------------------------------------------
+
+def enflame_node(name, *, gcus=None, drs=None, gpus=0):
+    node = gpu_node(name, gpus=max(gpus, 1))
+    if not gpus:
+        del node["metadata"]["annotations"]["hami.io/node-nvidia-register"]
+    if gcus is not None:
+        node["status"]["capacity"]["enflame.com/gcu"] = gcus
+        node["status"]["allocatable"]["enflame.com/gcu"] = gcus
+    if drs is not None:
+        node["metadata"]["annotations"]["enflame.com/gcu-drs-capacity"] = drs
+    return node
+
+
+def gcu_pod(name, limits, annotations=None):
+    pod = gpu_pod(name, annotations=annotations)
+    pod["spec"]["containers"][0]["resources"] = {"limits": limits}
+    return pod
+
+
+async def test_a_gcu_pod_is_filtered_bound_and_annotated(api, app, extender):
+    names = await register_nodes(api, app, enflame_node("e1", gcus="2"))
+    pod, result = await place(api, extender, gcu_pod("g", {"enflame.com/gcu": "1"}), names)
+    assert result["NodeNames"] == ["e1"], result
+    ann = api.get("pods", "g", namespace="default")["metadata"]["annotations"]
+    assert ann["hami.io/enflame-gcu-devices-allocated"] == ann["hami.io/enflame-gcu-devices-to-allocate"]
+    assert ann["hami.io/enflame-gcu-devices-allocated"] in ("e1-GCU-0,GCU,100,100:;", "e1-GCU-1,GCU,100,100:;")
+    assert (await extender.bind(pod, "e1"))["Error"] == ""
+    await wait_until(lambda: api.get("pods", "g", namespace="default")["spec"].get("nodeName") == "e1", "bound")
+    _, result = await place(api, extender, gcu_pod("g2", {"enflame.com/gcu": "1"}), names)
+    assert result["NodeNames"] == ["e1"]
+    _, result = await place(api, extender, gcu_pod("g3", {"enflame.com/gcu": "1"}), names)
+    assert result["NodeNames"] is None      # both cards are given whole
+    assert_books_balance(app)
+
+
+async def test_a_drs_pod_is_refused_and_upstreams_drs_pods_are_charged(api, app, extender):
+    names = await register_nodes(api, app, enflame_node("e1", drs=DRS_TEXT))
+    _, result = await place(api, extender, gcu_pod("d", {"enflame.com/drs-gcu": "3"}), names)
+    assert result["NodeNames"] is None
+    assert "Enflame DRS partitions are not supported by this scheduler yet" in result["Error"]
+    legacy = gcu_pod("legacy", {"enflame.com/drs-gcu": "3"}, annotations={
+        "hami.io/vgpu-node": "e1", "hami.io/enflame-vgpu-devices-allocated": "e1-enflame-drs-0,Enflame,20480,50:;"})
+    legacy["spec"]["nodeName"] = "e1"
+    legacy["status"]["phase"] = "Running"
+    api.create("pods", legacy)
+    await wait_until(lambda: app.cache.device_usage("e1")[0]["usedmem"] == 20480, "the upstream DRS pod charged")
+    assert (app.cache.device_usage("e1")[0]["used"], app.cache.device_usage("e1")[0]["usedcores"]) == (1, 50)
+    assert_books_balance(app)
+
+
+async def test_a_garbled_drs_capacity_is_refused_while_the_nodes_gpus_work(api, app, extender):
+    names = await register_nodes(api, app, enflame_node("mixed", drs='{"devices":[{"capacity":-1}],'
+                                                                      '"profiles":{"1g.6gb":"0"}}', gpus=1))
+    assert app.cache.nodes["mixed"].decode_error == \
+        'enflame.com/gcu-drs-capacity: device 0: field "capacity": -1 is not a positive slice count'
+    _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000, gpucores=10), names)
+    assert result["NodeNames"] == ["mixed"], result

@@ -1,0 +1,371 @@
+"""Hygon DCU: legacy colon registration, requests (memoryFactor), type and UUID gates, handshake,
+webhook, and end to end against the in-repo API server.
+
+Fixtures are upstream's (pkg/device/hygon/device_test.go, the feature inventory's reg-legacy,
+v-hygon and handshake rows).
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hami_py.config import ConfigError, DeviceConfig
+from hami_py.devices.base import ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, NodeView, RequestError
+from hami_py.devices.codec import decode_pod_devices
+from hami_py.devices.hygon import HygonConfig, HygonVendor, build_family
+from hami_py.devices.registry import FamilySwitches
+from hami_py.embedded import embedded_options
+from hami_py.k8s.registration import STAMP_FORMAT, is_requesting
+from hami_py.reasons import CARD_TYPE_MISMATCH, CARD_UUID_MISMATCH, OK
+from tests.conftest import assert_books_balance, place, register_nodes, wait_until
+from tests.test_webhook import admit, container, make_pod
+
+COUNT = "hygon.com/dcunum"
+MEMORY = "hygon.com/dcumem"
+CORES = "hygon.com/dcucores"
+REGISTER = "hami.io/node-dcu-register"
+HANDSHAKE = "hami.io/node-handshake-dcu"
+TO_ALLOCATE = "hami.io/dcu-devices-to-allocate"
+ALLOCATED = "hami.io/dcu-devices-allocated"
+
+# Two 64 GiB K100 cards, 4 tasks each, the 9-field form (index and mode), one per NUMA node.
+REGISTRATION = ("DCU-0,4,65520,100,DCU-K100_AI,0,true,0,hami-core:"
+                "DCU-1,4,65520,100,DCU-K100_AI,1,true,1,hami-core:")
+
+
+def vendor(factor: int = 1) -> HygonVendor:
+    config = DeviceConfig.default()
+    config.other_sections["hygon"] = {**config.other_sections["hygon"], "memoryFactor": factor}
+    return build_family(config, FamilySwitches())[0]
+
+
+def ctr(limits: dict | None = None, requests: dict | None = None, name: str = "main") -> dict:
+    resources = {}
+    if limits is not None:
+        resources["limits"] = limits
+    if requests is not None:
+        resources["requests"] = requests
+    return {"name": name, "image": "dtk:latest", "resources": resources}
+
+
+def dcu_node(name: str, *, registration: str = REGISTRATION, handshake: str | None = "Reported 2026-01-01 00:00:00",
+             allocatable: str = "8", annotations: dict | None = None) -> dict:
+    ann = {REGISTER: registration, **(annotations or {})}
+    if handshake is not None:
+        ann[HANDSHAKE] = handshake
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": ann},
+            "status": {"capacity": {COUNT: "8", "cpu": "64"}, "allocatable": {COUNT: allocatable, "cpu": "64"}}}
+
+
+def pod(name: str, *containers: dict, annotations: dict | None = None) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default", "annotations": annotations or {}},
+            "spec": {"schedulerName": "hami-scheduler", "containers": list(containers)}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Inventory (upstream's Test_GetNodeDevices)
+# ---------------------------------------------------------------------------------------------
+
+def test_legacy_registration_is_decoded():
+    devices = vendor().parse_node_devices(NodeView.of({REGISTER: "test-0,1,1024,100,DCU,0,true,0,test:"}))
+    assert devices == [DeviceInfo(id="test-0", index=0, count=1, devmem=1024, devcore=100, type="DCU",
+                                  numa=0, mode="test", health=True)]
+    # the inventory row's 7-field form: index 0, mode hami-core
+    [device] = vendor().parse_node_devices(NodeView.of({REGISTER: "D0,10,8192,100,DCU,0,true:"}))
+    assert (device.id, device.count, device.devmem, device.mode) == ("D0", 10, 8192, "hami-core")
+    assert vendor().parse_node_devices(NodeView.of({"hami.io/node-nvidia-register": "[]"})) == []
+
+
+@pytest.mark.parametrize("text,message", [
+    (":", "the registration lists no device"),
+    ("", "node annotation missing device separator"),
+    ("test-0,1,1024,100,DCU:", "unexpected field count 5 in node annotation"),
+    ("D0,10,8192,100,DCU,0,true,0:", "unexpected field count 8 in node annotation"),
+    ("D0,ten,8192,100,DCU,0,true:", 'invalid count field: strconv.ParseInt: parsing "ten": invalid syntax'),
+    ("D0,10,8192,100,DCU,0,yes:", 'invalid health field: strconv.ParseBool: parsing "yes": invalid syntax'),
+])
+def test_garbled_registration_is_refused_precisely(text, message):
+    with pytest.raises(DeviceDecodeError) as err:
+        vendor().parse_node_devices(NodeView.of({REGISTER: text}))
+    assert str(err.value) == message
+
+
+def test_handshake_and_liveness_names():
+    v = vendor()
+    assert (v.register_annotation, v.handshake_annotation, v.count_resource_name) == (REGISTER, HANDSHAKE, COUNT)
+    assert v.health_follows_allocatable is False
+    assert v.quota_resources() == ("", "", 1)          # upstream's DCU fit checks no quota
+    assert v.uses_node_lock is True and v.extra_lock_annotation is None
+    assert v.resource_names() == [COUNT, MEMORY, CORES]
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests (upstream's Test_GenerateResourceRequests and the out-of-range tests)
+# ---------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("container,expected", [
+    (ctr(limits={COUNT: "1", CORES: "1", MEMORY: "1024"}, requests={COUNT: "1", CORES: "1", MEMORY: "1024"}),
+     ContainerRequest("DCU", 1, 1024, 0, 1)),
+    (ctr(limits={COUNT: "1"}, requests={COUNT: "1", CORES: "1", MEMORY: "1024"}),
+     ContainerRequest("DCU", 1, 1024, 0, 1)),          # limits first, then requests, per resource
+    (ctr(limits={COUNT: "1"}, requests={COUNT: "1", CORES: "1"}), ContainerRequest("DCU", 1, 0, 100, 1)),
+    (ctr(limits={COUNT: "2"}), ContainerRequest("DCU", 2, 0, 100, 100)),   # cores default 100
+])
+def test_request_follows_upstreams_rules(container, expected):
+    assert vendor().container_request(container, pod_annotations={}) == expected
+
+
+def test_memory_is_multiplied_by_the_memory_factor():
+    v = vendor(factor=1024)
+    assert v.container_request(ctr(limits={COUNT: "1", MEMORY: "8"}), pod_annotations={}) == \
+        ContainerRequest("DCU", 1, 8192, 0, 100)
+    assert v.container_request(ctr(limits={COUNT: "1", MEMORY: "2097151"}), pod_annotations={}).memreq == 2097151 * 1024
+    # any spelling of a whole number is one ("1.5Ki" is 1536)
+    assert vendor().container_request(ctr(limits={COUNT: "1", MEMORY: "1.5Ki"}), pod_annotations={}).memreq == 1536
+
+
+@pytest.mark.parametrize("factor,limits,message", [
+    (1, {COUNT: "1", MEMORY: "16Gi"},
+     f'container "main": {MEMORY} "16Gi" is out of range: must be between 0 and 2147483647 MiB'),
+    # upstream: 3000000 fits int32, 3000000 x 1024 does not -> dropped; refused here
+    (1024, {COUNT: "1", MEMORY: "3000000"}, f'container "main": {MEMORY} "3000000" is out of range: '
+                                            'must be between 0 and 2097151 units of 1024 MiB (memoryFactor)'),
+    (1, {COUNT: "2200000000"}, f'container "main": {COUNT} "2200000000" is out of range: must be between 0 and 2147483647'),
+    (1, {COUNT: "1", CORES: "-1"}, f'container "main": {CORES} "-1" is out of range: must be between 0 and 2147483647'),
+    # upstream silently treats a fractional memory value as 0 (the whole card)
+    (1, {COUNT: "1", MEMORY: "0.5"}, f'container "main": {MEMORY} "0.5" is not a whole number of MiB'),
+    (1, {COUNT: "one"}, f'container "main": {COUNT} "one" is not a whole number'),
+])
+def test_malformed_request_is_refused_precisely(factor, limits, message):
+    v = vendor(factor=factor)
+    with pytest.raises(RequestError) as err:
+        v.container_request(ctr(limits=limits), pod_annotations={})
+    assert str(err.value) == message
+
+
+# ---------------------------------------------------------------------------------------------
+# Gates (upstream's Test_checkDCUtype table, through the vendor's selector)
+# ---------------------------------------------------------------------------------------------
+
+def _device(type_: str, id_: str = "DCU-0") -> DeviceInfo:
+    return DeviceInfo(id=id_, index=0, count=4, devmem=65520, devcore=100, type=type_, health=True)
+
+
+@pytest.mark.parametrize("annotations,card,allowed", [
+    ({"hygon.com/use-dcutype": "dcu"}, "dcu", True),
+    ({"hygon.com/use-dcutype": "dcu"}, "test", False),
+    ({}, "dcu", True),
+    ({"hygon.com/use-dcutype": "dcu,test"}, "dcu", True),
+    ({"hygon.com/nouse-dcutype": "dcu"}, "dcu", False),
+    ({"hygon.com/nouse-dcutype": "test,dcu"}, "test", False),
+    ({"hygon.com/nouse-dcutype": "dcu"}, "test", True),
+    ({"hygon.com/use-dcutype": ""}, "dcu", True),
+    ({"hygon.com/nouse-dcutype": ""}, "dcu", True),
+    ({"hygon.com/nouse-dcutype": "   "}, "dcu", True),
+    ({"hygon.com/use-dcutype": "k100"}, "DCU-K100_AI", True),     # case-insensitive substring
+])
+def test_type_gate_is_upstreams(annotations, card, allowed):
+    select = vendor().device_selector(annotations, {})
+    verdict = OK if select is None else select(_device(card))
+    assert verdict == (OK if allowed else CARD_TYPE_MISMATCH)
+
+
+def test_uuid_gate():
+    select = vendor().device_selector({"hygon.com/use-gpuuuid": "DCU-1"}, {})
+    assert (select(_device("DCU", "DCU-0")), select(_device("DCU", "DCU-1"))) == (CARD_UUID_MISMATCH, OK)
+    select = vendor().device_selector({"hygon.com/nouse-gpuuuid": "DCU-1"}, {})
+    assert (select(_device("DCU", "DCU-0")), select(_device("DCU", "DCU-1"))) == (OK, CARD_UUID_MISMATCH)
+
+
+def test_allocation_annotations_are_the_generic_pair():
+    v = vendor()
+    out = v.encode_allocation([[ContainerDevice("DCU-0", "DCU", 1024, 30)], []])
+    assert out == {TO_ALLOCATE: "DCU-0,DCU,1024,30:;;", ALLOCATED: "DCU-0,DCU,1024,30:;;"}
+    assert v.decision_annotations() == (TO_ALLOCATE, ALLOCATED)
+    assert v.decode_allocation(out) == [[ContainerDevice("DCU-0", "DCU", 1024, 30)], []]
+
+
+# ---------------------------------------------------------------------------------------------
+# Config and webhook
+# ---------------------------------------------------------------------------------------------
+
+def test_config_section():
+    assert HygonConfig.from_section(None) == HygonConfig()
+    assert HygonConfig.from_section({"memoryFactor": 2.0}).memory_factor == 2
+    for section, message in [
+        ({"memoryFactor": "1024"}, "device config: hygon.memoryFactor: expected an integer, got string"),
+        ({"memoryFactor": True}, "device config: hygon.memoryFactor: expected an integer, got boolean"),
+        ({"memoryFactor": 1 << 31}, "device config: hygon.memoryFactor: 2147483648 is out of range for int32"),
+        ({"resourceCountName": 7}, "device config: hygon.resourceCountName: expected a string, got integer"),
+        (["hygon.com/dcunum"], "device config: hygon: expected a mapping, got list"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            HygonConfig.from_section(section)
+        assert str(err.value) == message
+    # a factor of 0 or below means 1, as upstream multiplies only above 1
+    assert vendor(factor=0).container_request(ctr(limits={COUNT: "1", MEMORY: "5"}), pod_annotations={}).memreq == 5
+
+
+def test_webhook_recognises_a_limited_count_and_refuses_a_malformed_value():
+    response, patched = admit(make_pod(container(limits={COUNT: "1", MEMORY: "2048"})))
+    assert response["allowed"] is True and patched["spec"]["schedulerName"] == "hami-scheduler"
+    response, _ = admit(make_pod(container(limits={COUNT: "1", MEMORY: "1.5"})))
+    assert response["allowed"] is False
+    assert response["status"]["message"] == f'container "main": {MEMORY} "1.5" is not a whole number of MiB'
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+
+async def test_dcu_pod_is_filtered_and_bound_with_upstreams_annotations(api, app, extender):
+    names = await register_nodes(api, app, dcu_node("dcu-1"))
+    stored, result = await place(api, extender, pod("p", ctr(limits={COUNT: "1", MEMORY: "16384", CORES: "25"})), names)
+    assert result["NodeNames"] == ["dcu-1"] and result["Error"] == "", result
+    ann = api.get("pods", "p", namespace="default")["metadata"]["annotations"]
+    [[device]] = decode_pod_devices(ann[ALLOCATED])
+    assert ann[ALLOCATED] == ann[TO_ALLOCATE] == f"{device.uuid},DCU,16384,25:;"
+    before = app.device_plugin.allocated
+    assert (await extender.bind(stored, "dcu-1"))["Error"] == ""
+    await wait_until(lambda: app.device_plugin.allocated > before, "device plugin allocation")
+    assert api.get("pods", "p", namespace="default")["spec"]["nodeName"] == "dcu-1"
+    usage = {d["id"]: d for d in app.cache.device_usage("dcu-1")}
+    assert (usage[device.uuid]["used"], usage[device.uuid]["usedmem"], usage[device.uuid]["usedcores"]) == (1, 16384, 25)
+    assert_books_balance(app)
+
+
+async def test_type_gate_end_to_end(api, app, extender):
+    """Inventory row v-hygon: ``hygon.com/nouse-dcutype: DCU`` -> CardTypeMismatch."""
+    names = await register_nodes(api, app, dcu_node("t"))
+    _, result = await place(api, extender, pod("no", ctr(limits={COUNT: "1"}),
+                                               annotations={"hygon.com/nouse-dcutype": "DCU"}), names)
+    assert result["FailedNodes"] == {"t": "2/2 CardTypeMismatch"}
+    _, result = await place(api, extender, pod("k100", ctr(limits={COUNT: "1", MEMORY: "1024", CORES: "10"}),
+                                               annotations={"hygon.com/use-dcutype": "k100"}), names)
+    assert result["NodeNames"] == ["t"]
+    _, result = await place(api, extender, pod("uuid", ctr(limits={COUNT: "1", MEMORY: "1024", CORES: "10"}),
+                                               annotations={"hygon.com/use-gpuuuid": "DCU-1"}), names)
+    assert result["NodeNames"] == ["t"]
+    ann = api.get("pods", "uuid", namespace="default")["metadata"]["annotations"]
+    assert ann[ALLOCATED] == "DCU-1,DCU,1024,10:;"
+
+
+async def test_default_cores_make_a_card_exclusive_and_memory_factor_applies(api):
+    from hami_py.embedded import running_scheduler
+    from hami_py.fakeapi.kubescheduler import ExtenderClient
+    config = DeviceConfig.default()
+    config.other_sections["hygon"] = {**config.other_sections["hygon"], "memoryFactor": 1024}
+    async with running_scheduler(api, device_config=config) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            names = await register_nodes(api, app, dcu_node("f", registration="DCU-0,4,65520,100,DCU,0,true:"))
+            _, result = await place(api, extender, pod("a", ctr(limits={COUNT: "1", MEMORY: "8"})), names)
+            assert result["NodeNames"] == ["f"]
+            assert api.get("pods", "a", namespace="default")["metadata"]["annotations"][ALLOCATED] == \
+                "DCU-0,DCU,8192,100:;"
+            _, result = await place(api, extender, pod("b", ctr(limits={COUNT: "1", MEMORY: "8"})), names)
+            assert result["FailedNodes"] == {"f": "1/1 CardInsufficientCore"}
+            assert_books_balance(app)
+        finally:
+            await extender.close()
+
+
+async def test_malformed_request_is_refused_by_the_filter(api, app, extender):
+    names = await register_nodes(api, app, dcu_node("m"))
+    _, result = await place(api, extender, pod("bad", ctr(limits={COUNT: "1", CORES: "12.5"})), names)
+    assert result["Error"] == f'pod default/bad: container "main": {CORES} "12.5" is not a whole number'
+
+
+async def test_garbled_registration_is_refused_while_the_nodes_gpus_still_work(api, app, extender):
+    from hami_py.fakeapi.objects import gpu_node, gpu_pod
+    node = gpu_node("mixed", gpus=1, annotations={REGISTER: "D0,10,8192,100,DCU,0,true,0:",
+                                                  HANDSHAKE: "Reported 2026-01-01 00:00:00"})
+    names = await register_nodes(api, app, node)
+    assert app.cache.nodes["mixed"].decode_error == f"{REGISTER}: unexpected field count 8 in node annotation"
+    _, result = await place(api, extender, pod("dcu", ctr(limits={COUNT: "1"})), names)
+    assert result["FailedNodes"] == {"mixed": "NodeInsufficientDevice"}, result
+    _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000), names)
+    assert result["NodeNames"] == ["mixed"], result
+    # the plugin fixes its registration: the DCUs join
+    api.patch("nodes", "mixed", {"metadata": {"annotations": {REGISTER: "D0,10,8192,100,DCU,0,true:"}}})
+    await wait_until(lambda: app.cache.nodes["mixed"].decode_error is None, "registration accepted")
+    _, result = await place(api, extender, pod("dcu2", ctr(limits={COUNT: "1"})), names)
+    assert result["NodeNames"] == ["mixed"], result
+    assert_books_balance(app)
+
+
+async def test_scheduler_stamps_the_dcu_handshake(api, app, extender):
+    """Inventory row handshake-requesting, with the DCU handshake key."""
+    await register_nodes(api, app, dcu_node("hs"))
+    await wait_until(lambda: is_requesting(api.get("nodes", "hs")["metadata"]["annotations"].get(HANDSHAKE)),
+                     "the DCU handshake stamped Requesting_")
+    prefix, _, stamp = api.get("nodes", "hs")["metadata"]["annotations"][HANDSHAKE].partition("_")
+    time.strptime(stamp, STAMP_FORMAT)
+
+
+def _stale_request() -> str:
+    return "Requesting_" + time.strftime(STAMP_FORMAT, time.localtime(time.time() - 120))
+
+
+@pytest.mark.parametrize("scheduler_options", [embedded_options(handshake_timeout_s=60, registration_interval_s=0.05)])
+async def test_stale_handshake_without_allocatable_drops_the_dcus(api, app, extender):
+    """Inventory rows handshake-expiry and handshake-allocatable, with ``hygon.com/dcunum``."""
+    api.create("nodes", dcu_node("gone", handshake=_stale_request(), allocatable="0"))
+    api.create("nodes", dcu_node("alive", handshake=_stale_request(), allocatable="4"))
+    await wait_until(lambda: HANDSHAKE not in api.get("nodes", "gone")["metadata"]["annotations"],
+                     "the gone plugin's DCU handshake removed")
+    _, result = await place(api, extender, pod("p", ctr(limits={COUNT: "1", MEMORY: "1024"})), ["gone", "alive"])
+    assert result["NodeNames"] == ["alive"], result
+    _, result = await place(api, extender, pod("q", ctr(limits={COUNT: "1", MEMORY: "1024"})), ["gone"])
+    assert result["FailedNodes"] == {"gone": "node unregistered"}
+
+
+async def test_admission_over_http(api, app, extender):
+    from tests.test_webhook import envelope
+    status, answer = await extender.post("webhook", envelope(
+        make_pod(container(limits={COUNT: "1", MEMORY: "99999999999"}), namespace="default"), uid="h1"))
+    assert status == 200 and answer["response"]["allowed"] is False
+    assert answer["response"]["status"]["message"] == \
+        f'container "main": {MEMORY} "99999999999" is out of range: must be between 0 and 2147483647 MiB'
+
+
+async def test_pod_asking_for_gpu_and_dcu_binds_under_one_node_lock(api, app, extender):
+    """Inventory row lock-reentrant: NVIDIA and Hygon both lock ``hami.io/mutex.lock``; one lock
+    annotation serves both families and the bind succeeds."""
+    from hami_py.fakeapi.objects import gpu_node
+    node = gpu_node("nv-dcu", gpus=1, annotations={REGISTER: REGISTRATION, HANDSHAKE: "Reported 2026-01-01 00:00:00"})
+    node["status"]["allocatable"][COUNT] = "8"
+    names = await register_nodes(api, app, node)
+    both = pod("both", {"name": "cuda", "image": "cuda:12", "resources": {"limits": {
+        "nvidia.com/gpu": "1", "nvidia.com/gpumem": "1000"}}},
+        ctr(limits={COUNT: "1", MEMORY: "1024", CORES: "10"}, name="dtk"))
+    stored, result = await place(api, extender, both, names)
+    assert result["NodeNames"] == ["nv-dcu"], result
+    ann = api.get("pods", "both", namespace="default")["metadata"]["annotations"]
+    assert [len(c) for c in decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])] == [1, 0]
+    assert [len(c) for c in decode_pod_devices(ann[ALLOCATED])] == [0, 1]
+    before = app.device_plugin.allocated
+    assert (await extender.bind(stored, "nv-dcu"))["Error"] == ""
+    await wait_until(lambda: app.device_plugin.allocated > before, "device plugin allocation")
+    assert api.get("pods", "both", namespace="default")["spec"]["nodeName"] == "nv-dcu"
+    assert "hami.io/mutex.lock" not in api.get("nodes", "nv-dcu")["metadata"]["annotations"]
+    assert_books_balance(app)
+
+
+@pytest.mark.parametrize("scheduler_options", [embedded_options(registration_interval_s=0.05)])
+async def test_a_gone_dcu_plugin_drops_only_the_dcus_of_the_node(api, app, extender):
+    """Upstream's health is per vendor: the node's GPUs stay schedulable."""
+    from hami_py.fakeapi.objects import gpu_node, gpu_pod
+    node = gpu_node("nd", gpus=1, annotations={REGISTER: REGISTRATION, HANDSHAKE: _stale_request()})
+    node["status"]["allocatable"][COUNT] = "0"
+    api.create("nodes", node)
+    await wait_until(lambda: HANDSHAKE not in api.get("nodes", "nd")["metadata"]["annotations"],
+                     "the gone DCU plugin's handshake removed")
+    await wait_until(lambda: "nd" in app.cache.node_index_of, "node usable")
+    _, result = await place(api, extender, pod("dcu", ctr(limits={COUNT: "1", MEMORY: "1024"})), ["nd"])
+    assert result["FailedNodes"] == {"nd": "NodeInsufficientDevice"}, result
+    _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000), ["nd"])
+    assert result["NodeNames"] == ["nd"], result
