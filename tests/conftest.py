@@ -114,6 +114,22 @@ def decision_of(api, name: str, namespace: str = "default") -> dict:
     return api.get("pods", name, namespace=namespace)["metadata"].get("annotations") or {}
 
 
+def decision_annotations(api, app, name: str, namespace: str = "default") -> dict:
+    """The pod's annotations with its scheduling decision in them, as they are once it is bound.
+
+    A bound pod: as the API server has them (the Binding wrote the decision). A pod /filter
+    placed but not bound yet carries no decision (asserted: /filter writes nothing), and what its
+    Binding will write is its live reservation's annotations, laid over the pod's own."""
+    pod = api.get("pods", name, namespace=namespace)
+    annotations = dict(pod["metadata"].get("annotations") or {})
+    if pod["spec"].get("nodeName"):
+        return annotations
+    record = app.cache.pods.get(pod["metadata"]["uid"])
+    assert record is not None and record.annotations is not None, f"{namespace}/{name} has no reservation"
+    assert not set(record.annotations) & set(annotations), f"{namespace}/{name} carries a decision unbound"
+    return {**annotations, **record.annotations}
+
+
 def node_list(*nodes: dict) -> dict:
     """A NodeList as kube-scheduler sends it on the ``Nodes`` path (``nodeCacheCapable: false``)."""
     return {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": list(nodes)}
