@@ -737,6 +737,17 @@ class UsageCache:
             self.released[uid] = (pod.node, pod.entries)
         return pod
 
+    def release_unbound_reservations(self) -> int:
+        """Roll back every decision of this process's /filter that is not bound yet (at the end
+        of its leadership): /filter writes nothing, so no other replica can see them, and the new
+        leader may give their devices to other pods; a bind of one is sent back to /filter. How
+        many were released."""
+        unbound = [uid for uid, p in self.pods.items()
+                   if p.reserved and p.decided and p.resource_version is None and not p.bound]
+        for uid in unbound:
+            self.release_pod(uid)
+        return len(unbound)
+
     def forget_decision(self, pod: dict) -> None:
         """The decision an unbound pod object carries holds nothing any more (the pod was filtered
         again and fits nowhere; scheduling/stale.py clears it from the pod): uncharge it and, as
