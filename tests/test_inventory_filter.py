@@ -11,7 +11,7 @@ from __future__ import annotations
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
-from tests.conftest import bind_placed, node_list, place, register_nodes as register, wait_until
+from tests.conftest import bind_placed, decision_annotations, node_list, place, register_nodes as register, wait_until
 
 A100_MIB = 8192
 TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
@@ -31,9 +31,10 @@ def reference_node(name: str = "n1", *devices: dict, **kw) -> dict:
     return gpu_node(name, devices=list(devices) or [a100()], **kw)
 
 
-def allocation(api, pod_name: str, namespace: str = "default") -> list[list]:
-    """The pod's ``hami.io/vgpu-devices-to-allocate``, decoded: one device list per container."""
-    annotations = api.get("pods", pod_name, namespace=namespace)["metadata"]["annotations"]
+def allocation(api, app, pod_name: str, namespace: str = "default") -> list[list]:
+    """The pod's ``hami.io/vgpu-devices-to-allocate`` as its Binding writes it, decoded: one
+    device list per container (tests/conftest.py::decision_annotations)."""
+    annotations = decision_annotations(api, app, pod_name, namespace)
     return decode_pod_devices(annotations[TO_ALLOCATE])
 
 

@@ -811,6 +811,8 @@ class UsageCache:
             if len(self.deleted) > DELETED_UIDS_KEPT:
                 del self.deleted[next(iter(self.deleted))]
             return
+        if self.deleted:
+            self.deleted.pop(uid, None)   # the UID lives (again, where a test re-creates it)
         current = self.pods.get(uid)
         rv = _rv(pod)
         if current is not None and current.resource_version is not None and rv is not None \
