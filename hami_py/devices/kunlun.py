@@ -171,39 +171,107 @@ def bubble_score(previous: Iterable[int], current: Iterable[int]) -> float:
     return {-1: 3000.0, 0: 2000.0, 1: 1000.0, 2: 0.0}.get(delta, 1000.0)
 
 
+# Both depend on sets of at most 8 card indexes: computed once per set (as a bit mask) and kept.
+_TOPOLOGY_CHOICES: dict[tuple[int, int], tuple[int, ...] | None] = {}
+_BUBBLES: dict[int, int] = {}
+
+
+def _choice_of(mask: int, nums: int) -> tuple[int, ...] | None:
+    key = (mask, nums)
+    if key not in _TOPOLOGY_CHOICES:
+        _TOPOLOGY_CHOICES[key] = choose_topology([i for i in range(8) if mask >> i & 1], nums)
+    return _TOPOLOGY_CHOICES[key]
+
+
+def _bubbles_of(mask: int) -> int:
+    found = _BUBBLES.get(mask)
+    if found is None:
+        found = _BUBBLES[mask] = bubbles(i for i in range(8) if mask >> i & 1)
+    return found
+
+
+_BUBBLE_SCORES = {-1: 3000.0, 0: 2000.0, 1: 1000.0, 2: 0.0}
+
+
 def topology_chooser(cache, *, score: bool):
     """The FLAG_CHOOSE callable for one filter: maps the fitting positions to physical indexes,
     chooses with :func:`choose_topology` and maps back (the first position, in the policy's
     order, holding each index). With ``score`` the node score delta is the bubble score of the
     pod's cards on that node; the calls of one node (its rows, in order) telescope, so the sum
     of the deltas is the score of every card the pod gets there, as upstream computes it."""
-    chosen_on: dict[int, list[int]] = {}
+    chosen_on: dict[int, int] = {}       # node index -> bit mask of the pod's cards there so far
     score_on: dict[int, float] = {}
+    used = cache.used
 
     def choose(node_index: int, positions: list[int], nums: int):
+        if node_index in chosen_on:
+            return choose_now(node_index, positions, nums)
+        # A pod's first row on a node: the answer depends on the node's cards, their usage and
+        # the fitting positions alone, which most filters find unchanged since the last one.
+        offset = cache.node_offset[node_index]
+        devices = cache.devices_at(node_index)
+        key = (node_index, nums, tuple(positions), used[offset:offset + len(devices)].tobytes())
+        found = _ANSWERS.get(key)
+        if found is not None and found[0] is devices:
+            chosen_on[node_index], score_on[node_index] = found[2], found[3]
+            return found[1]
+        answer = choose_now(node_index, positions, nums)
+        if len(_ANSWERS) > 50000:
+            _ANSWERS.clear()
+        _ANSWERS[key] = (devices, answer, chosen_on.get(node_index, 0), score_on.get(node_index, 0.0))
+        return answer
+
+    def choose_now(node_index: int, positions: list[int], nums: int):
         devices = cache.devices_at(node_index)
         by_index: dict[int, int] = {}
+        mask = 0
         for p in positions:
-            by_index.setdefault(devices[p].index, p)
-        picked = choose_topology(by_index, nums)
+            index = devices[p].index
+            if index not in by_index:
+                by_index[index] = p
+                if 0 <= index < 8:
+                    mask |= 1 << index
+        picked = _choice_of(mask, nums) if nums in (1, 2, 4, 8) else None
         if picked is None:
             return NUMA_NOT_FIT
         chosen = [by_index[i] for i in picked]
-        if not score:
-            return chosen, 0.0
-        if any(KUNLUN_KEY not in d.type for d in devices):
+        if not score or not _only_kunlun(devices):
             return chosen, 0.0     # upstream scores 0 on a node with other devices
         offset = cache.node_offset[node_index]
-        used = cache.used
-        previous = [d.index for k, d in enumerate(devices) if used[offset + k] > 0]
-        pod_cards = chosen_on.setdefault(node_index, [])
-        pod_cards.extend(picked)
-        total = bubble_score(previous, pod_cards)
+        previous = 0
+        for k, d in enumerate(devices):
+            if used[offset + k] > 0 and 0 <= d.index < 8:
+                previous |= 1 << d.index
+        pod_cards = chosen_on.get(node_index, 0)
+        for i in picked:
+            pod_cards |= 1 << i
+        chosen_on[node_index] = pod_cards
+        total = _BUBBLE_SCORES.get(_bubbles_of(pod_cards) - _bubbles_of(previous), 1000.0)
         delta = total - score_on.get(node_index, 0.0)
         score_on[node_index] = total
         return chosen, delta
 
     return choose
+
+
+# (node index, nums, fitting positions, the node's usage) -> (its device list, the answer, the
+# pod's cards there, the score so far): kept across filters; a registration change replaces the
+# device list, which the entry is checked against.
+_ANSWERS: dict[tuple, tuple] = {}
+_ONLY_KUNLUN: dict[int, tuple[list, bool]] = {}
+
+
+def _only_kunlun(devices: list) -> bool:
+    """Whether every device of the node is a whole Kunlun card (kept per device list: a node's
+    list is replaced whenever its registration changes)."""
+    found = _ONLY_KUNLUN.get(id(devices))
+    if found is not None and found[0] is devices:
+        return found[1]
+    answer = all(KUNLUN_KEY in d.type for d in devices)
+    if len(_ONLY_KUNLUN) > 8192:
+        _ONLY_KUNLUN.clear()
+    _ONLY_KUNLUN[id(devices)] = (devices, answer)
+    return answer
 
 
 # -- whole XPU ----------------------------------------------------------------------------------

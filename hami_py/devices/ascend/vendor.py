@@ -97,6 +97,8 @@ class AscendVendor(TemplateVendor):
         # 910 kinds choose among all fitting NPUs (NetworkID groups, 910C pairs) and score the
         # node by NetworkID; the others (310P) are plain first-fit.
         self.kernel_flags = FLAG_CHOOSE if cw.startswith(topology.ASCEND910_PREFIX) else 0
+        # node index -> (the device list read, (indexes, NetworkIDs, topology mode)) for the chooser
+        self._node_facts: dict[int, tuple[list, tuple]] = {}
 
     # -- inventory -------------------------------------------------------------------------
 
@@ -262,22 +264,32 @@ class AscendVendor(TemplateVendor):
             return None
         cw = self.vendor_key
         vendor_id = cache.vendor_ids.get(cw)
-        nodes: dict[int, tuple[list[int], list[int | None], bool]] = {}
+        # A node's facts change only with its registration, which replaces its device list: they
+        # are kept across filters, checked against the list they were read from.
+        known = self._node_facts
 
         def node_facts(node_index: int) -> tuple[list[int], list[int | None], bool]:
-            facts = nodes.get(node_index)
-            if facts is None:
-                devices = cache.devices_at(node_index)
-                offset = cache.node_offset[node_index]
-                index_of = [d.index for d in devices]
-                network_of = [topology.network_id_of(d.custom) for d in devices]
-                mine = [k for k in range(len(devices)) if cache.vendor[offset + k] == vendor_id]
-                has_networks = bool(mine) and all(network_of[k] is not None for k in mine)
-                facts = nodes[node_index] = (index_of, network_of, has_networks)
+            devices = cache.devices_at(node_index)
+            found = known.get(node_index)
+            if found is not None and found[0] is devices:
+                return found[1]
+            offset = cache.node_offset[node_index]
+            index_of = [d.index for d in devices]
+            network_of = [topology.network_id_of(d.custom) for d in devices]
+            mine = [k for k in range(len(devices)) if cache.vendor[offset + k] == vendor_id]
+            has_networks = bool(mine) and all(network_of[k] is not None for k in mine)
+            facts = (index_of, network_of, has_networks)
+            known[node_index] = (devices, facts)
             return facts
+
+        scored = cw.startswith(topology.ASCEND910_PREFIX)
 
         def choose(node_index: int, positions: list[int], nums: int):
             index_of, network_of, has_networks = node_facts(node_index)
+            if nums == 1 and positions:
+                # One NPU: the first in the policy's order; the score is 10 when it has a network.
+                first = positions[0]
+                return [first], (float(topology.NETWORK_WEIGHT) if scored and network_of[first] is not None else 0.0)
             chosen = topology.choose(cw, positions, nums, index_of=index_of, network_of=network_of,
                                      topology=has_networks)
             if chosen is None:

@@ -1,0 +1,88 @@
+"""A mixed cluster end to end: NVIDIA, Ascend 910B3 and Kunlun nodes behind one scheduler.
+
+kube-scheduler sends every pod all the nodes (the device resources are ``ignoredByScheduler``),
+so each family's pods must find their own family's nodes among the others, and a node that
+carries two families must serve both, each pod getting one allocation annotation per family.
+The scheduler runs with the switches the manifests pass (Ascend and Iluvatar on), against the
+in-repo API server, and the books are recounted from the API server's objects at the end.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import orjson
+import pytest
+
+from hami_py.devices.codec import decode_pod_devices
+from hami_py.embedded import embedded_options
+from hami_py.fakeapi.families import find_device_model, family_node
+from hami_py.fakeapi.objects import gpu_node, gpu_pod
+from tests.conftest import assert_books_balance, place, register_nodes, wait_until
+
+ASCEND = find_device_model("Ascend910B3")
+KUNLUN = find_device_model("P800")
+
+
+@pytest.fixture
+def scheduler_options():
+    return dataclasses.replace(embedded_options(), enable_ascend=True, enable_iluvatar=True)
+
+
+def _pod(name: str, limits: dict) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"schedulerName": "hami-scheduler",
+                     "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]}}
+
+
+def _both(name: str) -> dict:
+    """A node with 2 NVIDIA GPUs and 8 Ascend 910B3 NPUs (two plugins, one node)."""
+    ascend = ASCEND.parts(name)
+    node = gpu_node(name, gpus=2)
+    node["metadata"]["annotations"].update(ascend.annotations)
+    node["status"] = {"capacity": {"cpu": "64", **ascend.capacity}, "allocatable": {"cpu": "64", **ascend.capacity}}
+    return node
+
+
+async def _bind(app, extender, pod: dict, node: str) -> None:
+    assert await extender.bind(pod, node) == {"Error": ""}
+    await wait_until(lambda: app.cache.bound_node(pod["metadata"]["uid"]) == node, f"{pod['metadata']['name']} bound")
+
+
+async def test_each_familys_pods_land_on_its_own_nodes_among_the_others(api, app, extender):
+    names = await register_nodes(api, app, gpu_node("gpu-0"), gpu_node("gpu-1"),
+                                 ASCEND.node("npu-0"), ASCEND.node("npu-1"), KUNLUN.node("xpu-0"))
+    placed = {}
+    for pod in (gpu_pod("train", gpus=1, gpumem=20000),
+                _pod("infer", {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16384"}),
+                _pod("search", {"kunlunxin.com/xpu": "2"})):
+        stored, result = await place(api, extender, pod, names)
+        assert result["Error"] == "" and len(result["NodeNames"]) == 1, result
+        placed[stored["metadata"]["name"]] = (stored, result["NodeNames"][0])
+    assert placed["train"][1].startswith("gpu-")
+    assert placed["infer"][1].startswith("npu-")
+    assert placed["search"][1] == "xpu-0"
+    for stored, node in placed.values():
+        await _bind(app, extender, stored, node)
+    pods = {name: api.get("pods", name, namespace="default")["metadata"]["annotations"] for name in placed}
+    assert decode_pod_devices(pods["train"]["hami.io/vgpu-devices-allocated"])[0][0].usedmem == 20000
+    [[npu]] = decode_pod_devices(pods["infer"]["hami.io/Ascend910B3-devices-allocated"])
+    assert npu.usedmem == 16384 and orjson.loads(pods["infer"]["huawei.com/Ascend910B3"])[0]["UUID"] == npu.uuid
+    assert len(decode_pod_devices(pods["search"]["hami.io/kunlun-allocated"])[0]) == 2
+    assert "BAIDU_COM_DEVICE_IDX" in pods["search"]
+    assert_books_balance(app)
+
+
+async def test_a_pod_asking_for_two_families_gets_one_allocation_per_family_on_a_node_with_both(api, app, extender):
+    names = await register_nodes(api, app, _both("both"), gpu_node("gpu-only"), ASCEND.node("npu-only"))
+    pod = gpu_pod("pair", gpus=1, gpumem=10000)
+    pod["spec"]["containers"].append({"name": "npu", "image": "x", "resources": {"limits": {
+        "huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16384"}}})
+    stored, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["both"], result
+    await _bind(app, extender, stored, "both")
+    annotations = api.get("pods", "pair", namespace="default")["metadata"]["annotations"]
+    gpus = decode_pod_devices(annotations["hami.io/vgpu-devices-allocated"])
+    npus = decode_pod_devices(annotations["hami.io/Ascend910B3-devices-allocated"])
+    # One slot per container in each family's annotation; the other family's container is empty.
+    assert [len(c) for c in gpus] == [1, 0] and [len(c) for c in npus] == [0, 1]
+    assert_books_balance(app)
