@@ -14,6 +14,7 @@ from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import A100_80, H200, L40S, gpu_node, gpu_pod, registration
 from hami_py.scheduling.filter import Filterer
+from hami_py.scheduling.fit_query import TABLE_COLUMNS
 from hami_py.scheduling.requests import parse_pod_requests
 
 VENDORS = build_vendors(DeviceConfig.default())
@@ -95,7 +96,7 @@ def test_compaction_keeps_every_device_column_with_its_device():
     for name in survivors[:200]:
         i = int(name[1:])
         cache.upsert_node(_node(name, MODELS[i % 3], "hami-core", 4, []))
-    assert cache._dead_slots < 1024                         # a compaction happened
+    assert cache.table.dead_slots < 1024                        # a compaction happened
     for name in survivors:
         entry = cache.nodes[name]
         model = MODELS[int(name[1:]) % 3]
@@ -110,6 +111,12 @@ def test_compaction_keeps_every_device_column_with_its_device():
         if dev_id and cache.vendor[j] >= 0:
             assert (cache.used[j], cache.used_mem[j], cache.used_cores[j]) == recount.get(dev_id, (0, 0, 0))
     assert sum(cache.used_mem) == 2000
+    # The facade's columns (what /filter hands the kernel) are still the table's, compacted.
+    assert set(TABLE_COLUMNS) <= set(cache.table.kernel_arrays())
+    for name in cache.table.kernel_arrays():
+        assert getattr(cache, name) is getattr(cache.table, name), name
+    assert len(cache.total_mem) == len(cache.dev_mig) == len(cache.device_ids) == sum(
+        e.length for e in cache.nodes.values()) + cache.table.dead_slots
 
 
 def test_a_registration_naming_one_device_id_twice_is_refused():

@@ -197,37 +197,44 @@ class Filterer:
         Only pods that pick or avoid devices, and nodes that cordon some, pay for this."""
         cache = self.cache
         vendors = [self.vendors[k] for k in request.vendors]
-        # The pod's own gates are parsed once; only nodes whose annotations concern the pod's
-        # families (a cordon list, a family's node switch) need gates of their own.
+        # The pod's own gates are parsed once. Nodes whose annotations concern the pod's families
+        # (a cordon list, a family's node switch) need gates of their own: built once per group
+        # of nodes carrying the same annotations, since a family's plugin may write the same
+        # switch on every node it runs on.
         pod_selectors = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, {}) for v in vendors}
         gate_keys = {k for v in vendors for k in v.gate_annotations}
-        annotated = {n for n in cache.annotated_nodes if _concerns(cache.nodes[n].annotations, gate_keys)} \
-            if cache.annotated_nodes else set()
+        group_gates: dict[tuple, dict[int, DeviceSelector | None] | None] = {}   # None: restricts nothing
+        for key, members in cache.annotation_groups.items():
+            if members and _concerns(dict(key), gate_keys):
+                annotations = dict(key)
+                gates = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, annotations)
+                         for v in vendors}
+                group_gates[key] = None if all(sel is None for sel in gates.values()) else gates
         pod_wide = any(sel is not None for sel in pod_selectors.values())
         # Model and mode gates are judged kind by kind over all devices at once; what is left
         # (cordons, UUID lists) device by device on the nodes concerned.
         mask = kind_mask = self._kind_mask(pod_selectors) if pod_wide else None
+        nodes = cache.nodes
         if pod_wide and mask is None:
             marked = [n for c, n in enumerate(node_names) if cand_idx[c] >= 0]
+        elif group_gates:
+            # Nodes whose own gates differ from the pod-wide ones: every concerned node when a
+            # pod-wide mask must be lifted or replaced there, else the restricting ones only.
+            wanted = set().union(*(cache.annotation_groups[k] for k, g in group_gates.items()
+                                   if g is not None or kind_mask is not None))
+            marked = [n for n in node_names if n in wanted] if wanted else []
         else:
-            marked = [n for n in node_names if n in annotated] if annotated else []
+            marked = []
         if mask is None:
             if not marked:
                 return array("b")
             mask = array("b", bytes(len(cache.total_mem)))
-        # Nodes with the same annotations get the same gates: built once per distinct set (a
-        # family's plugin may write the same node switch on every node it runs on).
-        node_gates: dict[tuple, dict[int, DeviceSelector | None]] = {}
         for name in marked:
-            entry = cache.nodes[name]
-            if name in annotated:
-                key = tuple(sorted(entry.annotations.items()))
-                selectors = node_gates.get(key)
+            entry = nodes[name]
+            key = entry.annotation_key
+            if key in group_gates:
+                selectors = group_gates[key]
                 if selectors is None:
-                    selectors = node_gates[key] = {
-                        cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, entry.annotations)
-                        for v in vendors}
-                if all(sel is None for sel in selectors.values()):
                     # Nothing restricts the pod here: the node's slice is free of any pod-wide mark.
                     if kind_mask is not None and entry.length:
                         mask[entry.offset:entry.offset + entry.length] = array("b", bytes(entry.length))

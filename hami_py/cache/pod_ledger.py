@@ -1,0 +1,373 @@
+"""The pod ledger: what each pod is charged, kept per pod UID from watch events and our own /filter.
+
+Upstream HAMi rebuilds every node's usage from every pod on each /filter call. Here a pod's
+allocation is decoded from its annotations once (a fingerprint of them skips the decode on the
+many events that leave them alone), charged once under its UID (so a replayed event is harmless)
+and subtracted exactly on delete, termination or rollback. The ledger keeps the records and the
+rules about which event may change them (stale resourceVersions, rolled-back decisions, in-flight
+reservations, relists); the device table holds the sums the kernel reads, the partition tables
+the MIG slices, and the quota book the per-namespace totals. Nodes are read, never written: a
+pod's devices are resolved to slots through the node inventory's entries.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Iterator, Mapping
+
+import structlog
+
+from hami_py.cache.device_table import DeviceTable
+from hami_py.cache.partitions import PartitionTables
+from hami_py.cache.quota import QuotaBook
+from hami_py.cache.records import NodeEntry, PodUsage, UsageEntry
+from hami_py.devices.base import AllocationDecodeError, DeviceVendor, PodDevices
+
+log = structlog.get_logger(__name__)
+
+VGPU_NODE_ANNOTATION = "hami.io/vgpu-node"
+_TERMINAL_PHASES = ("Succeeded", "Failed")
+DELETED_UIDS_KEPT = 16384      # pod UIDs remembered as deleted (a stale /filter of one is refused)
+
+
+def collapse(pod_devices: PodDevices, vendor: str, num_init: int, init_done: bool) -> list[UsageEntry]:
+    """Per-device usage of one vendor's allocation, init containers folded in as upstream does.
+
+    Init containers run one at a time before the app containers, so a device's charge is the
+    larger of the peak over init containers and the sum over app containers. Once every init
+    container has succeeded only the app containers count.
+    """
+    peak: dict[str, list[int]] = {}
+    app: dict[str, list[int]] = {}
+    for position, container in enumerate(pod_devices):
+        is_init = position < num_init
+        if is_init and init_done:
+            continue
+        for dev in container:
+            if is_init:
+                cur = peak.setdefault(dev.uuid, [0, 0])
+                cur[0] = max(cur[0], dev.usedmem)
+                cur[1] = max(cur[1], dev.usedcores)
+            else:
+                cur = app.setdefault(dev.uuid, [0, 0, 0])
+                cur[0] += dev.usedmem
+                cur[1] += dev.usedcores
+                cur[2] += 1
+    entries = []
+    for uuid in sorted(peak.keys() | app.keys()):
+        p = peak.get(uuid, (0, 0))
+        a = app.get(uuid, (0, 0, 0))
+        entries.append(UsageEntry(vendor, uuid, max(p[0], a[0]), max(p[1], a[1]), max(a[2], 1)))
+    return entries
+
+
+def init_containers_done(pod: dict) -> bool:
+    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
+    if not statuses:
+        return False
+    for st in statuses:
+        term = (st.get("state") or {}).get("terminated")
+        if not term or term.get("exitCode") != 0:
+            return False
+    return True
+
+
+def _rv(obj: dict) -> int | None:
+    try:
+        return int(obj["metadata"]["resourceVersion"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class PodLedger:
+    """Pods charged by UID, their nodes' members, and the decisions rolled back."""
+
+    def __init__(self, vendors: dict[str, DeviceVendor], table: DeviceTable, partitions: PartitionTables,
+                 quota: QuotaBook, nodes: Mapping[str, NodeEntry]):
+        self.vendors = vendors
+        self.table = table
+        self.partitions = partitions
+        self.quota = quota
+        self.nodes = nodes          # the node inventory's entries (read only here)
+        self.pods: dict[str, PodUsage] = {}
+        self.node_pods: dict[str, set[str]] = {}
+        # Decisions rolled back (failed patch or bind) that the pod's annotations may still
+        # carry: events repeating exactly that decision must not charge it again.
+        self.released: dict[str, tuple[str, list[UsageEntry]]] = {}
+        # UIDs of pods the watch showed deleted, most recent last (bounded): a /filter of a stale
+        # copy of one (kube-scheduler's cache lags) must not reserve for a pod nothing will
+        # ever release, since the filter no longer writes to the pod (which would refuse it).
+        self.deleted: dict[str, None] = {}
+        # Every annotation a pod's charge is decoded from.
+        self._allocation_keys = [VGPU_NODE_ANNOTATION, *dict.fromkeys(
+            k for v in vendors.values() for k in (v.allocated_annotation, *v.decision_annotations()) if k)]
+        self.pods_synced = False
+        self._relist_pods_seen: set[str] = set()
+
+    # ------------------------------------------------------------------ queries
+    def live_reservation(self, uid: str, node: str) -> PodUsage | None:
+        """The decision this process's /filter reserved for pod ``uid`` on ``node``, if it still
+        holds every device it names there; None otherwise (the bind must not happen)."""
+        pod = self.pods.get(uid)
+        if pod is None or not pod.decided or pod.node != node or node not in self.nodes \
+                or len(pod.resolved) != len(pod.entries) or -1 in pod.resolved:
+            return None
+        return pod
+
+    def bound_node(self, uid: str) -> str | None:
+        """The node a charged pod is bound to, None when it is not bound (or not charged)."""
+        pod = self.pods.get(uid)
+        return pod.node if pod is not None and pod.bound else None
+
+    def uid_of(self, namespace: str, name: str, node: str) -> str:
+        """The UID of a pod charged to ``node`` under that name ("" when there is none)."""
+        for uid in self.node_pods.get(node, ()):
+            pod = self.pods[uid]
+            if pod.name == name and pod.namespace == namespace:
+                return uid
+        return ""
+
+    def pods_on_node(self, node: str, except_uid: str = "") -> Iterator[PodUsage]:
+        for uid in self.node_pods.get(node, ()):
+            if uid != except_uid:
+                yield self.pods[uid]
+
+    # ------------------------------------------------------------------ charging
+    def _resolve(self, pod: PodUsage) -> list[int]:
+        entry = self.nodes.get(pod.node)
+        if entry is None:
+            return []
+        return [entry.uuid_to_slot.get(e.uuid, -1) for e in pod.entries]
+
+    def _apply(self, pod: PodUsage, sign: int) -> None:
+        self.table.charge(pod.entries, pod.resolved, sign)
+        entry = self.nodes.get(pod.node)
+        if entry is not None:
+            self.partitions.charge(entry, pod, sign, self.pods_on_node)
+
+    def recharge_node(self, entry: NodeEntry) -> None:
+        """Rebuild one node's usage from the pods charged to it (after its inventory changed)."""
+        self.table.clear_usage(entry)
+        self.partitions.reset_node(entry)
+        for uid in self.node_pods.get(entry.name, ()):
+            pod = self.pods[uid]
+            pod.resolved = self._resolve(pod)
+            self._apply(pod, +1)
+
+    def resolve_all(self) -> None:
+        """Every pod's slots again (after the device table moved them)."""
+        for pod in self.pods.values():
+            pod.resolved = self._resolve(pod)
+
+    def unresolve_node(self, node: str) -> None:
+        """The node is gone: its pods keep their records (their own events release them) but
+        hold no slot."""
+        for uid in self.node_pods.get(node, ()):
+            self.pods[uid].resolved = []
+
+    def add_pod_usage(self, pod: PodUsage) -> None:
+        """Charge a pod's usage; a pod already charged is replaced (add is idempotent per UID)."""
+        if pod.reserved:
+            self.released.pop(pod.uid, None)
+        old = self.pods.get(pod.uid)
+        if old is not None:
+            if old.node == pod.node and old.entries == pod.entries and old.mig == pod.mig:
+                old.resource_version = pod.resource_version or old.resource_version
+                old.reserved = pod.reserved
+                old.decided = old.decided or pod.decided
+                return
+            self.remove_pod(old.uid)
+        pod.resolved = self._resolve(pod)
+        if pod.resolved and -1 in pod.resolved:
+            log.warning("pod holds a device its node does not register", pod=f"{pod.namespace}/{pod.name}",
+                        node=pod.node)
+        self.pods[pod.uid] = pod
+        self.node_pods.setdefault(pod.node, set()).add(pod.uid)
+        self._apply(pod, +1)
+        self.quota.charge(pod.namespace, pod.entries, +1)
+
+    def release_pod(self, uid: str) -> PodUsage | None:
+        """Roll back a decision: free its usage and ignore events that still carry it."""
+        pod = self.remove_pod(uid)
+        if pod is not None:
+            self.released[uid] = (pod.node, pod.entries)
+        return pod
+
+    def release_unbound_reservations(self) -> int:
+        """Roll back every decision of this process's /filter that is not bound yet (at the end
+        of its leadership): /filter writes nothing, so no other replica can see them, and the new
+        leader may give their devices to other pods; a bind of one is sent back to /filter. How
+        many were released."""
+        unbound = [uid for uid, p in self.pods.items()
+                   if p.reserved and p.decided and p.resource_version is None and not p.bound]
+        for uid in unbound:
+            self.release_pod(uid)
+        return len(unbound)
+
+    def forget_decision(self, pod: dict) -> None:
+        """The decision an unbound pod object carries holds nothing any more (the pod was filtered
+        again and fits nowhere; scheduling/stale.py clears it from the pod): uncharge it and, as
+        after release_pod, ignore events that still carry it unless the pod is bound."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        self.remove_pod(uid)
+        try:
+            usage = self.pod_usage_from_object(pod)
+        except AllocationDecodeError:
+            return  # a garbled allocation was never charged
+        if usage is not None:
+            self.released[uid] = (usage.node, usage.entries)
+
+    def remove_pod(self, uid: str) -> PodUsage | None:
+        pod = self.pods.pop(uid, None)
+        if pod is None:
+            return None
+        self._apply(pod, -1)
+        self.quota.charge(pod.namespace, pod.entries, -1)
+        members = self.node_pods.get(pod.node)
+        if members is not None:
+            members.discard(uid)
+            if not members:
+                del self.node_pods[pod.node]
+        return pod
+
+    # ------------------------------------------------------------------ pod objects and events
+    def pod_usage_from_object(self, pod: dict) -> PodUsage | None:
+        """The usage a pod object's annotations claim, or None when it claims none."""
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        node = annotations.get(VGPU_NODE_ANNOTATION)
+        if not node:
+            return None
+        spec = pod.get("spec") or {}
+        num_init = len(spec.get("initContainers") or [])
+        init_done = num_init > 0 and init_containers_done(pod)
+        entries: list[UsageEntry] = []
+        mig: list[tuple] = []
+        instance = self.partitions.instance
+        for key, vendor in self.vendors.items():
+            devices = vendor.decode_allocation(annotations)
+            if devices:
+                entries.extend(collapse(devices, key, num_init, init_done))
+            for uuid, start, size, runtime in vendor.decode_partitions(annotations):
+                record = instance(uuid, start, size, runtime)
+                if record is not None:
+                    mig.append(record)
+        return PodUsage(uid=meta.get("uid", ""), namespace=meta.get("namespace", ""),
+                        name=meta.get("name", ""), node=node, entries=entries,
+                        resource_version=_rv(pod), mig=mig)
+
+    def on_pod_event(self, event_type: str, pod: dict) -> None:
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
+        if not uid:
+            return
+        if event_type == "DELETED":
+            self.remove_pod(uid)
+            self.released.pop(uid, None)
+            self.deleted[uid] = None
+            if len(self.deleted) > DELETED_UIDS_KEPT:
+                del self.deleted[next(iter(self.deleted))]
+            return
+        if self.deleted:
+            self.deleted.pop(uid, None)   # the UID lives (again, where a test re-creates it)
+        current = self.pods.get(uid)
+        rv = _rv(pod)
+        if current is not None and current.resource_version is not None and rv is not None \
+                and rv < current.resource_version:
+            return  # older than what our own patch produced: a stale event in flight
+        if (pod.get("status") or {}).get("phase") in _TERMINAL_PHASES:
+            self.remove_pod(uid)
+            return
+        fingerprint = self._fingerprint(pod, meta)
+        if current is not None and fingerprint is not None and current.fingerprint == fingerprint:
+            # Most pod events (status, labels, the bind-phase patch) leave the allocation alone.
+            if rv is not None:
+                current.resource_version = rv
+            current.reserved = False
+            return
+        try:
+            usage = self.pod_usage_from_object(pod)
+        except AllocationDecodeError as exc:
+            log.warning("pod allocation annotation rejected", pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                        error=str(exc))
+            return
+        if usage is None:
+            # No scheduler decision on this object. A reservation of our /filter not bound yet
+            # stays (the filter writes nothing: its Binding carries the decision), unless the pod
+            # shows itself bound without it (bound by someone else: it runs on no device of ours);
+            # one the API server has seen and that is now gone is released.
+            if current is not None and rv is not None and (
+                    current.resource_version is not None
+                    or (not current.bound and (pod.get("spec") or {}).get("nodeName"))):
+                self.remove_pod(uid)
+            return
+        if current is not None and current.reserved and current.resource_version is None \
+                and (usage.node, usage.entries) != (current.node, current.entries) \
+                and not ((pod.get("spec") or {}).get("nodeName") and not current.bound):
+            # Our reservation is not bound yet, so any other decision an unbound object shows
+            # predates it (left by an older scheduler, or a relist or a late event): keep the
+            # newer reservation charged. A pod bound with another decision runs on that one.
+            return
+        if self.released.get(uid) == (usage.node, usage.entries) and not (pod.get("spec") or {}).get("nodeName"):
+            # The annotations still show a decision we rolled back. A pod that is bound all the
+            # same (a Binding that landed after we gave up on it) is always charged.
+            return
+        self.add_pod_usage(usage)
+        record = self.pods[uid]
+        record.fingerprint = fingerprint
+        record.bound = record.bound or bool((pod.get("spec") or {}).get("nodeName"))   # never unbound
+
+    def _fingerprint(self, pod: dict, meta: dict) -> tuple | None:
+        annotations = meta.get("annotations") or {}
+        if VGPU_NODE_ANNOTATION not in annotations:
+            return None
+        spec = pod.get("spec") or {}
+        num_init = len(spec.get("initContainers") or [])
+        return (tuple(annotations.get(k) for k in self._allocation_keys), num_init,
+                num_init > 0 and init_containers_done(pod), bool(spec.get("nodeName")))
+
+    # ------------------------------------------------------------------ relists
+    def replace_pods(self, pods: Iterable[dict], list_rv: int | None) -> None:
+        """A fresh list: apply everything in it; pods missing from it were deleted meanwhile."""
+        self.begin_pod_relist()
+        self.relist_pods_page(pods)
+        self.finish_pod_relist(list_rv)
+
+    def begin_pod_relist(self) -> None:
+        self._relist_pods_seen = set()
+
+    def relist_pods_page(self, pods: Iterable[dict]) -> None:
+        seen = self._relist_pods_seen
+        for pod in pods:
+            seen.add((pod.get("metadata") or {}).get("uid"))
+            self.on_pod_event("ADDED", pod)
+
+    def finish_pod_relist(self, list_rv: int | None) -> None:
+        """Pods the list no longer has were deleted meanwhile. A reservation not yet seen back
+        from the watch (no resourceVersion: our /filter's, not bound or its Binding not seen yet)
+        is kept unless the list is newer than the pod object that filter decided for: the list
+        may simply predate the pod, but one taken after it that lacks the pod proves it deleted
+        (while the watch was down; a reservation never bound would otherwise leak)."""
+        seen = self._relist_pods_seen
+        for uid in [u for u in self.pods if u not in seen]:
+            p = self.pods[uid]
+            if p.resource_version is None and p.reserved and (
+                    list_rv is None or p.filtered_rv is None or p.filtered_rv > list_rv):
+                continue
+            if list_rv is not None and p.resource_version is not None and p.resource_version > list_rv:
+                continue
+            self.remove_pod(uid)
+        self._relist_pods_seen = set()
+        self.pods_synced = True
+
+    # ------------------------------------------------------------------ checks
+    def recount(self) -> dict[str, tuple[int, int, int]]:
+        """Usage recomputed from scratch from the pod records (for invariant checks in tests)."""
+        device_ids = self.table.device_ids
+        totals: dict[str, list[int]] = {}
+        for pod in self.pods.values():
+            for e, j in zip(pod.entries, pod.resolved):
+                if j >= 0:
+                    t = totals.setdefault(device_ids[j], [0, 0, 0])
+                    t[0] += e.slots
+                    t[1] += e.mem
+                    t[2] += e.cores
+        return {k: tuple(v) for k, v in totals.items()}

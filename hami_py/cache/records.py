@@ -1,0 +1,83 @@
+"""The records the parts of the usage cache hand each other: a pod's charge and a node's entry.
+
+They live apart from the parts so that the device table, the partition tables, the pod ledger and
+the node inventory can all name them without importing one another (hami_py/cache/usage.py, the
+facade, composes the parts and re-exports these names).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hami_py.devices.base import DeviceInfo
+
+
+@dataclass(slots=True)
+class UsageEntry:
+    """One device's share held by one pod (already collapsed over its containers)."""
+    vendor: str
+    uuid: str
+    mem: int
+    cores: int
+    slots: int
+
+
+@dataclass(slots=True)
+class PodUsage:
+    uid: str
+    namespace: str
+    name: str
+    node: str
+    entries: list[UsageEntry]
+    resolved: list[int] = field(default_factory=list)   # device slot per entry, -1 if unknown
+    # MIG instances: (GPU UUID, slice mask), and once the device plugin has created the instance
+    # (profile, MIG UUID, GPU instance id, compute instance id) appended to that tuple. Only MIG
+    # pods carry any of it; a change of the identity replaces the record like any other change.
+    mig: list[tuple] = field(default_factory=list)
+    fingerprint: tuple | None = None   # the annotations it was decoded from (skip re-decoding)
+    resource_version: int | None = None                  # events older than this are stale
+    reserved: bool = False          # made by our own /filter, not yet seen back from the watch
+    # Made by this process's /filter and not rolled back since: the only kind of charge a /bind
+    # may trust. One rebuilt from a pod's annotations (a restart, a relist) is not: the pod may
+    # carry a decision whose capacity was given to another pod since.
+    decided: bool = False
+    bound: bool = False             # the pod is bound (by our /bind, or as the watch shows it)
+    # The decision's pod annotations, kept with a reservation of our own /filter until the bind
+    # carries them in its Binding (the filter itself writes nothing).
+    annotations: dict[str, str] | None = None
+    # The pod as that /filter saw it, trimmed to what the bind and its events read (name,
+    # namespace, uid, resourceVersion, labels, scheduling group): the bind then reads no pod.
+    pod: dict | None = None
+    # The resourceVersion of the pod object that /filter decided for: a relist taken after it
+    # that no longer has the pod proves the pod deleted, and the unbound reservation goes.
+    filtered_rv: int | None = None
+
+
+@dataclass(slots=True)
+class NodeEntry:
+    """One node as the node inventory keeps it. ``index``, ``offset``, ``length``, ``devices``
+    and ``uuid_to_slot`` are its place in the device table, written only by the table."""
+    name: str
+    index: int
+    offset: int = 0
+    length: int = 0
+    devices: list[DeviceInfo] = field(default_factory=list)
+    uuid_to_slot: dict[str, int] = field(default_factory=dict)
+    register_text: dict[str, str | None] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    annotation_key: tuple = ()          # ``annotations`` as a sorted tuple: its group in the inventory
+    labels: dict[str, str] = field(default_factory=dict)
+    # Families whose device plugin registration upkeep judged gone on this node: their devices
+    # are left out (the node's other families stay usable); ``registered`` keeps them all.
+    gone_vendors: frozenset = frozenset()
+    registered: list = field(default_factory=list)     # [(vendor id, DeviceInfo)] as decoded
+    # First seen asking for a handshake (Requesting_) that no plugin has answered, with nothing
+    # allocatable: not used until the plugin answers or allocatable devices appear (upstream
+    # adds no such node either; the kubelet would refuse its pods, OutOf<resource>).
+    unanswered: bool = False
+    decode_error: str | None = None
+    lock_value: str | None = None       # hami.io/mutex.lock as last seen (a hint for the bind)
+    resource_version: str = ""
+
+    @property
+    def plugin_gone(self) -> bool:
+        return bool(self.gone_vendors)
