@@ -288,7 +288,25 @@ class ClusterControl:
                 web.post("/load", self.start_load), web.get("/load", self.load_status),
                 web.post("/replay", self.start_replay), web.get("/replay", self.replay_status),
                 web.get("/stats", self.stats), web.post("/heartbeats", self.set_heartbeats),
-                web.post("/requests/reset", self.reset_requests), web.get("/requests", self.request_counts)]
+                web.post("/requests/reset", self.reset_requests), web.get("/requests", self.request_counts),
+                web.post("/faults", self.set_faults)]
+
+    async def set_faults(self, request: web.Request) -> web.Response:
+        """``{"delay": s, "methods": [...]}``: delay every request of those methods (the writes)
+        by ``s`` seconds before it is served; ``{"clear": true}``: none any more."""
+        args = await _args(request)
+        faults = self.api.api.faults
+        if args.get("clear"):
+            faults.clear()
+        else:
+            try:
+                delay = float(args["delay"])
+                methods = [str(m).upper() for m in args["methods"]]
+            except (KeyError, TypeError, ValueError):
+                raise _bad_request("faults need delay (seconds) and methods, or clear") from None
+            for method in methods:
+                faults.add(method=method, delay=delay, times=None)
+        return _json({"ok": True})
 
     async def set_heartbeats(self, request: web.Request) -> web.Response:
         if self.heartbeats is not None:

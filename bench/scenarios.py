@@ -10,6 +10,9 @@ stamps), then runs its phases:
 * ``burst``:    pod add/update/delete events committed in one go; how fast the scheduler applies them;
 * ``lag``:      delete a pod that fills a probe node's GPU, then poll /filter for a pod that fits
                 only once the cache has freed it; first idle, then under a steady event stream;
+* ``write-delay``: /filter latency, and filter+bind as kube-scheduler drives them, with every API
+                write the scheduler makes delayed at the API server (issue 13: /filter writes
+                nothing, so its latency must not follow the API server's);
 
 and samples the scheduler's resident memory right after start-up, at the end, and after one
 full /metrics scrape (whose per-device and per-pod lines the scheduler keeps cached).
@@ -40,7 +43,8 @@ from bench.seed import (
     BENCH_NAMESPACE, FAMILY_VENDOR, ClusterShape, blocker_name, mixed_unavailable, node_name, node_names,
 )
 
-PHASES = ("filter", "requests", "schedule", "burst", "lag", "contention")
+PHASES = ("filter", "requests", "schedule", "burst", "lag", "contention", "write-delay")
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
 POD_EVENTS = 'hami_watch_events_total{resource="pods"}'
 FILTER_SUM = 'hami_extender_request_duration_seconds_sum{verb="filter"}'
 FILTER_COUNT = 'hami_extender_request_duration_seconds_count{verb="filter"}'
@@ -71,6 +75,15 @@ class ContentionPlan:
 
 
 @dataclass(frozen=True)
+class WriteDelayPlan:
+    delay_s: float              # added to every write the scheduler sends the API server
+    filter_samples: int         # /filter requests at concurrency 1 (after the warm-up)
+    schedule_pods: int          # then filter+bind, one filter at a time, binds in the background
+    filter_target_ms: float = 5.0   # issue 13: /filter p99 under this whatever the API server does
+    rounds: int = 3             # each /filter measurement is the round with the median p99
+
+
+@dataclass(frozen=True)
 class ClusterPlan:
     name: str
     shape: ClusterShape
@@ -83,6 +96,7 @@ class ClusterPlan:
     request_count_pods: int = 0        # pods whose API requests are counted (kube-scheduler's pattern)
     manifest_budget: bool = False      # start the scheduler with manifests/deployment.yaml's --kube-qps/--kube-burst
     contention: ContentionPlan | None = None
+    write_delay: WriteDelayPlan | None = None
     # The /filter stream's pods, round robin: None is NVIDIA's (1 GPU, 4 GiB, 10 %), else a
     # family key of bench.seed.FAMILY_LIMITS (one Ascend 910B3 share, one Kunlun XPU ...).
     filter_families: tuple[str | None, ...] = (None,)
@@ -124,8 +138,10 @@ FULL = Plan(
                     phase_time_limit_s=40.0, filter_rounds=3),
         # The API budget (issue 13): requests per pod counted at the API server, and throughput
         # with exactly the shipped --kube-qps/--kube-burst, in kube-scheduler's pattern only.
+        # And (write-delay) /filter at that size with every API write delayed by 50 ms.
         ClusterPlan("budget", ClusterShape(1000, 8000, probe_nodes=2), 0, 500, concurrencies=(),
-                    phase_time_limit_s=40.0, request_count_pods=200, manifest_budget=True),
+                    phase_time_limit_s=40.0, request_count_pods=200, manifest_budget=True,
+                    write_delay=WriteDelayPlan(delay_s=0.05, filter_samples=1000, schedule_pods=200)),
         # 50 pods onto 2 nodes (binpack: all want the same node), a device plugin taking 100 ms
         # per allocation: time to all bound, and how many binds met a held node lock.
         ClusterPlan("contention", ClusterShape(3, 8, probe_nodes=1), concurrencies=(),
@@ -321,17 +337,6 @@ def _server_over_5ms(before: dict, after: dict) -> float:
     return 100 * (count - under) / count if count else float("nan")
 
 
-PATCH_SUM = 'hami_kube_api_request_duration_seconds_sum{method="PATCH",resource="pods"}'
-PATCH_COUNT = 'hami_kube_api_request_duration_seconds_count{method="PATCH",resource="pods"}'
-
-
-def _patch_mean_ms(before: dict, after: dict) -> float:
-    """The scheduler's mean wait on the filter's pod patch (the API server's share of a filter)."""
-    count = after.get(PATCH_COUNT, 0) - before.get(PATCH_COUNT, 0)
-    total = after.get(PATCH_SUM, 0) - before.get(PATCH_SUM, 0)
-    return 1000 * total / count if count else float("nan")
-
-
 def _server_mean_ms(before: dict, after: dict) -> float:
     count = after.get(FILTER_COUNT, 0) - before.get(FILTER_COUNT, 0)
     total = after.get(FILTER_SUM, 0) - before.get(FILTER_SUM, 0)
@@ -353,10 +358,10 @@ async def phase_filter(ctx: Context) -> list[dict]:
     return rows
 
 
-async def _filter_round(ctx: Context, concurrency: int) -> dict:
+async def _filter_round(ctx: Context, concurrency: int, samples: int | None = None) -> dict:
+    samples = ctx.plan.filter_samples if samples is None else samples
     families = ctx.plan.filter_families
-    pods = await ctx.pending(ctx.plan.filter_samples + WARMUP_REQUESTS, what=f"filter-c{concurrency}",
-                             families=families)
+    pods = await ctx.pending(samples + WARMUP_REQUESTS, what=f"filter-c{concurrency}", families=families)
     bodies = [filter_body(orjson.dumps(p), ctx.names_raw) for p in pods]
     await run_filters(ctx.session, ctx.scheduler.url, bodies[:WARMUP_REQUESTS], concurrency=concurrency,
                       time_limit_s=ctx.plan.phase_time_limit_s)
@@ -370,7 +375,6 @@ async def _filter_round(ctx: Context, concurrency: int) -> dict:
            "requests_per_s": n / run.wall_s if run.wall_s else 0.0,
            "server_mean_ms": _server_mean_ms(before, after),
            "server_over_5ms_pct": _server_over_5ms(before, after),
-           "patch_mean_ms": _patch_mean_ms(before, after),
            "server_cpu_ms": 1000 * used["cpu_s"] / n if n else float("nan"),
            "outcomes": dict(run.outcomes), "errors": dict(run.errors)}
     if len(families) > 1 and concurrency == 1:   # one at a time: latency k is body k's
@@ -426,9 +430,51 @@ async def phase_requests(ctx: Context) -> dict:
     bound = max(run.bound, 1)
     per_pod = {k: v / bound for k, v in sorted(counts.items()) if not k.startswith("WATCH")}
     return {"pods": run.bound, "attempted": run.attempted, "counts": counts, "per_pod": per_pod,
-            "critical_per_pod": sum(v for k, v in per_pod.items() if not k.endswith(" events")),
+            "critical_per_pod": sum(v for k, v in per_pod.items() if _critical(k)),
+            "background_per_pod": sum(v for k, v in per_pod.items() if k in BACKGROUND_REQUESTS),
             "events_per_pod": sum(v for k, v in per_pod.items() if k.endswith(" events")),
             "errors": dict(run.errors)}
+
+
+# Requests a pod's bind causes after it has answered: the vgpu-node label (Binder._label_later).
+BACKGROUND_REQUESTS = ("PATCH pods",)
+
+
+def _critical(key: str) -> bool:
+    """On the pod's critical path: everything but the Events and the background label patch."""
+    return not key.endswith(" events") and key not in BACKGROUND_REQUESTS
+
+
+async def phase_write_delay(ctx: Context) -> dict:
+    """/filter at concurrency 1, then filter+bind in kube-scheduler's pattern, with every write
+    the scheduler sends delayed by ``delay_s`` at the API server (reads, watches and the
+    cluster's own in-process writes are not). The filter writes nothing, so its latency should
+    be the unhindered one; each bind waits for its node lock and its Binding. The same
+    measurement without the delay comes first, in the same run (``baseline``): on shared cores
+    the machine's own noise is then told apart from the API server's share."""
+    plan = ctx.plan.write_delay
+
+    async def median_round() -> dict:
+        rounds = sorted([await _filter_round(ctx, 1, samples=plan.filter_samples) for _ in range(plan.rounds)],
+                        key=lambda r: r["p99"])
+        return {**rounds[len(rounds) // 2], "p99_rounds": [r["p99"] for r in rounds]}
+
+    baseline = await median_round()
+    await ctx.cluster.call("POST", "/faults", {"delay": plan.delay_s, "methods": list(WRITES)})
+    try:
+        filtered = await median_round()
+        pods = await ctx.pending(plan.schedule_pods, what="write-delay-bind",
+                                 annotations={"hami.io/node-scheduler-policy": "spread"})
+        run = await run_schedule(ctx.session, ctx.scheduler.url, ctx.cluster, pods, ctx.names_raw,
+                                 concurrency=1, time_limit_s=ctx.plan.phase_time_limit_s, async_binds=True)
+    finally:
+        await ctx.cluster.call("POST", "/faults", {"clear": True})
+    await ctx.cleanup(pods)
+    return {"delay_ms": 1000 * plan.delay_s, "filter_target_ms": plan.filter_target_ms, "filter": filtered,
+            "baseline": baseline,
+            "schedule": {"pods_per_s": run.bound / run.wall_s if run.wall_s else 0.0, "bound": run.bound,
+                         "attempted": run.attempted, "filter": summarize_ms(run.filter_latencies),
+                         "bind": summarize_ms(run.bind_latencies), "errors": dict(run.errors)}}
 
 
 async def phase_contention(ctx: Context) -> dict:
@@ -579,7 +625,8 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
                 ("schedule", plan.schedule_pods, "filter+bind throughput", phase_schedule),
                 ("burst", plan.events, "watch event burst", phase_burst),
                 ("lag", plan.events, "delete-to-free lag", phase_lag),
-                ("contention", plan.contention, "node lock contention", phase_contention))
+                ("contention", plan.contention, "node lock contention", phase_contention),
+                ("write-delay", plan.write_delay, "/filter with every API write delayed", phase_write_delay))
         for phase, planned, title, run in runs:
             if phase in phases and planned:
                 say(f"[{plan.name}] {title}")

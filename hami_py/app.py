@@ -232,6 +232,12 @@ class SchedulerApp:
     def _on_leadership(self, leading: bool) -> None:
         self.keeper.leadership_changed(leading)
         self._update_serving()
+        if not leading and self.service is not None:
+            # Our unbound decisions live only here (/filter writes nothing): the new leader cannot
+            # charge them, so binding one later could hand its devices out twice.
+            released = self.cache.release_unbound_reservations()
+            if released:
+                log.info("leadership lost: unbound reservations released", reservations=released)
 
     def _node_relist(self) -> PagedRelist:
         def page(nodes: list[dict]) -> None:
@@ -303,6 +309,8 @@ class SchedulerApp:
         for runner in reversed(self._runners):
             await runner.cleanup()
         self._runners.clear()
+        if self.service is not None:
+            await self.service.binder.close()   # label patches of binds just made
         if self.events is not None:
             await self.events.stop()   # after the servers: no new events; before the client closes
         if self.client is not None:

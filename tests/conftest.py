@@ -97,6 +97,39 @@ async def place(api, extender, pod: dict, node_names: list[str]) -> tuple[dict, 
     return created, await extender.filter(created, node_names)
 
 
+async def bind_placed(api, app, extender, pod: dict, result: dict) -> dict:
+    """Bind a pod /filter placed (``result``) onto the node it chose, as kube-scheduler does next,
+    and wait until the scheduler's pod watch has seen the Binding: the stored pod, which from
+    then on carries the decision (/filter itself writes nothing)."""
+    node = result["NodeNames"][0]
+    assert (await extender.bind(pod, node)) == {"Error": ""}
+    meta = pod["metadata"]
+    stored = api.get("pods", meta["name"], namespace=meta.get("namespace") or "default")
+    await pod_events_applied(app, stored)
+    return stored
+
+
+def decision_of(api, name: str, namespace: str = "default") -> dict:
+    """The pod's annotations as the API server has them (after its bind: the decision)."""
+    return api.get("pods", name, namespace=namespace)["metadata"].get("annotations") or {}
+
+
+def decision_annotations(api, app, name: str, namespace: str = "default") -> dict:
+    """The pod's annotations with its scheduling decision in them, as they are once it is bound.
+
+    A bound pod: as the API server has them (the Binding wrote the decision). A pod /filter
+    placed but not bound yet carries no decision (asserted: /filter writes nothing), and what its
+    Binding will write is its live reservation's annotations, laid over the pod's own."""
+    pod = api.get("pods", name, namespace=namespace)
+    annotations = dict(pod["metadata"].get("annotations") or {})
+    if pod["spec"].get("nodeName"):
+        return annotations
+    record = app.cache.pods.get(pod["metadata"]["uid"])
+    assert record is not None and record.annotations is not None, f"{namespace}/{name} has no reservation"
+    assert not set(record.annotations) & set(annotations), f"{namespace}/{name} carries a decision unbound"
+    return {**annotations, **record.annotations}
+
+
 def node_list(*nodes: dict) -> dict:
     """A NodeList as kube-scheduler sends it on the ``Nodes`` path (``nodeCacheCapable: false``)."""
     return {"apiVersion": "v1", "kind": "NodeList", "metadata": {}, "items": list(nodes)}

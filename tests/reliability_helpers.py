@@ -8,8 +8,11 @@ scheduler rebuilds from, so these helpers read every node and pod back from the 
 decode the annotations without the cache, and require the cache's per-device arrays to equal that
 recount, with no device charged beyond its capacity.
 
-One legitimate difference: a reservation made by /filter is in the cache before the pod patch that
-records it lands, so compare only when no extender request is in flight.
+One legitimate difference: /filter writes nothing, so a reservation it made reaches the pod only
+with its Binding. Such a reservation (not seen back from the watch yet) is counted from the cache's
+record instead of the annotations, but only for a pod that the API server has, with the same UID,
+not bound elsewhere and not terminated: a reservation for any other pod is a leak, and fails the
+check. Compare only when no extender request is in flight.
 """
 from __future__ import annotations
 
@@ -50,20 +53,50 @@ def registered_devices(api, app) -> dict[str, dict[str, dict]]:
     return nodes
 
 
-def usage_from_annotations(api, app, *, bound_only: bool = False,
-                           only: set[str] | None = None) -> dict[str, dict[str, Usage]]:
+def pending_reservations(api, app) -> dict[str, object]:
+    """UID -> the cache's record, for every reservation of the scheduler's own /filter that the
+    watch has not shown back yet (the decision travels with the Binding), whose pod the API
+    server has with that UID, unbound or bound to the reservation's node, and not terminated."""
+    pods = {(p.get("metadata") or {}).get("uid"): p for p in api.list("pods")}
+    out = {}
+    for uid, rec in app.cache.pods.items():
+        if not (rec.reserved and rec.decided and rec.resource_version is None):
+            continue
+        pod = pods.get(uid)
+        if pod is None or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
+            continue
+        if (pod.get("spec") or {}).get("nodeName") not in (None, rec.node):
+            continue
+        out[uid] = rec
+    return out
+
+
+def usage_from_annotations(api, app, *, bound_only: bool = False, only: set[str] | None = None,
+                           reservations: dict | None = None) -> dict[str, dict[str, Usage]]:
     """node -> device UUID -> usage, summed over every live pod's allocation annotation.
 
     A pod counts when it carries ``hami.io/vgpu-node`` and is not Succeeded/Failed (and with
     ``bound_only``, when it is bound to that node: what runs on the devices; with ``only``, when
     its name is in that set); its devices
     are collapsed over its containers (init containers folded in) as the scheduler charges them.
-    Only devices the named node registers can be charged, so only those are summed."""
+    Only devices the named node registers can be charged, so only those are summed.
+    ``reservations`` (pending_reservations): pods whose reservation is counted from the record,
+    in place of whatever their annotations say."""
     registered = registered_devices(api, app)
     totals: dict[str, dict[str, list[int]]] = {name: {} for name in registered}
+    reservations = reservations or {}
     for pod in api.list("pods"):
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
+        if (rec := reservations.get(meta.get("uid"))) is not None:
+            if rec.node in registered and (only is None or meta.get("name") in only):
+                for entry in rec.entries:
+                    if entry.uuid in registered[rec.node]:
+                        t = totals[rec.node].setdefault(entry.uuid, [0, 0, 0])
+                        t[0] += entry.slots
+                        t[1] += entry.mem
+                        t[2] += entry.cores
+            continue
         node = annotations.get(VGPU_NODE_ANNOTATION)
         if not node or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES or node not in registered:
             continue
@@ -105,7 +138,7 @@ def cache_usage(app) -> dict[str, dict[str, Usage]]:
 def books_mismatch(api, app, *, only: set[str] | None = None) -> list[str]:
     """Every difference between the cache and the recount from annotations ([] when they agree);
     ``only``: the pods whose annotations should be charged (all when None)."""
-    expected = usage_from_annotations(api, app, only=only)
+    expected = usage_from_annotations(api, app, only=only, reservations=pending_reservations(api, app))
     actual = cache_usage(app)
     problems = []
     if set(expected) != set(actual):

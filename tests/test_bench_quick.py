@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from bench import report
-from bench.scenarios import QUICK, ClusterPlan, ContentionPlan, EventsPlan, run_cluster, run_mixed
+from bench.scenarios import QUICK, ClusterPlan, ContentionPlan, EventsPlan, WriteDelayPlan, run_cluster, run_mixed
 from bench.seed import ClusterShape, mixed_unavailable
 
 
@@ -88,16 +88,28 @@ async def test_smallest_quick_scenario_yields_well_formed_numbers(tmp_path):
 async def test_the_api_budget_rows_count_requests_and_drain_a_contended_node(tmp_path):
     """The issue-13 rows (docs/BENCHMARKS.md): API requests per pod as the API server counts
     them, and a queue of binpacked pods on one node's lock, at the smallest size."""
-    plan = ClusterPlan("budget-quick", ClusterShape(3, 8, probe_nodes=1), concurrencies=(), request_count_pods=6,
-                       phase_time_limit_s=20.0, contention=ContentionPlan(pods=6, allocation_delay_s=0.02))
+    # Ten nodes, so that the six pods spread onto nodes of their own: no bind meets another's lock.
+    plan = ClusterPlan("budget-quick", ClusterShape(10, 8, probe_nodes=1), concurrencies=(), request_count_pods=6,
+                       phase_time_limit_s=20.0, contention=ContentionPlan(pods=6, allocation_delay_s=0.02),
+                       write_delay=WriteDelayPlan(delay_s=0.05, filter_samples=20, schedule_pods=4, rounds=1))
     async with aiohttp.ClientSession() as session:
         result = await run_cluster(plan, session=session, workdir=tmp_path)
 
     requests = result["requests"]
     assert requests["pods"] == requests["attempted"] == 6 and not requests["errors"], requests
-    # At least the pod patch, the lock and the Binding for each pod; the Events counted apart.
-    assert requests["critical_per_pod"] >= 3 and requests["events_per_pod"] > 0, requests
+    # The lock and the Binding for each pod, nothing else on its critical path (/filter writes
+    # nothing, the bind reads nothing); the label after the bind and the Events counted apart.
+    assert requests["critical_per_pod"] == 2, requests
     assert requests["per_pod"].get("POST pods/binding") == 1.0, requests["per_pod"]
+    assert requests["per_pod"].get("PATCH nodes") == 1.0, requests["per_pod"]
+    assert requests["background_per_pod"] == 1 and requests["events_per_pod"] > 0, requests
+
+    # With every write delayed by 50 ms, /filter still answers without waiting for any (its p99
+    # far under the delay; no latency target on a shared test machine), and binds wait for theirs.
+    delayed = result["write-delay"]
+    assert delayed["filter"]["outcomes"].get("placed") == delayed["filter"]["n"] == 20, delayed
+    assert delayed["filter"]["p99"] < 50, delayed["filter"]
+    assert delayed["schedule"]["bound"] == 4 and delayed["schedule"]["bind"]["p50"] >= 100, delayed["schedule"]
 
     contention = result["contention"]
     # Every bind that met the lock of the allocation before it waited for it (--node-lock-wait,
@@ -108,6 +120,7 @@ async def test_the_api_budget_rows_count_requests_and_drain_a_contended_node(tmp
     results = {"command": "test", "plan": "quick", "machine": report.machine(), "clusters": [result], "kernel": []}
     table = "\n".join(report.render_tables(results))
     assert "API requests per scheduled pod" in table and "node lock contention" in table and "nan" not in table.lower()
+    assert "every API write delayed" in table
 
 
 async def test_the_mixed_scenario_measures_both_clusters(tmp_path):

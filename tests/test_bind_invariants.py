@@ -1,10 +1,11 @@
 """No bind without a live reservation; no bind to a missing node; no work for a caller that left;
 no node whose device plugin has not answered yet.
 
-A device pod's annotations are no proof that its devices are free: a decision rolled back after a
-failed bind stays on the pod, and its capacity goes to the next pod. The reservation in the usage
-cache, made by this scheduler's own /filter for that node, is what a /bind may trust; without
-one the answer is an Error that sends kube-scheduler back to /filter.
+A device pod's annotations are no proof that its devices are free: an older scheduler may have
+left a decision on an unbound pod, and its capacity may have gone to the next pod since. The
+reservation in the usage cache, made by this scheduler's own /filter for that node, is what a
+/bind may trust; without one the answer is an Error that sends kube-scheduler back to /filter.
+The /filter itself writes nothing: the decision reaches the pod only with its Binding.
 """
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ async def test_a_bind_retried_after_a_failed_bind_is_refused_until_filtered_agai
     api.faults.add(method="POST", path="/binding$", status=500)
     assert (await extender.bind(pod, "n1"))["Error"]
     assert used_mem(app, "n1") == 0                       # rolled back
-    # The pod still carries the decision; a bind retried as it is must not trust it.
-    assert api.get("pods", "p", namespace="default")["metadata"]["annotations"]["hami.io/vgpu-node"] == "n1"
+    # The decision went with the Binding that failed: nothing of it is on the pod, and a bind
+    # retried as it is finds no reservation to bind.
+    assert "hami.io/vgpu-node" not in (api.get("pods", "p", namespace="default")["metadata"].get("annotations") or {})
     assert (await extender.bind(pod, "n1")) == {"Error": no_reservation("p", "n1")}
     assert node_of(api, "p") is None
     await wait_event(api, "p", "BindingFailed", no_reservation("p", "n1"))
@@ -117,11 +119,13 @@ async def test_a_decision_lost_to_a_restart_is_filtered_again_before_it_binds(ap
         pod = api.create("pods", gpu_pod("p", gpumem=1000))
         async with aiohttp.ClientSession() as session:
             assert (await ExtenderClient(first.url, session=session).filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    # The filter wrote nothing: the decision went with the first process.
+    assert api.get("pods", "p", namespace="default")["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
     async with running_scheduler(api) as second:
         async with aiohttp.ClientSession() as session:
             extender = ExtenderClient(second.url, session=session)
-            # The restarted scheduler charges the pod from its annotations, but made no decision.
-            assert used_mem(second, "n1") == 1000
+            # The restarted scheduler finds nothing to charge and made no decision.
+            assert used_mem(second, "n1") == 0
             assert (await extender.bind(pod, "n1")) == {"Error": no_reservation("p", "n1")}
             assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
             assert (await extender.bind(pod, "n1")) == {"Error": ""}
@@ -265,33 +269,41 @@ async def test_a_follower_drops_a_filter_whose_caller_disconnected_before_it_led
         assert untouched(api, app, "p")
 
 
-async def test_a_filter_queued_behind_the_same_pods_filter_is_dropped_when_its_caller_leaves(api, app, extender):
+async def test_a_filter_queued_behind_the_same_pods_bind_is_dropped_when_its_caller_leaves(api, app, extender):
+    """The pod's bind holds the pod's lock (its node lock write hangs, then its Binding fails): a
+    filter of the pod queued behind it whose caller left never runs, so nothing is reserved after."""
     await one_gpu_nodes(api, app, "n1")
     pod = api.create("pods", gpu_pod("p", gpumem=1000))
     uid = pod["metadata"]["uid"]
-    hung = api.faults.add(method="PATCH", path="/pods/p$", hang=True)
-    first = asyncio.create_task(extender.filter(pod, ["n1"]))
-    await wait_for(lambda: hung.hits == 1, what="the first filter's patch in flight")
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    hung = api.faults.add(method="PATCH", path="/nodes/n1$", hang=True)
+    api.faults.add(method="POST", path="/binding$", status=500)
+    bind = asyncio.create_task(extender.bind(pod, "n1"))
+    await wait_for(lambda: hung.hits == 1, what="the bind's node lock in flight")
     await post_and_give_up(app.url, filter_body(pod, ["n1"]), cancel_when=lambda: app.service.pod_locks.waiting(uid) == 1)
     await wait_for(lambda: app.service.pod_locks.waiting(uid) == 0, what="the queued filter to be cancelled")
     api.faults.release()
-    assert (await first)["NodeNames"] == ["n1"]
-    patches = [r for r in api.requests if r[0] == "PATCH" and r[1].endswith("/pods/p")]
-    assert len(patches) == 1, patches
-    assert used_mem(app, "n1") == 1000
+    assert (await bind)["Error"]
+    assert used_mem(app, "n1") == 0 and node_of(api, "p") is None
+    await wait_until(lambda: any(r == "BindingFailed" for r, _ in events_of(api, "p")), "BindingFailed")
+    filtered = [e for e in events_of(api, "p") if e[0] == "FilteringSucceed"]
+    assert len(filtered) == 1, filtered       # the queued filter never decided
     await wait_books_balance(api, app)
 
 
-async def test_a_filter_whose_caller_leaves_during_the_pod_patch_rolls_its_reservation_back(api, app, extender):
-    await one_gpu_nodes(api, app, "n1")
+async def test_a_decision_nobody_binds_leaves_the_pod_untouched_and_the_next_filter_replaces_it(api, app, extender):
+    """kube-scheduler asked /filter and never bound (its caller left, another plugin refused the
+    node): nothing was written, the reservation holds until the pod's next filter replaces it."""
+    await one_gpu_nodes(api, app, "n1", "n2")
     pod = api.create("pods", gpu_pod("p", gpumem=1000))
-    hung = api.faults.add(method="PATCH", path="/pods/p$", hang=True)
-    await post_and_give_up(app.url, filter_body(pod, ["n1"]), cancel_when=lambda: hung.hits == 1)
-    await wait_for(lambda: pod["metadata"]["uid"] not in app.cache.pods, what="the reservation rolled back")
-    assert used_mem(app, "n1") == 0
-    api.faults.release()
-    # Whatever the API server did with the patch, the decision is not bound and charges nothing.
+    await post_and_give_up(app.url, filter_body(pod, ["n1"]), cancel_when=lambda: pod["metadata"]["uid"] in app.cache.pods)
+    await wait_until(lambda: events_of(api, "p"), "the FilteringSucceed event")
+    assert api.get("pods", "p", namespace="default")["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+    assert used_mem(app, "n1") == 1000
+    assert (await extender.filter(pod, ["n2"]))["NodeNames"] == ["n2"]
+    assert used_mem(app, "n1") == 0 and used_mem(app, "n2") == 1000
     assert (await extender.bind(pod, "n1")) == {"Error": no_reservation("p", "n1")}
+    assert (await extender.bind(pod, "n2")) == {"Error": ""}
     await wait_books_balance(api, app)
 
 

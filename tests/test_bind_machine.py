@@ -3,12 +3,14 @@
 kube-scheduler's usual order is filter, then bind, once. The invariant has to hold for every
 order: binds that fail and are retried as they are, retries after another pod took the capacity,
 filters after a rollback, a scheduler restart between filter and bind, callers that leave while
-their filter is in flight, nodes deleted between filter and bind. The machine keeps its own
-model of each pod (what the scheduler told it) and requires the scheduler's answers to follow
-from it: a pod whose decision is live binds; one whose decision was rolled back, lost to a
-restart, or never made is refused. After every step the books are recounted from the API
-server's objects, without the scheduler's help: bound pods never hold more of a device than it
-has, and the cache charges exactly the decisions that are live or bound.
+their filter queues behind the pod's bind, nodes deleted between filter and bind. The machine
+keeps its own model of each pod (what the scheduler told it) and requires the scheduler's
+answers to follow from it: a pod whose decision is live binds; one whose decision was rolled
+back, lost to a restart, or never made is refused. After every step the books are recounted from
+the API server's objects, without the scheduler's help (a live decision, which /filter keeps in
+the cache and the Binding writes, from the cache's record of a pod that exists unbound): bound
+pods never hold more of a device than it has, the cache charges exactly the decisions that are
+live or bound, a bound pod carries its decision and an unbound one none.
 """
 from __future__ import annotations
 
@@ -35,9 +37,10 @@ BIND_FAULTS = st.sampled_from([
     ("POST", r"/binding$", {"status": 409}),
     ("PATCH", r"/nodes/[^/]+$", {"status": 500}),        # the node lock's compare-and-set
 ])
-# The model's states of a pod.
-NEW, LIVE, ROLLED_BACK, CARRIED, BOUND = "new", "live", "rolled back", "carried over a restart", "bound"
-CHARGED = (LIVE, CARRIED, BOUND)
+# The model's states of a pod. (A decision is never carried over a restart: /filter writes
+# nothing, so the pod of a decision not bound yet carries none.)
+NEW, LIVE, ROLLED_BACK, BOUND = "new", "live", "rolled back", "bound"
+CHARGED = (LIVE, BOUND)
 
 
 class BindMachine(RuleBasedStateMachine):
@@ -128,12 +131,12 @@ class BindMachine(RuleBasedStateMachine):
             self.api.faults.clear()
         self.pods[name] = (ROLLED_BACK, node)
 
-    @precondition(lambda self: self._in(ROLLED_BACK, CARRIED, NEW, LIVE))
+    @precondition(lambda self: self._in(ROLLED_BACK, NEW, LIVE))
     @rule(pick=st.integers(0, 1 << 16), other=st.integers(0, 2))
     def bind_without_a_live_reservation(self, pick, other):
         """A bind retried as it is after a rollback or a restart, of a pod never placed, or of a
         live pod onto another node than its own: refused, nothing changes."""
-        name = self._pick(pick, ROLLED_BACK, CARRIED, NEW, LIVE)
+        name = self._pick(pick, ROLLED_BACK, NEW, LIVE)
         state, node = self.pods[name]
         if state == LIVE:
             node = next((n for n in self.node_names if n != node), None)
@@ -141,10 +144,10 @@ class BindMachine(RuleBasedStateMachine):
         assert self.run(self._bind(name, node)) == {"Error": self._refused(name, node)}
         assert not self._stored(name)["spec"].get("nodeName")
 
-    @precondition(lambda self: self._in(ROLLED_BACK, CARRIED, NEW, LIVE))
+    @precondition(lambda self: self._in(ROLLED_BACK, NEW, LIVE))
     @rule(pick=st.integers(0, 1 << 16), picks=st.lists(st.integers(0, 2), max_size=3, unique=True))
     def filter_again(self, pick, picks):
-        name = self._pick(pick, ROLLED_BACK, CARRIED, NEW, LIVE)
+        name = self._pick(pick, ROLLED_BACK, NEW, LIVE)
         self.run(self._filter(name, list(dict.fromkeys(self.node_names[p % len(self.node_names)] for p in picks))))
 
     @precondition(lambda self: self._in(LIVE))
@@ -153,59 +156,41 @@ class BindMachine(RuleBasedStateMachine):
         self.run(self.cluster.restart_scheduler())
         for name, (state, node) in self.pods.items():
             if state == LIVE:
-                self.pods[name] = (CARRIED, node)   # charged from its annotations, not decided here
-            elif state == ROLLED_BACK:
-                # A rolled-back decision still on an unbound pod is charged by a new scheduler
-                # until the pod is filtered again (docs/RELIABILITY.md); no longer "rolled back".
-                self.pods[name] = (CARRIED, node)
+                # The reservation went with the process and the pod carries nothing of it: the
+                # new scheduler charges nothing and refuses the bind until it filters again.
+                self.pods[name] = (ROLLED_BACK, node)
 
-    @rule(request=REQUESTS, during_patch=st.booleans())
-    def caller_leaves_while_the_filter_waits(self, request, during_patch):
-        """The caller of a filter leaves while its pod patch is on the wire, or while it queues
-        behind another filter of the same pod."""
-        self.serial += 1
-        name = f"p{self.serial}"
-        pod = self.api.create("pods", gpu_pod(name, **request))
-        self.pods[name] = (NEW, None)
+    @precondition(lambda self: self._in(LIVE))
+    @rule(pick=st.integers(0, 1 << 16))
+    def caller_leaves_while_the_filter_waits(self, pick):
+        """The caller of a filter leaves while it queues behind the pod's bind (whose node lock
+        write is on the wire): the filter never runs, and the bind completes."""
+        name = self._pick(pick, LIVE)
+        node = self.pods[name][1]
+        pod = self._stored(name)
         uid = pod["metadata"]["uid"]
         body = orjson.dumps({"Pod": pod, "NodeNames": self.node_names, "Nodes": None})
 
         async def scenario():
-            hung = self.api.faults.add(method="PATCH", path=f"/pods/{name}$", hang=True, times=1)
-            first = None
-            async with aiohttp.ClientSession() as session:
-                if not during_patch:
-                    first = asyncio.create_task(self.cluster.extender.filter(pod, self.node_names))
-                    try:
-                        await wait_for(lambda: hung.hits == 1 or first.done(), what="the first filter's patch")
-                    except BaseException:
-                        first.cancel()
-                        raise
-                    if first.done():     # it fit nowhere: nothing to queue behind
-                        self.api.faults.clear()
-                        assert not (await first)["NodeNames"]
-                        return
-                leaving = asyncio.ensure_future(session.post(f"{self.app.url}/filter", data=body,
-                                                             headers={"Content-Type": "application/json"}))
-                if during_patch:
-                    await wait_for(lambda: hung.hits == 1 or leaving.done(), what="the patch on the wire")
-                else:
-                    await wait_for(lambda: self.app.service.pod_locks.waiting(uid) == 1, what="the filter queued")
-                leaving.cancel()
-                await asyncio.gather(leaving, return_exceptions=True)
-                await wait_for(lambda: not self.app.service.pod_locks.waiting(uid)
-                               and (first is not None or uid not in self.app.cache.pods), what="the caller gone")
+            hung = self.api.faults.add(method="PATCH", path=f"/nodes/{node}$", hang=True, times=1)
+            bind = asyncio.create_task(self._bind(name, node))
+            try:
+                await wait_for(lambda: hung.hits == 1, what="the bind's node lock on the wire")
+                async with aiohttp.ClientSession() as session:
+                    leaving = asyncio.ensure_future(session.post(f"{self.app.url}/filter", data=body,
+                                                                 headers={"Content-Type": "application/json"}))
+                    await wait_for(lambda: self.app.service.pod_locks.waiting(uid) == 1 or leaving.done(),
+                                   what="the filter queued")
+                    assert not leaving.done(), "the filter ran beside the pod's bind"
+                    leaving.cancel()
+                    await asyncio.gather(leaving, return_exceptions=True)
+                    await wait_for(lambda: not self.app.service.pod_locks.waiting(uid), what="the caller gone")
+            finally:
                 self.api.faults.clear()
-                if first is not None:
-                    result = await first
-                    self.pods[name] = (LIVE, result["NodeNames"][0])
-                elif hung.hits == 1:
-                    # Whether a patch whose caller left is applied is the API server's affair
-                    # (this one drops it with the connection): either way its decision is void.
-                    ann = self._stored(name)["metadata"].get("annotations") or {}
-                    if "hami.io/vgpu-node" in ann:
-                        self.pods[name] = (ROLLED_BACK, ann["hami.io/vgpu-node"])
+            assert (await bind) == {"Error": ""}, name
         self.run(scenario())
+        finish_allocation(self.api, name, node)
+        self.pods[name] = (BOUND, node)
 
     @precondition(lambda self: self._in(LIVE))
     @rule(pick=st.integers(0, 1 << 16))
@@ -250,11 +235,10 @@ class BindMachine(RuleBasedStateMachine):
         assert not over, over
         for pod in self.api.list("pods"):
             node = pod["spec"].get("nodeName")
-            if node:
-                assert pod["metadata"]["annotations"].get("hami.io/vgpu-node") == node, pod["metadata"]["name"]
-        if not self._in(CARRIED):
-            # (A restart may charge a rolled-back decision beside the one that took its place.)
-            assert_books_balance(self.app)
+            decided = (pod["metadata"].get("annotations") or {}).get("hami.io/vgpu-node")
+            # Bound: with its decision (the same write). Unbound: none (/filter writes nothing).
+            assert decided == node, (pod["metadata"]["name"], node, decided)
+        assert_books_balance(self.app)
 
 
 OPERATIONS = int(os.environ.get("HAMI_BIND_OPERATIONS", "10000"))

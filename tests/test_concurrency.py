@@ -91,12 +91,15 @@ async def test_two_profiles_with_overlapping_retries_never_oversubscribe(api, ap
 
 REQUESTS = st.builds(dict, gpus=st.sampled_from((1, 1, 2)), gpumem=st.sampled_from((3000, 20000, 50000, 90000)),
                      gpucores=st.sampled_from((0, 20, 60)))
+# Pod patches: /filter makes none, so these catch the bind's background vgpu-node label (the
+# bind's answer and the books must not depend on it) and the device plugin's bind-phase.
 FAULTS = st.sampled_from([
     ("PATCH", r"/pods/[^/]+$", {"status": 500}),
     ("PATCH", r"/pods/[^/]+$", {"status": 504, "after_apply": True}),
     ("PATCH", r"/pods/[^/]+$", {"status": 429, "retry_after": 1}),
     ("POST", r"/binding$", {"status": 500}),
     ("POST", r"/binding$", {"status": 504, "after_apply": True}),
+    ("POST", r"/binding$", {"status": 429, "retry_after": 1}),
     ("PATCH", r"/nodes/[^/]+$", {"status": 409}),
     ("GET", r"/pods/[^/]+$", {"status": 503}),
 ])

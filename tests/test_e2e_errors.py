@@ -96,17 +96,28 @@ async def test_invalid_scoring_weights_annotation(api, app, extender, value, mes
     assert _used_mem(app) == 0
 
 
-async def test_failed_pod_patch_rolls_the_reservation_back(api, app, extender):
+async def test_filter_succeeds_with_every_api_write_failing_and_a_failed_binding_rolls_back(api, app, extender):
+    """/filter writes nothing, so an API server refusing every write cannot fail it; the bind's
+    Binding then fails, and releases the reservation and the node lock with nothing on the pod."""
     names = await _node(api, app)
     pod = api.create("pods", gpu_pod("p", gpumem=1000))
-    fault = api.faults.add(method="PATCH", path="/pods/p$", status=500)
+    for method in ("PATCH", "PUT", "POST", "DELETE"):
+        api.faults.add(method=method, status=500, times=None)
     result = await extender.filter(pod, names)
-    assert fault.hits == 1
-    assert result["Error"].startswith("patch pod default/p:")
+    assert result["NodeNames"] == names and result["Error"] == ""
+    assert _used_mem(app) == 1000
+    assert api.get("pods", "p", namespace="default")["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+    assert (await extender.bind(pod, "n1"))["Error"]
     assert _used_mem(app) == 0 and not app.cache.pods
+    stored = api.get("pods", "p", namespace="default")
+    assert stored["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]   # nothing half-applied
+    assert LOCK_ANNOTATION not in (api.get("nodes", "n1")["metadata"].get("annotations") or {})
+    api.faults.clear()
     result = await extender.filter(pod, names)  # kube-scheduler retries; now it works
     assert result["NodeNames"] == names
+    assert (await extender.bind(pod, "n1")) == {"Error": ""}
     assert _used_mem(app) == 1000
+    assert api.get("pods", "p", namespace="default")["metadata"]["annotations"]["hami.io/vgpu-node"] == "n1"
     assert_books_balance(app)
 
 
@@ -139,10 +150,11 @@ async def test_binding_that_did_not_land_releases_lock_and_reservation(api, app,
     assert api.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
     assert _used_mem(app) == 0
     assert LOCK_ANNOTATION not in (api.get("nodes", "n1")["metadata"].get("annotations") or {})
-    # The rolled-back decision stays rolled back even as later events of the pod arrive: the
-    # pod object still carries the decision's annotations, unbound.
+    # The decision went with the Binding: nothing of it is on the pod, and the rolled-back
+    # decision stays rolled back as later events of the pod arrive.
     touched = api.patch("pods", "p", {"metadata": {"labels": {"touched": "yes"}}}, namespace="default")
-    assert touched["metadata"]["annotations"]["hami.io/vgpu-node"] == "n1" and not touched["spec"].get("nodeName")
+    assert "hami.io/vgpu-node" not in (touched["metadata"].get("annotations") or {})
+    assert not touched["spec"].get("nodeName")
     await pod_events_applied(app, touched)
     assert app.cache.pods == {}
     assert _used_mem(app) == 0

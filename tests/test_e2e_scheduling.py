@@ -15,7 +15,7 @@ from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import A100_40, H200, gpu_node, gpu_pod, registration
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
-from tests.conftest import assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import assert_books_balance, bind_placed, place, register_nodes, wait_until
 
 
 async def _bind_and_allocate(app, extender, pod, node):
@@ -27,15 +27,23 @@ async def _bind_and_allocate(app, extender, pod, node):
     return result
 
 
-async def test_filter_writes_upstream_annotations_and_reserves(api, app, extender):
+async def test_filter_reserves_and_bind_writes_upstream_annotations(api, app, extender):
     names = await register_nodes(api, app, gpu_node("n1", gpus=2))
     pod, result = await place(api, extender, gpu_pod("p", gpus=1, gpumem=3000, gpucores=30), names)
     assert result == {"Nodes": None, "NodeNames": ["n1"], "FailedNodes": None,
                       "FailedAndUnresolvableNodes": None, "Error": ""}
-    stored = api.get("pods", "p", namespace="default")
+    # The filter reserves and writes nothing: the pod is as kube-scheduler sent it.
+    assert api.get("pods", "p", namespace="default")["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+    usage = {d["id"]: d for d in app.cache.device_usage("n1")}
+    assert sum(d["usedmem"] for d in usage.values()) == 3000
+    # The Binding carries the decision onto the pod, with spec.nodeName, in one write.
+    stored = await bind_placed(api, app, extender, pod, result)
     ann = stored["metadata"]["annotations"]
-    assert ann["hami.io/vgpu-node"] == "n1"
-    assert stored["metadata"]["labels"]["hami.io/vgpu-node"] == "n1"
+    assert stored["spec"]["nodeName"] == "n1"
+    assert ann["hami.io/vgpu-node"] == "n1" and ann["hami.io/bind-phase"] in ("allocating", "success")
+    # The label HAMi's vGPU monitor selects pods by follows, off the bind's critical path.
+    await wait_until(lambda: (api.get("pods", "p", namespace="default")["metadata"].get("labels") or {})
+                     .get("hami.io/vgpu-node") == "n1", "the vgpu-node label")
     assert ann["hami.io/vgpu-time"].isdigit()
     assert ann["hami.io/vgpu-devices-to-allocate"] == ann["hami.io/vgpu-devices-allocated"]
     devices = decode_pod_devices(ann["hami.io/vgpu-devices-to-allocate"])
@@ -60,24 +68,29 @@ async def test_node_policy_binpack_prefers_busier_node_and_spread_the_idler(api,
 
 
 def _gpu_of(api, pod_name: str) -> str:
-    """The UUID of the one GPU the pod was given."""
+    """The UUID of the one GPU the (bound) pod was given."""
     annotations = api.get("pods", pod_name, namespace="default")["metadata"]["annotations"]
     return decode_pod_devices(annotations["hami.io/vgpu-devices-allocated"])[0][0].uuid
 
 
+async def _place_and_bind(api, app, extender, pod: dict, names: list[str]) -> dict:
+    created, result = await place(api, extender, pod, names)
+    return await bind_placed(api, app, extender, created, result)
+
+
 async def test_gpu_policy_spread_uses_idle_gpu_and_binpack_shares(api, app, extender):
     names = await register_nodes(api, app, gpu_node("n1", gpus=2, numa_nodes=1))
-    await place(api, extender, gpu_pod("a", gpumem=1000, gpucores=10), names)
+    await _place_and_bind(api, app, extender, gpu_pod("a", gpumem=1000, gpucores=10), names)
     a = _gpu_of(api, "a")
-    await place(api, extender, gpu_pod("b", gpumem=3000, gpucores=30), names)  # default gpu policy: spread
+    await _place_and_bind(api, app, extender, gpu_pod("b", gpumem=3000, gpucores=30), names)  # default: spread
     b = _gpu_of(api, "b")
     assert a != b
     # b's GPU is now the busier one: binpack must share it, spread must take the other.
-    await place(api, extender, gpu_pod("c", gpumem=1000, gpucores=10,
-                                       annotations={"hami.io/gpu-scheduler-policy": "binpack"}), names)
+    await _place_and_bind(api, app, extender, gpu_pod("c", gpumem=1000, gpucores=10,
+                                                      annotations={"hami.io/gpu-scheduler-policy": "binpack"}), names)
     assert _gpu_of(api, "c") == b
-    await place(api, extender, gpu_pod("d", gpumem=1000, gpucores=10,
-                                       annotations={"hami.io/gpu-scheduler-policy": "spread"}), names)
+    await _place_and_bind(api, app, extender, gpu_pod("d", gpumem=1000, gpucores=10,
+                                                      annotations={"hami.io/gpu-scheduler-policy": "spread"}), names)
     assert _gpu_of(api, "d") == a
     assert_books_balance(app)
 
@@ -215,6 +228,11 @@ async def test_concurrent_filters_never_oversubscribe(api, app, extender):
     assert len(placed) == 2 * per_gpu
     assert all(r["FailedNodes"] == {"n1": "2/2 CardInsufficientMemory"} for r in results if not r["NodeNames"])
     assert_books_balance(app)
+    # Bound (the simulated device plugin frees the node lock after each), the placed pods carry
+    # their decisions.
+    for p, r in zip(pods, results):
+        if r["NodeNames"]:
+            await bind_placed(api, app, extender, p, r)
     # And the annotations agree with the books: every placed pod's allocation is distinct capacity.
     allocated = [api.get("pods", p["metadata"]["name"], namespace="default")["metadata"].get("annotations", {})
                  .get("hami.io/vgpu-devices-allocated") for p in pods]
@@ -233,7 +251,9 @@ async def test_refilter_of_the_same_pod_does_not_double_charge(api, app, extende
         result = await extender.filter(pod, names)
         assert result["NodeNames"] == ["n1"]
     assert app.cache.device_usage("n1")[0]["usedmem"] == 1000
-    await wait_until(lambda: app.cache.pods[pod["metadata"]["uid"]].resource_version is not None, "patch seen")
+    await bind_placed(api, app, extender, pod, result)
+    await wait_until(lambda: app.cache.pods[pod["metadata"]["uid"]].resource_version is not None, "Binding seen")
+    assert app.cache.device_usage("n1")[0]["usedmem"] == 1000
     assert_books_balance(app)
 
 
@@ -244,7 +264,7 @@ async def test_init_container_devices_are_reused_by_the_app(api, app, extender):
                                                                      "nvidia.com/gpucores": "20"})
     created, result = await place(api, extender, pod, names)
     assert result["NodeNames"] == ["n1"]
-    ann = api.get("pods", "p", namespace="default")["metadata"]["annotations"]
+    ann = (await bind_placed(api, app, extender, created, result))["metadata"]["annotations"]
     slots = decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])
     assert [len(s) for s in slots] == [1, 1]  # init slot first, then the app container
     usage = app.cache.device_usage("n1")[0]
@@ -278,7 +298,7 @@ async def test_multi_mib_node_object_arrives_through_the_watch(api, app, extende
 async def test_registration_change_recounts_the_node(api, app, extender):
     devices = registration("n1", gpus=2)
     names = await register_nodes(api, app, gpu_node("n1", devices=devices))
-    _, result = await place(api, extender, gpu_pod("p", gpumem=1000, gpucores=10), names)
+    await _place_and_bind(api, app, extender, gpu_pod("p", gpumem=1000, gpucores=10), names)
     uuid = _gpu_of(api, "p")
     devices.append({**devices[0], "id": "GPU-new", "index": 2})
     api.patch("nodes", "n1", {"metadata": {"annotations": {"hami.io/node-nvidia-register": orjson.dumps(devices).decode()}}})

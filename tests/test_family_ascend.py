@@ -24,7 +24,7 @@ from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.k8s.registration import is_requesting
 from hami_py.reasons import CARD_UUID_MISMATCH, MODE_NOT_FIT, OK
-from tests.conftest import assert_books_balance, create_quota, keeper_passes, place, register_nodes, wait_until
+from tests.conftest import decision_annotations, assert_books_balance, create_quota, keeper_passes, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 ON = FamilySwitches(enable_ascend=True)
@@ -554,8 +554,8 @@ async def _bind(app, extender, pod: dict, node: str) -> dict:
     return result
 
 
-def _allocated(api, pod: str, cw: str):
-    ann = api.get("pods", pod, namespace="default")["metadata"]["annotations"]
+def _allocated(api, app, pod: str, cw: str):
+    ann = decision_annotations(api, app, pod)
     return ann, decode_pod_devices(ann[f"hami.io/{cw}-devices-allocated"])
 
 
@@ -563,7 +563,7 @@ async def test_a_910b3_vnpu_pod_is_filtered_annotated_and_bound(api, app, extend
     names = await register_nodes(api, app, npu_node("ascend-1", {"Ascend910B3": 8}))
     pod, result = await place(api, extender, npu_pod("train", memory=16384), names)
     assert result["NodeNames"] == ["ascend-1"], result
-    ann, devices = _allocated(api, "train", "Ascend910B3")
+    ann, devices = _allocated(api, app, "train", "Ascend910B3")
     (dev,) = devices[0]
     assert dev.uuid in {npu_uuid("ascend-1", "Ascend910B3", i) for i in range(8)}
     text = f"{dev.uuid},Ascend910B3,16384,0:;"
@@ -583,7 +583,7 @@ async def test_310p_pods_share_an_npu_until_its_vnpus_run_out(api, app, extender
     for i in range(3):
         _, result = await place(api, extender, npu_pod(f"infer-{i}", "Ascend310P", memory=6144), names)
         assert result["NodeNames"] == ["edge-1"], result
-    ann, devices = _allocated(api, "infer-0", "Ascend310P")
+    ann, devices = _allocated(api, app, "infer-0", "Ascend310P")
     assert ann["huawei.com/Ascend310P"] == f'[{{"UUID":"{devices[0][0].uuid}","temp":"vir02","memory":6144}}]'
     _, result = await place(api, extender, npu_pod("infer-3", "Ascend310P", memory=6144), names)
     assert result["FailedNodes"] == {"edge-1": "1/1 CardInsufficientMemory"}
@@ -598,14 +598,14 @@ async def test_910b4_pods_never_get_910b4_1_npus(api, app, extender):
     for i in range(2):
         _, result = await place(api, extender, npu_pod(f"b4-{i}", "Ascend910B4"), names)
         assert result["NodeNames"] == ["mixed"], result
-        _, devices = _allocated(api, f"b4-{i}", "Ascend910B4")
+        _, devices = _allocated(api, app, f"b4-{i}", "Ascend910B4")
         assert devices[0][0].uuid in b4 and devices[0][0].type == "Ascend910B4"
     # Both 910B4 are whole-taken; the free 910B4-1 NPUs are no candidates (counted nowhere).
     _, result = await place(api, extender, npu_pod("b4-2", "Ascend910B4"), names)
     assert result["FailedNodes"] == {"mixed": "2/2 CardInsufficientMemory"}
     _, result = await place(api, extender, npu_pod("b41", "Ascend910B4-1"), names)
     assert result["NodeNames"] == ["mixed"]
-    _, devices = _allocated(api, "b41", "Ascend910B4-1")
+    _, devices = _allocated(api, app, "b41", "Ascend910B4-1")
     assert devices[0][0].uuid in {npu_uuid("mixed", "Ascend910B4-1", i) for i in range(2)}
     assert_books_balance(app)
 
@@ -615,7 +615,7 @@ async def test_uuid_annotation_picks_the_npu(api, app, extender):
     wanted = npu_uuid("ascend-1", "Ascend910B3", 6)
     await place(api, extender, npu_pod("pinned", memory=16384,
                                        annotations={"hami.io/use-Ascend910B3-uuid": wanted}), names)
-    assert _allocated(api, "pinned", "Ascend910B3")[1][0][0].uuid == wanted
+    assert _allocated(api, app, "pinned", "Ascend910B3")[1][0][0].uuid == wanted
     _, result = await place(api, extender, npu_pod("nowhere", annotations={"hami.io/use-Ascend910B3-uuid": "x"}),
                             names)
     assert result["FailedNodes"] == {"ascend-1": "8/8 CardUuidMismatch"}
@@ -628,7 +628,7 @@ async def test_hami_core_pod_goes_only_to_nodes_running_the_soft_split(api, app,
     assert result["NodeNames"] == ["soft"]
     _, result = await place(api, extender, npu_pod("soft-0", memory=10000, soft=True), ["hard"])
     assert result["FailedNodes"] == {"hard": "2/2 ModeNotFit"}
-    ann, devices = _allocated(api, "soft-1", "Ascend910B3")
+    ann, devices = _allocated(api, app, "soft-1", "Ascend910B3")
     assert devices[0][0].usedcores == 30 and devices[0][0].usedmem == 10000
     assert (await _bind(app, extender, pod, "soft"))["Error"] == ""
     # The node's annotation changes: the next pod follows it.

@@ -214,7 +214,7 @@ async def test_several_910b3_npus_come_from_one_network(api, app, extender):
     # would walk 6, 5, 4, 3 across both networks.)
     _, result = await place(api, extender, npu_pod("train", count=4, memory=65536), names)
     assert result["NodeNames"] == ["ascend-1"], result
-    ann, devices = _allocated(api, "train", "Ascend910B3")
+    ann, devices = _allocated(api, app, "train", "Ascend910B3")
     assert {d.uuid for d in devices[0]} == {npu_uuid("ascend-1", "Ascend910B3", i) for i in (0, 1, 2, 3)}
     runtime = orjson.loads(ann["huawei.com/Ascend910B3"])
     assert [r["memory"] for r in runtime] == [65536] * 4 and all("temp" not in r for r in runtime)
@@ -230,7 +230,7 @@ async def test_910c_pods_get_whole_modules(api, app, extender):
     # Free: 0, 2, 3, 4, 5, 7. First-fit would walk 7, 5, 4, 3; whole modules are 1 and 2.
     _, result = await place(api, extender, npu_pod("job", "Ascend910C", count=4), names)
     assert result["NodeNames"] == ["super-1"], result
-    ann, devices = _allocated(api, "job", "Ascend910C")
+    ann, devices = _allocated(api, app, "job", "Ascend910C")
     assert sorted(d.uuid for d in devices[0]) == sorted(npu_uuid("super-1", "Ascend910C", i) for i in (2, 3, 4, 5))
     assert len(orjson.loads(ann["huawei.com/Ascend910C"])) == 4
     assert_books_balance(app)

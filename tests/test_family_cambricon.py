@@ -19,7 +19,7 @@ from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.reasons import CARD_UUID_MISMATCH, OK
-from tests.conftest import assert_books_balance, create_quota, place, register_nodes, wait_until
+from tests.conftest import decision_annotations, assert_books_balance, create_quota, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 COUNT = "cambricon.com/vmlu"
@@ -263,7 +263,7 @@ async def test_mlu_pod_is_filtered_and_bound_with_upstreams_annotations(api, app
         ("mlu-1-cambricon-mlu-0", 12800), ("mlu-1-cambricon-mlu-1", 12800)]
     stored, result = await place(api, extender, pod("p", ctr(limits={COUNT: "1", MEMORY: "10"})), names)
     assert result["NodeNames"] == ["mlu-1"] and result["Error"] == "", result
-    ann = api.get("pods", "p", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "p")
     [[device]] = decode_pod_devices(ann[ALLOCATED])
     index = device_index(device.uuid)
     assert ann[ALLOCATED] == ann[TO_ALLOCATE] == f"mlu-1-cambricon-mlu-{index},MLU,2560,100:;"
@@ -339,7 +339,7 @@ async def test_uuid_selection_end_to_end(api, app, extender):
     _, result = await place(api, extender, pod("p", ctr(limits={COUNT: "1", MEMORY: "1"}),
                                                annotations={"cambricon.com/use-gpuuuid": "sel-cambricon-mlu-1"}), names)
     assert result["NodeNames"] == ["sel"]
-    ann = api.get("pods", "p", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "p")
     assert ann[ALLOCATED] == "sel-cambricon-mlu-1,MLU,256,100:;" and ann[PROFILE] == "1_100_1"
     _, result = await place(api, extender, pod("q", ctr(limits={COUNT: "1", MEMORY: "1"}),
                                                annotations={"cambricon.com/use-gpuuuid": "other"}), names)
@@ -351,7 +351,7 @@ async def test_malformed_request_is_refused_by_the_filter(api, app, extender):
     _, result = await place(api, extender, pod("bad", ctr(limits={COUNT: "1", MEMORY: "2.5"})), names)
     assert result["Error"] == \
         f'pod default/bad: container "main": {MEMORY} "2.5" is not a whole number of units of 256 MiB'
-    assert ALLOCATED not in api.get("pods", "bad", namespace="default")["metadata"]["annotations"]
+    assert ALLOCATED not in (api.get("pods", "bad", namespace="default")["metadata"].get("annotations") or {})
 
 
 DCU_REGISTRATION = ("DCU-0,4,65520,100,DCU-K100_AI,0,true,0,hami-core:"
@@ -384,7 +384,7 @@ async def test_pod_asking_for_mlu_and_dcu_gets_one_allocation_per_family(api, ap
                   name="dcu-user"))
     stored, result = await place(api, extender, two, names)
     assert result["NodeNames"] == ["both"], result
-    ann = api.get("pods", "two", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "two")
     mlu = decode_pod_devices(ann[ALLOCATED])
     dcu = decode_pod_devices(ann["hami.io/dcu-devices-allocated"])
     # one slot per container in each family's annotation, the other family's container empty

@@ -17,7 +17,7 @@ from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.embedded import running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
-from tests.conftest import assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import assert_books_balance, decision_annotations, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 VENDORS = build_vendors(DeviceConfig.default())
@@ -257,7 +257,7 @@ async def test_a_gcu_pod_is_filtered_bound_and_annotated(api, app, extender):
     names = await register_nodes(api, app, enflame_node("e1", gcus="2"))
     pod, result = await place(api, extender, gcu_pod("g", {"enflame.com/gcu": "1"}), names)
     assert result["NodeNames"] == ["e1"], result
-    ann = api.get("pods", "g", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "g")
     assert ann["hami.io/enflame-gcu-devices-allocated"] == ann["hami.io/enflame-gcu-devices-to-allocate"]
     assert ann["hami.io/enflame-gcu-devices-allocated"] in ("e1-GCU-0,GCU,100,100:;", "e1-GCU-1,GCU,100,100:;")
     assert (await extender.bind(pod, "e1"))["Error"] == ""

@@ -18,7 +18,7 @@ from hami_py.devices.registry import FamilySwitches
 from hami_py.embedded import embedded_options
 from hami_py.k8s.registration import STAMP_FORMAT, is_requesting
 from hami_py.reasons import CARD_TYPE_MISMATCH, CARD_UUID_MISMATCH, OK
-from tests.conftest import assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import decision_annotations, assert_books_balance, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 COUNT = "hygon.com/dcunum"
@@ -225,7 +225,7 @@ async def test_dcu_pod_is_filtered_and_bound_with_upstreams_annotations(api, app
     names = await register_nodes(api, app, dcu_node("dcu-1"))
     stored, result = await place(api, extender, pod("p", ctr(limits={COUNT: "1", MEMORY: "16384", CORES: "25"})), names)
     assert result["NodeNames"] == ["dcu-1"] and result["Error"] == "", result
-    ann = api.get("pods", "p", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "p")
     [[device]] = decode_pod_devices(ann[ALLOCATED])
     assert ann[ALLOCATED] == ann[TO_ALLOCATE] == f"{device.uuid},DCU,16384,25:;"
     before = app.device_plugin.allocated
@@ -249,7 +249,7 @@ async def test_type_gate_end_to_end(api, app, extender):
     _, result = await place(api, extender, pod("uuid", ctr(limits={COUNT: "1", MEMORY: "1024", CORES: "10"}),
                                                annotations={"hygon.com/use-gpuuuid": "DCU-1"}), names)
     assert result["NodeNames"] == ["t"]
-    ann = api.get("pods", "uuid", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "uuid")
     assert ann[ALLOCATED] == "DCU-1,DCU,1024,10:;"
 
 
@@ -264,7 +264,7 @@ async def test_default_cores_make_a_card_exclusive_and_memory_factor_applies(api
             names = await register_nodes(api, app, dcu_node("f", registration="DCU-0,4,65520,100,DCU,0,true:"))
             _, result = await place(api, extender, pod("a", ctr(limits={COUNT: "1", MEMORY: "8"})), names)
             assert result["NodeNames"] == ["f"]
-            assert api.get("pods", "a", namespace="default")["metadata"]["annotations"][ALLOCATED] == \
+            assert decision_annotations(api, app, "a")[ALLOCATED] == \
                 "DCU-0,DCU,8192,100:;"
             _, result = await place(api, extender, pod("b", ctr(limits={COUNT: "1", MEMORY: "8"})), names)
             assert result["FailedNodes"] == {"f": "1/1 CardInsufficientCore"}
@@ -344,7 +344,7 @@ async def test_pod_asking_for_gpu_and_dcu_binds_under_one_node_lock(api, app, ex
         ctr(limits={COUNT: "1", MEMORY: "1024", CORES: "10"}, name="dtk"))
     stored, result = await place(api, extender, both, names)
     assert result["NodeNames"] == ["nv-dcu"], result
-    ann = api.get("pods", "both", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "both")
     assert [len(c) for c in decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])] == [1, 0]
     assert [len(c) for c in decode_pod_devices(ann[ALLOCATED])] == [0, 1]
     before = app.device_plugin.allocated

@@ -19,7 +19,7 @@ from hami_py.devices.iluvatar import IluvatarConfig, IluvatarVendor, build_famil
 from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.embedded import embedded_options
 from hami_py.reasons import CARD_UUID_MISMATCH, OK
-from tests.conftest import assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import decision_annotations, assert_books_balance, place, register_nodes, wait_until
 from tests.test_webhook import admit, apply_json_patch, container, envelope, make_pod
 
 ON = FamilySwitches(enable_iluvatar=True)
@@ -235,7 +235,7 @@ async def test_iluvatar_pod_is_filtered_and_bound_with_upstreams_annotations(api
     names = await register_nodes(api, app, standard_node())
     stored, result = await place(api, extender, pod("p", ctr(limits={COUNT: "1", MEMORY: "4"})), names)
     assert result["NodeNames"] == ["ix-1"] and result["Error"] == "", result
-    ann = api.get("pods", "p", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "p")
     assert ann[ALLOCATED] == ann[TO_ALLOCATE] == "GPU-bad51c5a-ed4c-591d-91bf-c04a12e19eae,MR-V100,1024,0:;"
     before = app.device_plugin.allocated
     assert (await extender.bind(stored, "ix-1"))["Error"] == ""
@@ -251,7 +251,7 @@ async def test_each_kind_gets_its_own_cards_and_annotations(api, app, extender):
                                  "iluvatar.ai/BI-V150.vCore": "200"}, name="train"))
     _, result = await place(api, extender, two, names)
     assert result["NodeNames"] == ["ix-1"], result
-    ann = api.get("pods", "two", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "two")
     assert ALLOCATED not in ann
     devices = decode_pod_devices(ann["hami.io/BI-V150-devices-allocated"])
     # 200 cores over two cards: clamped to 100 per card by the fit, as upstream
@@ -302,7 +302,7 @@ async def test_admission_over_http_then_schedule(api, app, extender):
     admitted["metadata"]["name"] = "infer-pod"
     _, result = await place(api, extender, admitted, names)
     assert result["NodeNames"] == ["ix-1"], result
-    ann = api.get("pods", "infer-pod", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "infer-pod")
     assert ann[ALLOCATED] == "GPU-bad51c5a-ed4c-591d-91bf-c04a12e19eae,MR-V100,512,0:;"
 
 

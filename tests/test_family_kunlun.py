@@ -25,7 +25,7 @@ from hami_py.devices.kunlun import (
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.reasons import CARD_UUID_MISMATCH, NUMA_NOT_FIT, OK
-from tests.conftest import assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import decision_annotations, assert_books_balance, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 VENDORS = build_vendors(DeviceConfig.default())
@@ -438,7 +438,7 @@ async def test_whole_xpu_and_vxpu_pods_are_filtered_and_bound(api, app, extender
     names = await register_nodes(api, app, kunlun_node("k1", cards="8"), kunlun_node("v1", xpu_register=registration))
     pod, result = await place(api, extender, xpu_pod("all", {"kunlunxin.com/xpu": "8"}), names)
     assert result["NodeNames"] == ["k1"], result
-    ann = api.get("pods", "all", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "all")
     [given] = decode_pod_devices(ann["hami.io/kunlun-allocated"])
     assert sorted(d.uuid for d in given) == [f"k1-kunlun-{i}" for i in range(8)]
     assert {(d.type, d.usedmem, d.usedcores) for d in given} == {("kunlun", 98304, 100)}
@@ -448,7 +448,7 @@ async def test_whole_xpu_and_vxpu_pods_are_filtered_and_bound(api, app, extender
     pod, result = await place(api, extender, xpu_pod("share", {"kunlunxin.com/vxpu": "1",
                                                                "kunlunxin.com/vxpu-memory": "24576"}), names)
     assert result["NodeNames"] == ["v1"], result
-    ann = api.get("pods", "share", namespace="default")["metadata"]["annotations"]
+    ann = decision_annotations(api, app, "share")
     [[dev]] = decode_pod_devices(ann["hami.io/xpu-devices-allocated"])
     assert ann["hami.io/xpu-devices-to-allocate"] == f"{dev.uuid},XPU,24576,25:;"
     assert (await extender.bind(pod, "v1"))["Error"] == ""

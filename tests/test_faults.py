@@ -171,63 +171,94 @@ async def test_startup_list_failures_delay_sync_but_lose_nothing(api, fault):
 
 # ---------------------------------------------------------------------------------------- filter
 
+WRITES = ("PATCH", "PUT", "POST", "DELETE")
+
+
+@pytest.mark.parametrize("fault", [{"status": 500}, {"hang": True}, {"delay": 0.5}], ids=["fail", "hang", "delay"])
+async def test_filter_answers_whatever_the_api_server_does_with_writes(api, app, extender, fault):
+    """/filter writes nothing: with every write failing, hung or slowed, it still decides and
+    reserves (a write awaited would have failed it, or timed out by --kube-timeout)."""
+    names = await add_nodes(api, app, "n1")
+    pod = api.create("pods", gpu_pod("p", gpumem=20000, gpucores=20))
+    for method in WRITES:
+        api.faults.add(method=method, times=None, **fault)
+    try:
+        result = await extender.filter(pod, names)
+        assert result["NodeNames"] == names and result["Error"] == "", result
+        assert app.cache.pods[pod["metadata"]["uid"]].node == "n1"
+        assert api.get("pods", "p", namespace="default")["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+        assert not [r for r in api.requests if r[0] != "GET" and "/pods/" in r[1]]   # no pod write tried
+    finally:
+        api.faults.clear()
+    placement = await schedule_with_retries(extender, api, pod, names)
+    assert placement.node == "n1", placement
+    await wait_books_balance(api, app)
+
+
 @pytest.mark.parametrize("fault", [
     {"status": 500},
     {"status": 429, "retry_after": 1},
     {"status": 409},
-    {"status": 504, "after_apply": True},     # the patch landed, the answer was lost
+    {"status": 504, "after_apply": True},     # the Binding landed, the answer was lost
     {"hang": True},                           # ends by the client timeout (--kube-timeout)
 ])
-async def test_pod_patch_failure_rolls_back_then_retry_places(api, app, extender, fault):
+async def test_binding_failure_rolls_back_then_retry_places(api, app, extender, fault):
+    """The decision travels with the Binding: a Binding that fails leaves nothing on the pod and
+    releases the reservation and the node lock; one that landed despite the error is kept."""
     names = await add_nodes(api, app, "n1")
     pod = api.create("pods", gpu_pod("p", gpumem=20000, gpucores=20))
-    injected = api.faults.add(method="PATCH", path="/pods/p$", **fault)
-    result = await extender.filter(pod, names)
+    injected = api.faults.add(method="POST", path="/pods/p/binding$", **fault)
+    assert (await extender.filter(pod, names))["NodeNames"] == names
+    assert injected.hits == 0                                     # the filter wrote nothing
+    result = await extender.bind(pod, "n1")
     assert injected.hits == 1
-    assert result["Error"].startswith("patch pod default/p:"), result
-    assert result["NodeNames"] is None
-    assert pod["metadata"]["uid"] not in app.cache.pods          # nothing kept for it
-    assert sum(d["usedmem"] for d in app.cache.device_usage("n1")) == 0
-    api.faults.clear()    # a hung patch lands now, late: the retry below overwrites it
+    stored = api.get("pods", "p", namespace="default")
+    if fault.get("after_apply"):
+        assert result == {"Error": ""}, result                    # read back: it is bound
+        assert stored["spec"]["nodeName"] == stored["metadata"]["annotations"]["hami.io/vgpu-node"] == "n1"
+    else:
+        assert result["Error"], result
+        assert stored["spec"].get("nodeName") is None
+        assert not carried_decision(api, "p")                     # nothing half-applied
+        assert pod["metadata"]["uid"] not in app.cache.pods
+        assert sum(d["usedmem"] for d in app.cache.device_usage("n1")) == 0
+        assert LOCK_ANNOTATION not in (api.get("nodes", "n1")["metadata"].get("annotations") or {})
+    api.faults.clear()    # a hung Binding lands now, late: the pod is bound all the same
     placement = await schedule_with_retries(extender, api, pod, names)
     assert placement.node == "n1", placement
     await wait_books_balance(api, app)
     assert sum(d["usedmem"] for d in app.cache.device_usage("n1")) == 20000
 
 
-async def test_late_patch_after_a_retry_never_binds_to_the_wrong_node(api, app, extender):
-    """A pod patch whose answer was lost lands again after kube-scheduler's retry placed the pod
-    elsewhere (a client or proxy resent it late), so the pod's annotations name the first node.
-    Binding the pod to the second node would start it where it holds no devices."""
+async def test_a_late_decision_of_another_node_on_the_pod_is_replaced_by_the_binding(api, app, extender):
+    """A decision naming n1 lands on the pod (an older scheduler's patch, resent late) after this
+    scheduler's filter placed it on n2: the Binding carries this decision, which replaces the
+    other in the same write as spec.nodeName, so the pod runs where its devices are."""
     names = await add_nodes(api, app, "n1", "n2")
     pod = api.create("pods", gpu_pod("p", gpumem=20000))
-    api.faults.add(method="PATCH", path="/pods/p$", status=504, after_apply=True)
-    first = await extender.filter(pod, ["n1"])
-    assert first["Error"]
-    first_decision = api.get("pods", "p", namespace="default")["metadata"]["annotations"]
-    second = await extender.filter(pod, ["n2"])      # kube-scheduler's retry, other candidates
-    assert second["NodeNames"] == ["n2"]
-    api.patch("pods", "p", {"metadata": {"annotations": first_decision}}, namespace="default")   # the late write
+    late = await leave_decision(api, app, extender, pod, "n1")
+    assert (await extender.filter(pod, ["n2"]))["NodeNames"] == ["n2"]
+    written = api.patch("pods", "p", {"metadata": {"annotations": late}}, namespace="default")   # the late write
+    await pod_events_applied(app, written)
+    assert app.cache.pods[pod["metadata"]["uid"]].node == "n2"    # the newer reservation holds
     await wait_books_balance(api, app)
-    bound = await extender.bind(pod, "n2")
-    assert bound["Error"], "bound to n2 while the pod's devices are on n1"
-    assert api.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
-    placement = await schedule_with_retries(extender, api, pod, names)
-    assert placement.node
+    assert (await extender.bind(pod, "n2")) == {"Error": ""}
     stored = api.get("pods", "p", namespace="default")
-    assert stored["spec"]["nodeName"] == stored["metadata"]["annotations"]["hami.io/vgpu-node"]
+    assert stored["spec"]["nodeName"] == stored["metadata"]["annotations"]["hami.io/vgpu-node"] == "n2"
+    await pod_events_applied(app, stored)
     await wait_books_balance(api, app)
+    assert sum(d["usedmem"] for d in app.cache.device_usage("n1")) == 0
 
 
 # ---------------------------------------------------------------------------------------- bind
 
 @pytest.mark.parametrize("status", [500, 429])
 @pytest.mark.parametrize("steps", [
-    [("GET", "/pods/p$")],                           # reading the pod
+    [("POST", "/pods/p/binding$", 504), ("GET", "/pods/p$")],   # the Binding uncertain, its read-back failed
     [("PATCH", "/nodes/n1$")],                       # taking the node lock
     [("PATCH", "/nodes/n1$", 409), ("GET", "/nodes/n1$")],   # lock lost a race, then re-reading the node
     [("POST", "/pods/p/binding$")],                  # the Binding
-], ids=["get-pod", "lock", "lock-reread", "binding"])
+], ids=["binding-readback", "lock", "lock-reread", "binding"])
 async def test_bind_step_failure_undoes_everything_then_retry_binds(api, app, extender, steps, status):
     names = await add_nodes(api, app, "n1")
     pod = api.create("pods", gpu_pod("p", gpumem=20000))
@@ -237,7 +268,7 @@ async def test_bind_step_failure_undoes_everything_then_retry_binds(api, app, ex
     result = await extender.bind(pod, "n1")
     assert all(f.hits == 1 for f in faults) and result["Error"], result
     stored = api.get("pods", "p", namespace="default")
-    assert stored["spec"].get("nodeName") is None
+    assert stored["spec"].get("nodeName") is None and not carried_decision(api, "p")
     assert LOCK_ANNOTATION not in (api.get("nodes", "n1")["metadata"].get("annotations") or {})
     placement = await schedule_with_retries(extender, api, pod, names)
     assert placement.node == "n1", placement
@@ -302,18 +333,21 @@ async def test_pod_deleted_between_filter_and_bind(api, app, extender):
     assert not app.cache.pods
 
 
-async def test_pod_deleted_while_its_filter_patch_is_in_flight(api, app, extender):
+async def test_pod_deleted_while_its_bind_is_in_flight(api, app, extender):
     names = await add_nodes(api, app, "n1")
     pod = api.create("pods", gpu_pod("p", gpumem=20000))
-    hung = api.faults.add(method="PATCH", path="/pods/p$", hang=True)
-    task = asyncio.create_task(extender.filter(pod, names))
-    await wait_for(lambda: hung.hits == 1, what="the patch to be in flight")
-    api.delete("pods", "p", namespace="default")    # lands while the patch is held
+    assert (await extender.filter(pod, names))["NodeNames"] == names
+    hung = api.faults.add(method="PATCH", path="/nodes/n1$", hang=True)
+    task = asyncio.create_task(extender.bind(pod, "n1"))
+    await wait_for(lambda: hung.hits == 1, what="the node lock to be in flight")
+    api.delete("pods", "p", namespace="default")    # lands while the lock write is held
     api.faults.release()
     result = await task
-    assert "not found" in result["Error"], result
+    # Refused by the Binding (404), or before it once the watch showed the delete.
+    assert "not found" in result["Error"] or "no device reservation" in result["Error"], result
     await wait_books_balance(api, app)
     assert not app.cache.pods
+    await wait_lock_free(api, "n1")
 
 
 async def test_pod_recreated_under_the_same_name_between_filter_and_bind(api, app, extender):
@@ -323,7 +357,8 @@ async def test_pod_recreated_under_the_same_name_between_filter_and_bind(api, ap
     api.delete("pods", "p", namespace="default")
     new = api.create("pods", gpu_pod("p", gpumem=30000))
     result = await extender.bind(old, "n1")
-    assert "has uid" in result["Error"], result
+    # Refused by the pod read (the watch showed the delete) or by the Binding's UID precondition.
+    assert "uid" in result["Error"].lower(), result
     assert api.get("pods", "p", namespace="default")["spec"].get("nodeName") is None
     placement = await schedule_with_retries(extender, api, new, names)
     assert placement.node == "n1"
@@ -397,42 +432,21 @@ async def test_two_concurrent_filters_for_one_pod_leave_one_decision(api, app, e
     assert all(r["NodeNames"] for r in results)
     await wait_books_balance(api, app)
     assert sum(d["usedmem"] for n in names for d in app.cache.device_usage(n)) == 30000
-    node = api.get("pods", "p", namespace="default")["metadata"]["annotations"]["hami.io/vgpu-node"]
+    node = app.cache.pods[pod["metadata"]["uid"]].node
     assert (await extender.bind(pod, node)) == {"Error": ""}
+    assert api.get("pods", "p", namespace="default")["metadata"]["annotations"]["hami.io/vgpu-node"] == node
     await wait_books_balance(api, app)
 
 
-async def test_relist_during_a_refilter_keeps_the_newer_reservation(api):
-    """kube-scheduler filters a pod again (other candidates) while the informer relists: the
-    list shows the pod with its first decision, but the reservation of the second, whose patch
-    is still in flight, is newer and must stay charged, or its GPU is handed out twice."""
-    async with running_scheduler(api, options=embedded_options()) as app:   # no client timeout
-        extender = ExtenderClient(app.url)
-        try:
-            await _relist_during_refilter(api, app, extender)
-        finally:
-            await extender.close()
-
-
-async def _relist_during_refilter(api, app, extender) -> None:
+async def test_relist_during_a_refilter_keeps_the_newer_reservation(api, app, extender):
+    """The pod carries a decision for n1 (an older scheduler's), this scheduler's filter placed it
+    on n2, not bound yet, and the informer relists: the list shows the pod with the n1 decision,
+    but the reservation on n2 is newer and must stay charged, or its GPU is handed out twice."""
     await add_nodes(api, app, "n1", "n2", gpus=1)
     pod = api.create("pods", gpu_pod("p", gpumem=FULL_CARD))
-    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    await leave_decision(api, app, extender, pod, "n1")
     uid = pod["metadata"]["uid"]
-    await wait_for(lambda: app.cache.pods[uid].resource_version is not None, what="first patch seen")
-    hung = api.faults.add(method="PATCH", path="/pods/p$", hang=True)
-    refilter = asyncio.create_task(extender.filter(pod, ["n2"]))
-    try:
-        await _relist_while_in_flight(api, app, extender, uid, hung)
-    finally:
-        api.faults.clear()
-        result = await refilter
-    assert result["NodeNames"] == ["n2"]
-    await wait_books_balance(api, app)
-
-
-async def _relist_while_in_flight(api, app, extender, uid, hung) -> None:
-    await wait_for(lambda: hung.hits == 1, what="the second patch to be in flight")
+    assert (await extender.filter(pod, ["n2"]))["NodeNames"] == ["n2"]
     assert app.cache.pods[uid].node == "n2"
     pods = informer_of(app, "pods")
     lists = pods.stats.lists
@@ -443,6 +457,9 @@ async def _relist_while_in_flight(api, app, extender, uid, hung) -> None:
     assert app.cache.pods[uid].node == "n2", "the relisted (older) decision replaced the newer one"
     other = api.create("pods", gpu_pod("q", gpumem=FULL_CARD))
     assert (await extender.filter(other, ["n2"]))["NodeNames"] is None   # n2's card is taken
+    await wait_books_balance(api, app)
+    assert (await extender.bind(pod, "n2")) == {"Error": ""}
+    await wait_books_balance(api, app)
 
 
 async def test_repeated_bind_of_a_bound_pod_changes_nothing(api, app, extender):
@@ -509,12 +526,28 @@ def carried_decision(api, name: str) -> dict:
             **{f"label:{k}": v for k, v in (meta.get("labels") or {}).items() if k == "hami.io/vgpu-node"}}
 
 
+async def leave_decision(api, app, extender, pod: dict, node: str) -> dict:
+    """Write onto the unbound pod the decision a filter makes for it on ``node``, annotations and
+    label, as an older hami-py (whose /filter patched the pod) or upstream's scheduler leaves it;
+    wait until the scheduler's watch has seen it. The annotations written."""
+    meta = pod["metadata"]
+    assert (await extender.filter(pod, [node]))["NodeNames"] == [node]
+    decision = dict(app.cache.pods[meta["uid"]].annotations)
+    written = api.patch("pods", meta["name"], {"metadata": {"uid": meta["uid"], "annotations": decision,
+                                                            "labels": {"hami.io/vgpu-node": node}}},
+                        namespace=meta["namespace"])
+    await pod_events_applied(app, written)
+    return decision
+
+
 async def rolled_back_then_crowded_out(api, app, extender) -> dict:
-    """``first`` is placed on n1's one GPU, its bind fails and is rolled back, and ``second``
-    takes the whole GPU: ``first`` (returned, as kube-scheduler's copy) fits nowhere now."""
+    """``first`` carries a decision for n1's one GPU that an older scheduler left (its bind
+    failed and was rolled back), and ``second`` takes the whole GPU: ``first`` (returned, as
+    kube-scheduler's copy) fits nowhere now."""
     await add_nodes(api, app, "n1", gpus=1)
     first = api.create("pods", gpu_pod("first", gpumem=FULL_CARD))
-    assert (await extender.filter(first, ["n1"]))["NodeNames"] == ["n1"]
+    await leave_decision(api, app, extender, first, "n1")
+    first = api.get("pods", "first", namespace="default")       # kube-scheduler's copy shows it
     api.faults.add(method="POST", path="/binding$", status=500)
     assert (await extender.bind(first, "n1"))["Error"]          # rolled back
     assert carried_decision(api, "first")                        # ...but still on the pod
@@ -592,6 +625,7 @@ async def test_a_stale_copy_of_a_bound_pod_that_fits_nowhere_keeps_its_decision_
     created = api.create("pods", gpu_pod("p", gpumem=FULL_CARD))
     placement = await schedule_with_retries(extender, api, created, ["n1"])
     assert placement.node == "n1"
+    await wait_for(lambda: "label:hami.io/vgpu-node" in carried_decision(api, "p"), what="the label after the bind")
     decision = carried_decision(api, "p")
     result = await extender.filter(created, ["gone"])           # the stale, unbound copy; no usable node
     assert result["NodeNames"] is None and result["Error"] == "pod default/p is already bound to node n1"
@@ -620,28 +654,32 @@ def filters_waiting(app, uid: str) -> int:
 
 
 async def test_a_filter_queued_behind_another_for_the_same_pod_is_never_overtaken(api, app, extender):
-    """Filters of one pod run one at a time, so at most one patch of its decision is in flight
-    (the cache relies on that to tell an older decision from a newer one). The per-pod lock must
-    stay in place while filters still wait on it, or the next one takes a fresh lock and runs
-    beside them."""
-    names = await add_nodes(api, app, "n1")
+    """Filters of one pod run one at a time (the cache relies on that to tell an older decision
+    from a newer one, and the stale-decision cleanup on no newer decision being in flight). The
+    per-pod lock must stay in place while filters still wait on it, or the next one takes a fresh
+    lock and runs beside them. Here each filter finds no node for a pod carrying an old decision,
+    and its cleanup's read of the pod hangs under the lock."""
+    await add_nodes(api, app, "n1")
     pod = api.create("pods", gpu_pod("p", gpumem=20000))
     uid = pod["metadata"]["uid"]
-    hung = api.faults.add(method="PATCH", path="/pods/p$", hang=True, times=None)
-    first = asyncio.create_task(extender.filter(pod, names))
-    await wait_for(lambda: hung.hits == 1, what="the first patch in flight")
-    second = asyncio.create_task(extender.filter(pod, names))
+    await leave_decision(api, app, extender, pod, "n1")
+    pod = api.get("pods", "p", namespace="default")            # kube-scheduler's copy shows it
+    hung = api.faults.add(method="GET", path="/pods/p$", hang=True, times=None)
+    first = asyncio.create_task(extender.filter(pod, ["gone"]))
+    await wait_for(lambda: hung.hits == 1, what="the first cleanup read in flight")
+    second = asyncio.create_task(extender.filter(pod, ["gone"]))
     await wait_for(lambda: filters_waiting(app, uid) == 1, what="the second filter queued")
-    api.faults.release()             # the first patch lands; the second filter's patch hangs
-    await wait_for(lambda: hung.hits == 2, what="the second patch in flight")
-    third = asyncio.create_task(extender.filter(pod, names))
+    api.faults.release()             # the first read is served; the second filter's read hangs
+    await wait_for(lambda: hung.hits == 2, what="the second cleanup read in flight")
+    third = asyncio.create_task(extender.filter(pod, ["gone"]))
     try:
         await wait_for(lambda: filters_waiting(app, uid) == 1 or hung.hits == 3, what="the third filter")
-        assert hung.hits == 2, "a third filter ran while the second one's patch was in flight"
+        assert hung.hits == 2, "a third filter ran while the second one's cleanup was in flight"
     finally:
         api.faults.clear()
         results = await asyncio.gather(first, second, third)
-    assert all(r["NodeNames"] == names for r in results)
+    assert all(r["NodeNames"] is None and not r["Error"] for r in results)
+    assert carried_decision(api, "p") == {}
     await wait_books_balance(api, app)
 
 
@@ -665,7 +703,7 @@ async def test_shutdown_never_hangs_when_the_registration_keeper_is_woken_at_the
 
 
 async def test_a_decision_whose_cleanup_cannot_read_the_pod_is_not_charged_again_by_its_next_event(api, app, extender):
-    """A decision that landed (charged, not rolled back); kube-scheduler filters the pod again
+    """A decision an older scheduler left on the pod (charged); kube-scheduler filters the pod again
     against nodes where it fits nowhere, and the cleanup's read of the pod fails. The filter has
     already dropped the charge; the pod's next event (kube-scheduler's Unschedulable status, in
     life) still carries the decision and must not charge it back: the GPU would stay booked for
@@ -675,7 +713,7 @@ async def test_a_decision_whose_cleanup_cannot_read_the_pod_is_not_charged_again
         d["id"] for d in registration("n2", gpus=1))}}})
     await wait_for(lambda: "n2" in app.cache.annotated_nodes, what="n2's cordon seen")
     pod = api.create("pods", gpu_pod("p", gpumem=FULL_CARD))
-    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    await leave_decision(api, app, extender, pod, "n1")
     assert carried_decision(api, "p") and app.cache.device_usage("n1")[0]["usedmem"] == FULL_CARD
     fault = api.faults.add(method="GET", path="/pods/p$", status=500)
     retry = await extender.filter(pod, ["n2"])                  # fits nowhere there: all cordoned

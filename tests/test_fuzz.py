@@ -176,11 +176,14 @@ def _still_serving(cluster: LoopCluster) -> None:
 
 
 def _settle(cluster: LoopCluster) -> None:
-    """Bind whatever a fuzzed filter placed, as kube-scheduler would, then check the books."""
+    """Delete every pod a fuzzed filter placed and nothing bound (its reservation, which writes
+    nothing to the pod, goes with it; so does a decision left on an unbound pod), then check the
+    books: the next test starts from a fresh, unplaced pod."""
     api = cluster.api
     for pod in api.list("pods"):
         node = (pod["metadata"].get("annotations") or {}).get("hami.io/vgpu-node")
-        if node and not pod["spec"].get("nodeName"):
+        reserved = pod["metadata"].get("uid") in cluster.app.cache.pods
+        if (node or reserved) and not pod["spec"].get("nodeName"):
             api.delete("pods", pod["metadata"]["name"], namespace="default")
     cluster.run(wait_books_balance(api, cluster.app))
     if api.get("pods", "fuzzed", namespace="default") is None:

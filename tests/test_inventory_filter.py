@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
-from tests.conftest import node_list, place, register_nodes as register, wait_until
+from hami_py.k8s.nodelock import LOCK_ANNOTATION
+from tests.conftest import bind_placed, decision_annotations, node_list, place, register_nodes as register, wait_until
 
 A100_MIB = 8192
 TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
@@ -30,9 +31,10 @@ def reference_node(name: str = "n1", *devices: dict, **kw) -> dict:
     return gpu_node(name, devices=list(devices) or [a100()], **kw)
 
 
-def allocation(api, pod_name: str, namespace: str = "default") -> list[list]:
-    """The pod's ``hami.io/vgpu-devices-to-allocate``, decoded: one device list per container."""
-    annotations = api.get("pods", pod_name, namespace=namespace)["metadata"]["annotations"]
+def allocation(api, app, pod_name: str, namespace: str = "default") -> list[list]:
+    """The pod's ``hami.io/vgpu-devices-to-allocate`` as its Binding writes it, decoded: one
+    device list per container (tests/conftest.py::decision_annotations)."""
+    annotations = decision_annotations(api, app, pod_name, namespace)
     return decode_pod_devices(annotations[TO_ALLOCATE])
 
 
@@ -53,18 +55,21 @@ def events_of(api, pod_name: str, namespace: str = "default") -> list[tuple[str,
 # live filter
 # ---------------------------------------------------------------------------------------------
 
-async def test_patch_of_a_pod_missing_from_the_api_server_fails_and_frees_the_reservation(api, app, extender):
+async def test_bind_of_a_pod_missing_from_the_api_server_fails_and_frees_the_reservation(api, app, extender):
     """Inventory: filter-patch-rollback
 
-    kube-scheduler may filter a pod that was deleted meanwhile: the pod patch is a 404, the
-    answer carries the error, and the capacity reserved for it is free for the next pod."""
+    kube-scheduler may filter a pod that was deleted meanwhile. The filter writes nothing, so it
+    answers and reserves; the Binding that carries the decision is a 404, the bind's answer
+    carries the error, and the node lock and the capacity reserved are free for the next pod."""
     names = await register(api, app, reference_node())
     ghost = gpu_pod("ghost", gpumem=A100_MIB)
     ghost["metadata"]["uid"] = "9d0c7e5e-ghost"            # never created in the API server
     result = await extender.filter(ghost, names)
-    assert result["Error"].startswith("patch pod default/ghost:") and "not found" in result["Error"], result
-    assert result["NodeNames"] is None
+    assert result["NodeNames"] == ["n1"] and used_mem(app) == A100_MIB, result
+    bound = await extender.bind(ghost, "n1")
+    assert "not found" in bound["Error"], bound
     assert used_mem(app) == 0
+    assert LOCK_ANNOTATION not in (api.get("nodes", "n1")["metadata"].get("annotations") or {})
     _, result = await place(api, extender, gpu_pod("next", gpumem=A100_MIB), names)
     assert result["NodeNames"] == ["n1"], result
 
@@ -110,9 +115,9 @@ async def test_an_init_container_without_devices_keeps_its_empty_slot(api, app, 
     names = await register(api, app, reference_node())
     pod = gpu_pod("p", gpumem=3000, gpucores=30)
     pod["spec"]["initContainers"] = [{"name": "setup", "image": "busybox"}]
-    _, result = await place(api, extender, pod, names)
+    created, result = await place(api, extender, pod, names)
     assert result["NodeNames"] == ["n1"], result
-    annotations = api.get("pods", "p", namespace="default")["metadata"]["annotations"]
+    annotations = (await bind_placed(api, app, extender, created, result))["metadata"]["annotations"]
     assert annotations[TO_ALLOCATE] == annotations[ALLOCATED] == ";GPU-0,NVIDIA,3000,30:;"
     api.patch("pods", "p", {"status": {"initContainerStatuses": [
         {"name": "setup", "state": {"terminated": {"exitCode": 0}}}]}}, namespace="default")

@@ -15,11 +15,11 @@ async def _one_gpu(api, app) -> list[str]:
     return await register(api, app, reference_node())
 
 
-async def _given(api, extender, name: str, **request) -> list:
+async def _given(api, app, extender, name: str, **request) -> list:
     """Filter a pod onto n1 (it must fit); its allocation, one device list per container."""
     _, result = await place(api, extender, gpu_pod(name, **request), ["n1"])
     assert result["NodeNames"] == ["n1"], result
-    return allocation(api, name)
+    return allocation(api, app, name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -29,21 +29,21 @@ async def _given(api, extender, name: str, **request) -> list:
 async def test_count_only_takes_the_whole_card(api, app, extender):
     """Inventory: req-whole-card-default (without the webhook, so no cores are added)"""
     await _one_gpu(api, app)
-    [[device]] = await _given(api, extender, "whole")
+    [[device]] = await _given(api, app, extender, "whole")
     assert (device.uuid, device.usedmem, device.usedcores) == ("GPU-0", A100_MIB, 0)
 
 
 async def test_memory_percentage_resolves_against_the_chosen_card(api, app, extender):
     """Inventory: req-percentage"""
     await _one_gpu(api, app)
-    [[device]] = await _given(api, extender, "half", gpumem_percentage=50)
+    [[device]] = await _given(api, app, extender, "half", gpumem_percentage=50)
     assert device.usedmem == 4096
 
 
 async def test_cores_above_100_are_clamped_to_100(api, app, extender):
     """Inventory: fit-core-clamp"""
     await _one_gpu(api, app)
-    [[device]] = await _given(api, extender, "greedy", gpumem=1000, gpucores=150)
+    [[device]] = await _given(api, app, extender, "greedy", gpumem=1000, gpucores=150)
     assert device.usedcores == 100
 
 
@@ -57,7 +57,7 @@ async def test_init_containers_fit_on_their_own_before_the_app(api, app, extende
     pod["spec"]["initContainers"][0]["resources"]["limits"]["nvidia.com/gpumem"] = "6000"
     _, result = await place(api, extender, pod, ["n1"])
     assert result["NodeNames"] == ["n1"], result
-    assert [[d.uuid for d in c] for c in allocation(api, "p")] == [["GPU-0"], ["GPU-0"]]
+    assert [[d.uuid for d in c] for c in allocation(api, app, "p")] == [["GPU-0"], ["GPU-0"]]
     assert used_mem(app) == 6000
 
 
@@ -69,7 +69,7 @@ async def test_every_split_slot_taken_is_time_slicing_exhausted(api, app, extend
     """Inventory: usage-slots"""
     await _one_gpu(api, app)
     for i in range(10):
-        await _given(api, extender, f"p{i}", gpumem=100)
+        await _given(api, app, extender, f"p{i}", gpumem=100)
     _, result = await place(api, extender, gpu_pod("p10", gpumem=100), ["n1"])
     assert result["FailedNodes"] == {"n1": "1/1 CardTimeSlicingExhausted"}
 
@@ -77,7 +77,7 @@ async def test_every_split_slot_taken_is_time_slicing_exhausted(api, app, extend
 async def test_an_exclusive_request_needs_an_unused_card(api, app, extender):
     """Inventory: fit-exclusive"""
     await _one_gpu(api, app)
-    await _given(api, extender, "small", gpumem=1000)           # a task that books no cores
+    await _given(api, app, extender, "small", gpumem=1000)           # a task that books no cores
     _, result = await place(api, extender, gpu_pod("exclusive", gpumem=1000, gpucores=100), ["n1"])
     assert result["FailedNodes"] == {"n1": "1/1 ExclusiveDeviceAllocateConflict"}
 
@@ -85,8 +85,8 @@ async def test_an_exclusive_request_needs_an_unused_card(api, app, extender):
 async def test_a_zero_core_task_cannot_join_a_card_whose_cores_are_all_booked(api, app, extender):
     """Inventory: fit-zero-core-full"""
     await register(api, app, reference_node("n1", a100(devcore=100)))
-    await _given(api, extender, "booked-a", gpumem=1000, gpucores=60)
-    await _given(api, extender, "booked-b", gpumem=1000, gpucores=40)
+    await _given(api, app, extender, "booked-a", gpumem=1000, gpucores=60)
+    await _given(api, app, extender, "booked-b", gpumem=1000, gpucores=40)
     _, result = await place(api, extender, gpu_pod("zero", gpumem=1000, gpucores=0), ["n1"])
     assert result["FailedNodes"] == {"n1": "1/1 CardComputeUnitsExhausted"}
 
@@ -94,7 +94,7 @@ async def test_a_zero_core_task_cannot_join_a_card_whose_cores_are_all_booked(ap
 async def test_free_cores_are_checked(api, app, extender):
     """Inventory: fit-insufficient-core"""
     await _one_gpu(api, app)
-    await _given(api, extender, "eighty", gpumem=1000, gpucores=80)
+    await _given(api, app, extender, "eighty", gpumem=1000, gpucores=80)
     _, result = await place(api, extender, gpu_pod("thirty", gpumem=1000, gpucores=30), ["n1"])
     assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientCore"}
 
@@ -120,7 +120,7 @@ async def test_policy_chain_breaks_exact_ties_by_the_higher_index(api, app, exte
     """Inventory: gpu-policy-chain (ties go by registration position, normally the index;
     docs/COMPATIBILITY.md "Fit and score")"""
     await register(api, app, reference_node("n1", a100(0), a100(1)))
-    [[device]] = await _given(api, extender, "p", gpumem=1000,
+    [[device]] = await _given(api, app, extender, "p", gpumem=1000,
                               annotations={"hami.io/gpu-scheduler-policy": "binpack,numa"})
     assert device.uuid == "GPU-1"
 

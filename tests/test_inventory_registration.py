@@ -10,7 +10,7 @@ from __future__ import annotations
 import orjson
 
 from hami_py.fakeapi.objects import gpu_pod
-from tests.conftest import place, pod_events_applied, register_nodes as register, wait_until
+from tests.conftest import decision_annotations, place, pod_events_applied, register_nodes as register, wait_until
 from tests.test_inventory_filter import A100_MIB, ALLOCATED, a100, reference_node
 
 REGISTER = "hami.io/node-nvidia-register"
@@ -73,7 +73,7 @@ async def test_registration_keys_match_whatever_their_case(api, app, extender):
     names = await register(api, app, reference_node("n1", device))
     _, result = await place(api, extender, gpu_pod("p", gpumem=A100_MIB, gpucores=100), names)
     assert result["NodeNames"] == ["n1"], result
-    assert api.get("pods", "p", namespace="default")["metadata"]["annotations"][ALLOCATED] == \
+    assert decision_annotations(api, app, "p")[ALLOCATED] == \
         f"GPU-0,NVIDIA,{A100_MIB},100:;"
 
 

@@ -95,7 +95,8 @@ async def test_only_the_leader_keeps_registration_and_serves_filter_until_fail_o
         # The follower's /filter waits; it is ready all the same (upstream's /readyz is always 200).
         waiting = asyncio.create_task(ext_b.filter(api.create("pods", gpu_pod("p-b", gpumem=1000)), ["n1"]))
         await wait_for(lambda: _parked(b) == 1, what="b to receive its /filter")
-        served = await ext_a.filter(api.create("pods", gpu_pod("p-a", gpumem=1000)), ["n1"])
+        p_a = api.create("pods", gpu_pod("p-a", gpumem=1000))
+        served = await ext_a.filter(p_a, ["n1"])
         assert served["NodeNames"] == ["n1"]
         assert await _status(b.url, "/readyz") == 200 and await _status(b.url, "/healthz") == 200
         assert not waiting.done() and _parked(b) == 1
@@ -107,6 +108,12 @@ async def test_only_the_leader_keeps_registration_and_serves_filter_until_fail_o
         assert result["NodeNames"] == ["n1"], result
         assert b.leadership.is_leader and not a.leadership.is_leader
         assert not a.service.synced.is_set()
+        # a's decision for p-a was never written (the Binding would carry it), so b cannot see it:
+        # a released it with its leadership, and a bind of it is sent back to /filter.
+        assert p_a["metadata"]["uid"] not in a.cache.pods
+        assert (await ext_a.bind(p_a, "n1")) == {
+            "Error": "pod default/p-a has no device reservation on node n1 (filter it again)"}
+        assert api.get("pods", "p-a", namespace="default")["spec"].get("nodeName") is None
         await wait_for(lambda: (_role(api, "hami-a"), _role(api, "hami-b")) == ("follower", "leader"),
                        what="role labels after fail-over")
         a_requests = a.keeper.stats.requests

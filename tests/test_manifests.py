@@ -37,7 +37,7 @@ from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.http.server import build_app
 from hami_py.http.webhook import WEBHOOK_PATH, build_webhook_app
-from hami_py.k8s.budget import CRITICAL_REQUESTS_PER_POD, pods_per_second_cap
+from hami_py.k8s.budget import REQUESTS_PER_POD, pods_per_second_cap
 from hami_py.metrics import Metrics
 from hami_py.scheduling.admission import SUPPORTED_VERSIONS
 
@@ -159,11 +159,11 @@ def test_hami_flags_are_what_the_cli_accepts_and_expects():
 
 
 def test_the_api_budget_places_100_pods_a_second_with_room_for_the_handshakes():
-    """README's arithmetic: pods/s x 4 requests per pod, plus one handshake stamp per node every
+    """README's arithmetic: pods/s x 3 requests per pod (lock, Binding, label), plus one handshake stamp per node every
     30 s (nodes / 30 a second), must fit in --kube-qps; the burst covers two seconds of it."""
     assert OPTIONS.kube_qps > 0                                       # limited, as upstream's client is
     assert pods_per_second_cap(OPTIONS.kube_qps) >= 100
-    assert OPTIONS.kube_qps - 100 * CRITICAL_REQUESTS_PER_POD >= 6000 / 30   # stamps of 6 000 nodes
+    assert OPTIONS.kube_qps - 100 * REQUESTS_PER_POD >= 6000 / 30   # stamps of 6 000 nodes
     assert OPTIONS.kube_burst >= 2 * OPTIONS.kube_qps
     defaults = options_from_args(build_parser().parse_args([]))
     assert (defaults.kube_qps, defaults.kube_burst) == (5.0, 10)     # the flags keep upstream's defaults

@@ -99,18 +99,27 @@ async def test_request_histograms_for_filter_and_bind(api, app, extender):
 
 
 async def test_api_call_histogram_splits_filter_and_bind_into_their_api_calls(api, app, extender):
-    """How long the scheduler waits on the API server, per call kind: the filter's pod patch,
-    the bind's pod read and Binding, the node lock. Failed calls count too."""
+    """How long the scheduler waits on the API server, per call kind. /filter makes no call; the
+    bind of a pod it filtered makes two, the node lock and the Binding (no read of the pod), and
+    then patches the vgpu-node label in the background. Failed calls count too."""
     await _placed_pod(api, app, extender)
-    api.faults.add(method="PATCH", path=r"/pods/broken$", status=500)
-    broken = api.create("pods", gpu_pod("broken", gpumem=1000))
-    assert (await extender.filter(broken, ["n1"]))["Error"]
-    samples = await scrape(app)
-    count = series(samples, "hami_kube_api_request_duration_seconds_count")
-    assert count[labels(method="PATCH", resource="pods")] == 2        # p's patch and the failed one
-    assert count[labels(method="GET", resource="pods")] >= 1          # bind reads the pod
+    await wait_until(lambda: (api.get("pods", "p", namespace="team-a")["metadata"].get("labels") or {})
+                     .get("hami.io/vgpu-node") == "n1", "the label patched after the bind")
+    name = "hami_kube_api_request_duration_seconds_count"
+    count = series(await scrape(app), name)
+    assert count[labels(method="PATCH", resource="pods")] == 1        # the label, after the bind
     assert count[labels(method="POST", resource="pods/binding")] == 1
     assert count[labels(method="PATCH", resource="nodes")] >= 1       # the node lock
+    broken = api.create("pods", gpu_pod("broken", gpumem=1000))
+    assert (await extender.filter(broken, ["n1"]))["NodeNames"] == ["n1"]
+    writes = {k: v for k, v in series(await scrape(app), name).items() if dict(k)["resource"] != "events"}
+    assert writes == {k: v for k, v in count.items() if dict(k)["resource"] != "events"}   # the filter: none
+    api.faults.add(method="POST", path=r"/pods/broken/binding$", status=403)   # refused: nothing to read back
+    assert (await extender.bind(broken, "n1"))["Error"]
+    after = series(await scrape(app), name)
+    assert after[labels(method="POST", resource="pods/binding")] == 2          # the failed one counts
+    assert after[labels(method="PATCH", resource="pods")] == 1                 # no label for a failed bind
+    assert not [r for r in api.requests if r[0] == "GET" and r[1].endswith("/pods/broken")]   # never read
 
 
 def test_api_resource_names_the_resource_and_subresource():

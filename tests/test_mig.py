@@ -6,7 +6,7 @@ import orjson
 
 from hami_py.embedded import running_scheduler
 from hami_py.fakeapi.objects import H200, gpu_node, gpu_pod, registration
-from tests.conftest import assert_books_balance, wait_until
+from tests.conftest import assert_books_balance, bind_placed, wait_until
 
 # An H200's GPU-instance profiles (see the shared nvidia-h200 fixture), memory in MiB.
 H200_MIG_PROFILES = [
@@ -33,14 +33,14 @@ async def test_mig_instances_are_placed_recorded_and_rebuilt(api, app, extender)
     api.create("nodes", _mig_node())
     await wait_until(lambda: "n1" in app.cache.nodes, "MIG node registered")
     small = api.create("pods", gpu_pod("small", gpumem=10000))
-    assert (await extender.filter(small, ["n1"]))["NodeNames"] == ["n1"]
+    await bind_placed(api, app, extender, small, await extender.filter(small, ["n1"]))
     [inst] = _mig_allocations(api, "small")
     assert inst["profile"] == "1g.18gb" and inst["placement"] == {"start": 6, "size": 1}
     assert (inst["containerIndex"], inst["deviceIndex"]) == (0, 0)
     ann = api.get("pods", "small", namespace="default")["metadata"]["annotations"]
     assert ann["hami.io/vgpu-devices-allocated"].split(",")[2] == "16384"  # charged as the profile
     big = api.create("pods", gpu_pod("big", gpumem=60000))
-    assert (await extender.filter(big, ["n1"]))["NodeNames"] == ["n1"]
+    await bind_placed(api, app, extender, big, await extender.filter(big, ["n1"]))
     [inst] = _mig_allocations(api, "big")
     assert inst["profile"] == "3g.71gb" and inst["placement"] == {"start": 0, "size": 4}
     whole = api.create("pods", gpu_pod("whole", gpumem=40000))
@@ -59,7 +59,7 @@ async def test_several_instances_for_one_container_and_vgpu_mode_gate(api, app, 
     api.create("nodes", _mig_node())
     await wait_until(lambda: "n1" in app.cache.nodes, "MIG node registered")
     pod = api.create("pods", gpu_pod("two", gpus=2, gpumem=10000))
-    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    await bind_placed(api, app, extender, pod, await extender.filter(pod, ["n1"]))
     insts = _mig_allocations(api, "two")
     assert [i["deviceIndex"] for i in insts] == [0, 1]
     assert [i["placement"]["start"] for i in insts] == [6, 5]

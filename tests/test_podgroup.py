@@ -60,9 +60,11 @@ async def test_pod_group_member_gives_up_after_the_retry_timeout(api):
         client = ExtenderClient(app.url)
         try:
             await _locked_node(api, app)
-            pod = api.create("pods", gpu_pod("member", gpumem=1000))
-            api.patch("pods", "member", {"metadata": {"labels": {"scheduling.x-k8s.io/pod-group": "g"}}},
-                      namespace="default")
+            api.create("pods", gpu_pod("member", gpumem=1000))
+            # kube-scheduler sends the pod as its informer has it: labelled. The bind judges the
+            # group from that copy (it reads the pod no more).
+            pod = api.patch("pods", "member", {"metadata": {"labels": {"scheduling.x-k8s.io/pod-group": "g"}}},
+                            namespace="default")
             await client.filter(pod, ["n1"])
             result = await client.bind(pod, "n1")
             assert result["Error"] == ("timed out after 300ms waiting for node n1 to be unlocked: "

@@ -10,11 +10,11 @@ from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
 from hami_py.scheduling.kernel_ref import KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX
 from hami_py.scheduling.policies import gpu_policy_code
-from tests.conftest import wait_until
+from tests.conftest import decision_annotations, wait_until
 
 
-def _devices_of(api, name):
-    text = api.get("pods", name, namespace="default")["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"]
+def _devices_of(api, app, name):
+    text = decision_annotations(api, app, name)["hami.io/vgpu-devices-allocated"]
     return [d.uuid for c in decode_pod_devices(text) for d in c]
 
 
@@ -40,7 +40,7 @@ async def test_mutex_policy_only_takes_idle_gpus(api, app, extender):
     for name in ("a", "b"):
         pod = api.create("pods", gpu_pod(name, gpumem=1000, annotations=ann))
         assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
-    assert set(_devices_of(api, "a")) != set(_devices_of(api, "b"))
+    assert set(_devices_of(api, app, "a")) != set(_devices_of(api, app, "b"))
     pod = api.create("pods", gpu_pod("c", gpumem=1000, annotations={"hami.io/gpu-scheduler-policy": "binpack,mutex"}))
     assert (await extender.filter(pod, ["n1"]))["FailedNodes"] == {"n1": "2/2 ExclusiveDeviceAllocateConflict"}
 
@@ -52,7 +52,7 @@ async def test_numa_bind_keeps_a_multi_gpu_pod_on_one_numa_node(api, app, extend
     pod = api.create("pods", gpu_pod("p", gpus=2, gpumem=1000, annotations={"nvidia.com/numa-bind": "true"}))
     assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
     numa_of = {d["id"]: d["numa"] for d in devices}
-    assert len({numa_of[u] for u in _devices_of(api, "p")}) == 1
+    assert len({numa_of[u] for u in _devices_of(api, app, "p")}) == 1
     # Three GPUs never fit within one NUMA node of two.
     big = api.create("pods", gpu_pod("big", gpus=3, gpumem=1000, annotations={"nvidia.com/numa-bind": "true"}))
     result = await extender.filter(big, ["n1"])
@@ -63,13 +63,13 @@ async def test_gpu_binpack_shares_the_busiest_gpu_and_spread_avoids_it(api, app,
     await _node(api, app, gpus=3, numa_nodes=1)
     first = api.create("pods", gpu_pod("first", gpumem=50000))
     await extender.filter(first, ["n1"])
-    busy = _devices_of(api, "first")[0]
+    busy = _devices_of(api, app, "first")[0]
     bp = api.create("pods", gpu_pod("bp", gpumem=1000, annotations={"hami.io/gpu-scheduler-policy": "binpack"}))
     await extender.filter(bp, ["n1"])
-    assert _devices_of(api, "bp") == [busy]
+    assert _devices_of(api, app, "bp") == [busy]
     sp = api.create("pods", gpu_pod("sp", gpumem=1000, annotations={"hami.io/gpu-scheduler-policy": "spread"}))
     await extender.filter(sp, ["n1"])
-    assert _devices_of(api, "sp") != [busy]
+    assert _devices_of(api, app, "sp") != [busy]
 
 
 async def test_scoring_weights_change_which_gpu_binpack_prefers(api, app, extender):
@@ -85,11 +85,11 @@ async def test_scoring_weights_change_which_gpu_binpack_prefers(api, app, extend
     by_slots = api.create("pods", gpu_pod("by-slots", gpumem=100, annotations={
         "hami.io/gpu-scheduler-policy": "binpack", "hami.io/device-scoring-weights": "slot=1,core=0,memory=0"}))
     await extender.filter(by_slots, ["n1"])
-    assert _devices_of(api, "by-slots") == [a]
+    assert _devices_of(api, app, "by-slots") == [a]
     by_mem = api.create("pods", gpu_pod("by-mem", gpumem=100, annotations={
         "hami.io/gpu-scheduler-policy": "binpack", "hami.io/device-scoring-weights": "slot=0,core=0,memory=1"}))
     await extender.filter(by_mem, ["n1"])
-    assert _devices_of(api, "by-mem") == [b]
+    assert _devices_of(api, app, "by-mem") == [b]
 
 
 async def test_topology_aware_takes_the_best_connected_pair_and_a_loner_for_one(api, app, extender):
@@ -105,12 +105,12 @@ async def test_topology_aware_takes_the_best_connected_pair_and_a_loner_for_one(
     ann = {"hami.io/gpu-scheduler-policy": "topology-aware"}
     pair = api.create("pods", gpu_pod("pair", gpus=2, gpumem=1000, annotations=ann))
     assert (await extender.filter(pair, ["n1"]))["NodeNames"] == ["n1"]
-    assert set(_devices_of(api, "pair")) == {ids[1], ids[2]}
+    assert set(_devices_of(api, app, "pair")) == {ids[1], ids[2]}
     api.delete("pods", "pair", namespace="default")
     await wait_until(lambda: not app.cache.pods, "pair released")
     one = api.create("pods", gpu_pod("one", gpus=1, gpumem=1000, annotations=ann))
     await extender.filter(one, ["n1"])
-    assert _devices_of(api, "one")[0] in (ids[0], ids[3])  # keeps the NVLink pair free
+    assert _devices_of(api, app, "one")[0] in (ids[0], ids[3])  # keeps the NVLink pair free
 
 
 def test_pair_score_blocks_never_overlap_when_a_node_grows_or_an_index_is_reused():

@@ -42,11 +42,12 @@ def annotations(obj: dict | None) -> dict:
     return ((obj or {}).get("metadata") or {}).get("annotations") or {}
 
 
-async def test_filter_writes_the_decision_and_bind_locks_binds_and_hands_over(control_plane, real_kube,
-                                                                             real_namespace, real_nodes):
-    """The whole path with the real admission chain and storage: the filter's patch, the lock
-    by compare-and-set, the Binding whose annotations the API server copies onto the pod, and
-    the device plugin's half (the stand-in) releasing the lock."""
+async def test_filter_reserves_and_bind_locks_binds_with_the_decision_and_hands_over(control_plane, real_kube,
+                                                                                    real_namespace, real_nodes):
+    """The whole path with the real admission chain and storage: the filter writes nothing, the
+    lock by compare-and-set, the Binding whose annotations (the decision and the bind-phase) the
+    real API server copies onto the pod with spec.nodeName, the vgpu-node label after it, and the
+    device plugin's half (the stand-in) releasing the lock."""
     (node,) = await real_nodes(1, gpus=2)
     ns = real_namespace
     async with real_scheduler(kubeconfig=control_plane.sa_kubeconfig, plugin_kubeconfig=None) as app:
@@ -57,17 +58,18 @@ async def test_filter_writes_the_decision_and_bind_locks_binds_and_hands_over(co
             result = await extender.filter(pod, [node])
             assert (result["NodeNames"], result["Error"]) == ([node], ""), result
             stored = await real_kube.get("pods", "trainer", namespace=ns)
-            ann = annotations(stored)
-            assert ann["hami.io/vgpu-node"] == node
-            devices = decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])
-            assert [(d.usedmem, d.usedcores) for d in devices[0]] == [(3000, 25)]
-            assert ann["hami.io/vgpu-devices-to-allocate"] == ann["hami.io/vgpu-devices-allocated"]
+            assert stored["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]   # untouched
 
             assert await extender.bind(pod, node) == {"Error": ""}
         finally:
             await extender.close()
         bound = await real_kube.get("pods", "trainer", namespace=ns)
         assert bound["spec"]["nodeName"] == node
+        ann = annotations(bound)
+        assert ann["hami.io/vgpu-node"] == node
+        devices = decode_pod_devices(ann["hami.io/vgpu-devices-allocated"])
+        assert [(d.usedmem, d.usedcores) for d in devices[0]] == [(3000, 25)]
+        assert ann["hami.io/vgpu-devices-to-allocate"] == ann["hami.io/vgpu-devices-allocated"]
         assert annotations(bound)["hami.io/bind-phase"] == "allocating"     # from the Binding's metadata
         assert annotations(bound)["hami.io/bind-time"].isdigit()
         lock = annotations(await real_kube.get("nodes", node))[LOCK_ANNOTATION]
@@ -86,6 +88,8 @@ async def test_filter_writes_the_decision_and_bind_locks_binds_and_hands_over(co
             await plugin.client.close()
         assert annotations(await real_kube.get("pods", "trainer", namespace=ns))["hami.io/bind-phase"] == "success"
         assert LOCK_ANNOTATION not in annotations(await real_kube.get("nodes", node))
+        labelled = await real_kube.get("pods", "trainer", namespace=ns)
+        assert labelled["metadata"]["labels"]["hami.io/vgpu-node"] == node   # patched after the bind (closed: done)
         await wait_books_balance(real_kube, app)
 
 
@@ -321,8 +325,9 @@ async def test_devices_come_and_go_with_the_registration_annotation(real_hami, r
 async def test_a_stale_pod_object_never_gets_a_decision_on_its_successor(real_hami, real_extender, real_kube,
                                                                          real_namespace, real_nodes):
     """kube-scheduler filters a pod from its cache after the pod was deleted and re-created under
-    the same name: the pod patch carries the old UID, which the real API server refuses, so the
-    decision never lands on the successor and nothing stays charged."""
+    the same name: the watch showed the delete, so the filter refuses the old UID (and a Binding
+    would carry it as a precondition, which the real API server refuses): the decision never
+    lands on the successor and nothing stays charged."""
     ns, app = real_namespace, real_hami
     (node,) = await real_nodes(1, gpus=1)
     await registered(app, [node])

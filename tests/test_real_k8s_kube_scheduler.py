@@ -164,7 +164,7 @@ async def test_a_gpu_pod_is_bound_through_filter_and_bind(hami, real_kube, real_
     node = stored["spec"]["nodeName"]
     assert node in nodes
     ann = annotations(stored)
-    assert ann["hami.io/vgpu-node"] == node                      # our filter decided...
+    assert ann["hami.io/vgpu-node"] == node                      # our filter decided (the Binding wrote it)...
     assert ann["hami.io/bind-time"].isdigit()                    # ...and our bind bound (the Binding's annotations)
     assert requests_of(app, "filter") >= 1 and requests_of(app, "bind") >= 1
     await wait_for_value(lambda: real_kube.get("pods", "trainer", namespace=ns),

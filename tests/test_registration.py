@@ -14,7 +14,7 @@ from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, gpu_uuid, registration
 from hami_py.k8s.registration import STAMP_FORMAT, is_requesting
-from tests.conftest import HANDSHAKE, handshake_of, keeper_passes
+from tests.conftest import HANDSHAKE, decision_annotations, handshake_of, keeper_passes
 
 CORDON = "hami.io/device-cordon"
 UNREGISTERED = "node unregistered"
@@ -170,7 +170,7 @@ async def test_cordoned_gpus_are_skipped(api, app, extender):
     await wait_for(lambda: app.cache.nodes["n1"].annotations.get(CORDON) == gpu0, what="cordon narrowed")
     result = await _filter(extender, api, "p2", ["n1"], gpumem=1000)
     assert result["NodeNames"] == ["n1"]
-    allocated = api.get("pods", "p2", namespace="default")["metadata"]["annotations"]
+    allocated = decision_annotations(api, app, "p2")
     assert decode_pod_devices(allocated["hami.io/vgpu-devices-to-allocate"])[0][0].uuid == gpu1
     result = await _filter(extender, api, "p3", ["n1"], gpus=2, gpumem=1000)
     assert result["FailedNodes"] == {"n1": "1/2 AllocatedCardsInsufficientRequest, 1/2 CardCordoned"}
@@ -193,7 +193,7 @@ async def test_unhealthy_gpus_are_not_offered(api, app, extender):
     assert result["FailedNodes"] == {"n2": "1/1 CardNotHealth"}
     result = await _filter(extender, api, "p2", ["n1", "n2"], gpumem=1000)
     assert result["NodeNames"] == ["n1"]
-    allocated = api.get("pods", "p2", namespace="default")["metadata"]["annotations"]
+    allocated = decision_annotations(api, app, "p2")
     assert decode_pod_devices(allocated["hami.io/vgpu-devices-to-allocate"])[0][0].uuid == gpu_uuid("n1", 1)
     result = await _filter(extender, api, "p3", ["n1"], gpus=2, gpumem=1000)
     assert result["FailedNodes"] == {"n1": "1/2 AllocatedCardsInsufficientRequest, 1/2 CardNotHealth"}

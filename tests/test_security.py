@@ -141,8 +141,9 @@ async def test_bearer_token_never_appears_in_debug_logs(api, tmp_path, capsys, c
             ok = api.create("pods", gpu_pod("ok", gpumem=1000))
             assert (await client.schedule(ok, ["n1"])).node == "n1"
             refused = api.create("pods", gpu_pod("refused", gpumem=1000))
-            api.faults.add(method="PATCH", path="/pods/refused$", status=401)
-            assert (await client.filter(refused, ["n1"]))["Error"]
+            api.faults.add(method="POST", path="/pods/refused/binding$", status=401)
+            assert (await client.filter(refused, ["n1"]))["NodeNames"] == ["n1"]
+            assert (await client.bind(refused, "n1"))["Error"]
             api.faults.add(method="GET", path="^/api/v1/pods$", status=403, times=2)
             api.drop_watches()
             await wait_for(lambda: api.open_watches >= 2, what="watches back")
@@ -155,7 +156,7 @@ async def test_bearer_token_never_appears_in_debug_logs(api, tmp_path, capsys, c
         structlog.configure(**saved)
     captured = capsys.readouterr()
     logged = captured.out + captured.err + caplog.text + "".join(repr(r.args) for r in caplog.records)
-    assert "debug" in logged and "pod patch failed" in logged      # debug output was produced
+    assert "debug" in logged and "bind failed" in logged           # debug output was produced
     assert SECRET_TOKEN not in logged
     assert SECRET_TOKEN not in metrics
     assert all(SECRET_TOKEN not in orjson.dumps(e).decode() for e in api.list("events"))

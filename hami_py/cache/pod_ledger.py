@@ -25,6 +25,7 @@ log = structlog.get_logger(__name__)
 
 VGPU_NODE_ANNOTATION = "hami.io/vgpu-node"
 _TERMINAL_PHASES = ("Succeeded", "Failed")
+DELETED_UIDS_KEPT = 16384      # pod UIDs remembered as deleted (a stale /filter of one is refused)
 
 
 def collapse(pod_devices: PodDevices, vendor: str, num_init: int, init_done: bool) -> list[UsageEntry]:
@@ -93,6 +94,10 @@ class PodLedger:
         # Decisions rolled back (failed patch or bind) that the pod's annotations may still
         # carry: events repeating exactly that decision must not charge it again.
         self.released: dict[str, tuple[str, list[UsageEntry]]] = {}
+        # UIDs of pods the watch showed deleted, most recent last (bounded): a /filter of a stale
+        # copy of one (kube-scheduler's cache lags) must not reserve for a pod nothing will
+        # ever release, since the filter no longer writes to the pod (which would refuse it).
+        self.deleted: dict[str, None] = {}
         # Every annotation a pod's charge is decoded from.
         self._allocation_keys = [VGPU_NODE_ANNOTATION, *dict.fromkeys(
             k for v in vendors.values() for k in (v.allocated_annotation, *v.decision_annotations()) if k)]
@@ -188,6 +193,17 @@ class PodLedger:
             self.released[uid] = (pod.node, pod.entries)
         return pod
 
+    def release_unbound_reservations(self) -> int:
+        """Roll back every decision of this process's /filter that is not bound yet (at the end
+        of its leadership): /filter writes nothing, so no other replica can see them, and the new
+        leader may give their devices to other pods; a bind of one is sent back to /filter. How
+        many were released."""
+        unbound = [uid for uid, p in self.pods.items()
+                   if p.reserved and p.decided and p.resource_version is None and not p.bound]
+        for uid in unbound:
+            self.release_pod(uid)
+        return len(unbound)
+
     def forget_decision(self, pod: dict) -> None:
         """The decision an unbound pod object carries holds nothing any more (the pod was filtered
         again and fits nowhere; scheduling/stale.py clears it from the pod): uncharge it and, as
@@ -248,7 +264,12 @@ class PodLedger:
         if event_type == "DELETED":
             self.remove_pod(uid)
             self.released.pop(uid, None)
+            self.deleted[uid] = None
+            if len(self.deleted) > DELETED_UIDS_KEPT:
+                del self.deleted[next(iter(self.deleted))]
             return
+        if self.deleted:
+            self.deleted.pop(uid, None)   # the UID lives (again, where a test re-creates it)
         current = self.pods.get(uid)
         rv = _rv(pod)
         if current is not None and current.resource_version is not None and rv is not None \
@@ -271,15 +292,21 @@ class PodLedger:
                         error=str(exc))
             return
         if usage is None:
-            # No scheduler decision on this object. A reservation whose patch has not been
-            # confirmed yet stays; one the API server has seen and that is now gone is released.
-            if current is not None and current.resource_version is not None and rv is not None:
+            # No scheduler decision on this object. A reservation of our /filter not bound yet
+            # stays (the filter writes nothing: its Binding carries the decision), unless the pod
+            # shows itself bound without it (bound by someone else: it runs on no device of ours);
+            # one the API server has seen and that is now gone is released.
+            if current is not None and rv is not None and (
+                    current.resource_version is not None
+                    or (not current.bound and (pod.get("spec") or {}).get("nodeName"))):
                 self.remove_pod(uid)
             return
         if current is not None and current.reserved and current.resource_version is None \
-                and (usage.node, usage.entries) != (current.node, current.entries):
-            # Our patch of this pod is still in flight, so any other decision the object shows
-            # predates it (a relist or a late event): keep the newer reservation charged.
+                and (usage.node, usage.entries) != (current.node, current.entries) \
+                and not ((pod.get("spec") or {}).get("nodeName") and not current.bound):
+            # Our reservation is not bound yet, so any other decision an unbound object shows
+            # predates it (left by an older scheduler, or a relist or a late event): keep the
+            # newer reservation charged. A pod bound with another decision runs on that one.
             return
         if self.released.get(uid) == (usage.node, usage.entries) and not (pod.get("spec") or {}).get("nodeName"):
             # The annotations still show a decision we rolled back. A pod that is bound all the
@@ -316,13 +343,16 @@ class PodLedger:
             self.on_pod_event("ADDED", pod)
 
     def finish_pod_relist(self, list_rv: int | None) -> None:
-        """Pods the list no longer has were deleted meanwhile. A reservation whose pod patch is
-        still in flight (no resourceVersion yet) or that is newer than the list is kept: the list
-        simply predates it."""
+        """Pods the list no longer has were deleted meanwhile. A reservation not yet seen back
+        from the watch (no resourceVersion: our /filter's, not bound or its Binding not seen yet)
+        is kept unless the list is newer than the pod object that filter decided for: the list
+        may simply predate the pod, but one taken after it that lacks the pod proves it deleted
+        (while the watch was down; a reservation never bound would otherwise leak)."""
         seen = self._relist_pods_seen
         for uid in [u for u in self.pods if u not in seen]:
             p = self.pods[uid]
-            if p.resource_version is None and p.reserved:
+            if p.resource_version is None and p.reserved and (
+                    list_rv is None or p.filtered_rv is None or p.filtered_rv > list_rv):
                 continue
             if list_rv is not None and p.resource_version is not None and p.resource_version > list_rv:
                 continue

@@ -41,6 +41,15 @@ class PodUsage:
     # carry a decision whose capacity was given to another pod since.
     decided: bool = False
     bound: bool = False             # the pod is bound (by our /bind, or as the watch shows it)
+    # The decision's pod annotations, kept with a reservation of our own /filter until the bind
+    # carries them in its Binding (the filter itself writes nothing).
+    annotations: dict[str, str] | None = None
+    # The pod as that /filter saw it, trimmed to what the bind and its events read (name,
+    # namespace, uid, resourceVersion, labels, scheduling group): the bind then reads no pod.
+    pod: dict | None = None
+    # The resourceVersion of the pod object that /filter decided for: a relist taken after it
+    # that no longer has the pod proves the pod deleted, and the unbound reservation goes.
+    filtered_rv: int | None = None
 
 
 @dataclass(slots=True)

@@ -40,8 +40,9 @@ __all__ = [
 _TABLE_ATTRIBUTES = ("device_ids", "kind_ids", "kind_samples", "node_index_of")
 _PARTITION_ATTRIBUTES = ("prof_names", "place_spans", "mig_doubts")
 _LEDGER_ATTRIBUTES = (
-    "pods", "node_pods", "released",
-    "live_reservation", "bound_node", "uid_of", "add_pod_usage", "release_pod", "forget_decision", "remove_pod",
+    "pods", "node_pods", "released", "deleted",
+    "live_reservation", "bound_node", "uid_of", "add_pod_usage", "release_pod", "release_unbound_reservations",
+    "forget_decision", "remove_pod",
     "pod_usage_from_object", "on_pod_event", "replace_pods", "begin_pod_relist", "relist_pods_page",
     "finish_pod_relist", "recount",
 )

@@ -19,10 +19,11 @@ from dataclasses import dataclass, replace
 
 import structlog
 
-from hami_py.cache.usage import VGPU_NODE_ANNOTATION, UsageCache
+from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
 from hami_py.k8s.nodelock import ExtraLock, NodeLocker, NodeLockError, go_duration
+from hami_py.scheduling.filter import VGPU_NODE_LABEL
 from hami_py.scheduling.requests import parse_pod_requests
 
 log = structlog.get_logger(__name__)
@@ -30,6 +31,7 @@ log = structlog.get_logger(__name__)
 BIND_PHASE_ANNOTATION = "hami.io/bind-phase"
 BIND_TIME_ANNOTATION = "hami.io/bind-time"
 LOCK_RECHECK_S = 1.0     # a bind waiting for a node lock tries again at least this often
+LABEL_ATTEMPTS = 3
 
 
 class BindError(Exception):
@@ -60,9 +62,22 @@ class Binder:
         self.lock_retry_timeout_s = lock_retry_timeout_s
         self.lock_wait_s = lock_wait_s
         self.on_result = on_result
+        self._background: set[asyncio.Task] = set()
 
     async def bind(self, req: BindRequest) -> None:
-        """Bind the pod or raise BindError with the message for the extender's ``Error``."""
+        """Bind the pod or raise BindError with the message for the extender's ``Error``.
+
+        The common case, a device pod this process filtered, costs two requests: the node lock's
+        compare-and-set and a Binding carrying the decision's annotations. Everything else (no
+        reservation, no UID, a pod without devices) reads the pod first."""
+        reservation = self.cache.live_reservation(req.uid, req.node) if req.uid else None
+        if reservation is not None and reservation.pod is not None and reservation.annotations is not None:
+            if reservation.bound:
+                # A repeated bind (kube-scheduler lost our answer and asked again): it happened.
+                log.info("pod already bound to this node", pod=f"{req.namespace}/{req.name}", node=req.node)
+                return
+            await self._bind_reserved(req, reservation.pod, reservation)
+            return
         try:
             pod = await self.client.get(pod_path(req.namespace, req.name))
         except KubeApiError as exc:
@@ -101,14 +116,10 @@ class Binder:
                 message = f"pod {req.namespace}/{req.name} has no device reservation on node {req.node} (filter it again)"
                 self._report(pod, req, message)
                 raise BindError(message)
-        assigned = ((pod.get("metadata") or {}).get("annotations") or {}).get(VGPU_NODE_ANNOTATION)
-        if reservation is not None and assigned != req.node:
-            # The pod object does not carry the decision reserved for it (our patch of it was
-            # overwritten): the device plugin would find no devices, or others, on this node.
-            message = f"pod {req.namespace}/{req.name} holds devices on node {assigned}, not {req.node}"
-            self.cache.release_pod(req.uid)
-            self._report(pod, req, message)
-            raise BindError(message)
+        await self._bind_reserved(req, pod, reservation)
+
+    async def _bind_reserved(self, req: BindRequest, pod: dict, reservation) -> None:
+        """Lock (when the pod's families lock), then the Binding with the decision; undo on failure."""
         locked = locking = False
         shared, extra = self._locks_for(pod)
         needs_lock = shared or bool(extra)
@@ -122,7 +133,7 @@ class Binder:
                     # the reservation: it no longer holds what it was checked for.
                     raise BindError(f"pod {req.namespace}/{req.name} has no device reservation on node "
                                     f"{req.node} (filter it again)")
-            await self._create_binding(req)
+            await self._create_binding(req, reservation.annotations if reservation is not None else None)
         except (KubeApiError, NodeLockError, BindError) as exc:
             if locked and shared:
                 await self.locker.release(req.node, req.namespace, req.name, extra=extra)
@@ -139,6 +150,7 @@ class Binder:
             raise BindError(message) from None
         if reservation is not None:
             reservation.bound = True
+            self._label_later(req)
         self._report(pod, req, None)
 
     def asks_for_devices(self, pod: dict) -> bool:
@@ -216,11 +228,38 @@ class Binder:
             finally:
                 released.cancel()
 
-    async def _create_binding(self, req: BindRequest) -> None:
+    def _label_later(self, req: BindRequest) -> None:
+        """The decision's node as the ``hami.io/vgpu-node`` label (HAMi's vGPU monitor selects pods
+        by it), patched after the bind, off the critical path: a Binding cannot carry labels."""
+        task = asyncio.get_running_loop().create_task(self._label(req))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _label(self, req: BindRequest) -> None:
+        body = {"metadata": {"uid": req.uid, "labels": {VGPU_NODE_LABEL: req.node}}}
+        for attempt in range(LABEL_ATTEMPTS):
+            try:
+                await self.client.patch(pod_path(req.namespace, req.name), body)
+                return
+            except KubeApiError as exc:
+                if exc.not_found or exc.conflict or attempt == LABEL_ATTEMPTS - 1:
+                    log.warning("node label not set on bound pod", pod=f"{req.namespace}/{req.name}",
+                                node=req.node, error=str(exc))
+                    return
+            await asyncio.sleep(0.2 * (2 ** attempt))
+
+    async def close(self) -> None:
+        """Let the label patches in flight finish (at shutdown)."""
+        if self._background:
+            await asyncio.wait(set(self._background), timeout=5)
+
+    async def _create_binding(self, req: BindRequest, decision: dict[str, str] | None = None) -> None:
         # The API server copies a Binding's annotations onto the pod as it binds it, so the
-        # bind-phase the device plugin waits for lands in the same write as spec.nodeName:
-        # one call instead of upstream's patch-then-bind, and never one without the other.
-        annotations = {BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: str(int(time.time()))}
+        # decision and the bind-phase the device plugin waits for land in the same write as
+        # spec.nodeName: one call instead of upstream's patch at filter, patch at bind, then
+        # bind, and the device plugin never sees a bound pod without its devices.
+        annotations = dict(decision or {})
+        annotations.update({BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: str(int(time.time()))})
         metadata = {"name": req.name, "namespace": req.namespace, "annotations": annotations}
         if req.uid:
             metadata["uid"] = req.uid

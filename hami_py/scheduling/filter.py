@@ -2,8 +2,9 @@
 
 ``Filterer.decide`` is synchronous on purpose. It reads free capacity, picks devices and records
 the reservation in the usage cache without an ``await`` in between, so two concurrent filters on
-one event loop cannot both take the last share of a GPU. The caller then writes the decision onto
-the pod and rolls the reservation back if that write fails.
+one event loop cannot both take the last share of a GPU. Nothing is written to the pod here nor
+by the caller: the reservation keeps the decision's annotations, and the bind's Binding carries
+them onto the pod with spec.nodeName.
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 This is the scheduling layer's front door. It owns the entry semantics of upstream's
 ``PredicateRoute`` (missing pod, no node list, waiting for the cache, pass-through of pods with no
-device request) and the write-then-undo discipline around the usage cache: reserve, patch the
-pod, roll the reservation back when the patch fails.
+device request), the pod lock shared by a pod's filters and binds, and the Nodes path. A filter
+decides and reserves in the usage cache and writes nothing: the decision reaches the pod with its
+Binding (scheduling/bind.py).
 """
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import structlog
 
 from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
-from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
+from hami_py.k8s.client import KubeClient
 from hami_py.scheduling.bind import BindError, Binder, BindRequest
-from hami_py.scheduling.filter import VGPU_NODE_LABEL, FilterDecision, Filterer
+from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.podlocks import PodLocks
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.requests import parse_pod_requests
@@ -98,6 +99,10 @@ class SchedulerService:
         if bound_to:
             # Its devices are in use there: a new decision would release them.
             return filter_result(error=f"pod {namespace}/{name} is already bound to node {bound_to}")
+        if uid in self.cache.deleted:
+            # kube-scheduler's copy of a pod the watch showed deleted: a reservation for it would
+            # never be bound (its Binding's UID precondition fails) nor released by an event.
+            return filter_result(error=f"pod {namespace}/{name} with uid {uid} was deleted")
         stale = may_carry_decision(self.cache, pod, uid)   # before decide drops the charge
         try:
             decision = self.filterer.decide(pod, node_names, request)
@@ -115,27 +120,14 @@ class SchedulerService:
                 await clear_stale_decision(client=self.client, cache=self.cache, vendors=self.vendors,
                                            namespace=namespace, name=name, uid=uid)
             return filter_result(failed=decision.failed)
-        body = {"metadata": {"annotations": decision.annotations,
-                             "labels": {VGPU_NODE_LABEL: decision.node}}}
-        # A UID in a patch is a precondition: a pod re-created under the same name since
-        # kube-scheduler read this one refuses the decision made (and reserved) for the old.
-        body["metadata"]["uid"] = uid
-        try:
-            patched = await self.client.patch(pod_path(namespace, name), body)
-        except asyncio.CancelledError:
-            # The caller left: nobody will bind this decision. If the patch landed anyway, the
-            # pod carries a released decision, which charges nothing and binds nowhere.
-            self.cache.release_pod(uid)
-            raise
-        except KubeApiError as exc:
-            self.cache.release_pod(uid)
-            log.warning("pod patch failed, reservation rolled back", pod=_pod_key(pod), error=str(exc))
-            error = f"patch pod {_pod_key(pod)}: {exc}"
-            self._event(pod, "filter_error", error)
-            return filter_result(error=error)
-        rv = (patched.get("metadata") or {}).get("resourceVersion")
-        if decision.reservation is not None and rv and rv.isdigit():
-            decision.reservation.resource_version = int(rv)
+        # Nothing is written here: the reservation keeps the decision's annotations and the bind
+        # carries them in its Binding, which the API server applies with spec.nodeName in one
+        # write. A filter's latency is then the decision's alone, whatever the API server does,
+        # and a decision kube-scheduler never binds leaves nothing on the pod.
+        if decision.reservation is not None:
+            decision.reservation.annotations = decision.annotations
+            decision.reservation.pod = _bind_view(pod)
+            decision.reservation.filtered_rv = _int_rv(pod)
         self._event(pod, "filter_succeeded", decision)
         return filter_result(node_names=[decision.node])
 
@@ -215,6 +207,23 @@ class SchedulerService:
         if cancelled:
             raise asyncio.CancelledError()   # nobody to answer; the outcome is logged and reported
         return result
+
+
+def _bind_view(pod: dict) -> dict:
+    """What a bind reads of the pod it was filtered as: identity (with the version its events
+    name) and labels for its events and its node lock (PodGroup members wait longer), nothing
+    sized by the pod spec."""
+    meta = pod.get("metadata") or {}
+    view = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels") if k in meta}}
+    group = (pod.get("spec") or {}).get("schedulingGroup")
+    if group is not None:
+        view["spec"] = {"schedulingGroup": group}
+    return view
+
+
+def _int_rv(pod: dict) -> int | None:
+    rv = (pod.get("metadata") or {}).get("resourceVersion")
+    return int(rv) if isinstance(rv, str) and rv.isdigit() else None
 
 
 def _pod_key(pod: dict) -> str:

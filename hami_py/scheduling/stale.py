@@ -1,9 +1,10 @@
 """Clearing a scheduling decision that a pod still carries but no longer holds.
 
 kube-scheduler filters only pods that are not bound, so a decision found on a pod being filtered
-again is void: its bind was rolled back, its filter's patch landed although the answer was lost,
-or kube-scheduler gave up on that attempt. When the new filter places the pod, its own patch
-replaces the old decision. When it finds no node, the old decision would stay on the pod: the
+again is void. This scheduler's decisions reach a pod only with its Binding, so such a decision
+was left by upstream's scheduler or an older hami-py (whose /filter patched the pod) whose bind
+was rolled back or whose attempt kube-scheduler gave up on. When the new filter places the pod,
+its Binding's annotations replace the old decision. When it finds no node, the old decision would stay on the pod: the
 live books rightly do not charge it, but a restarted scheduler (and upstream's, which charges
 every pod carrying ``hami.io/vgpu-node``) rebuilds usage from annotations, and would hold that
 capacity for a pod that runs nowhere until the pod is placed or deleted. So that filter clears it.
@@ -22,7 +23,7 @@ pod's next filter tries again.
 HAMi's device plugin reads ``hami.io/vgpu-devices-to-allocate`` and ``hami.io/bind-phase`` only
 of pods bound to its node with bind-phase ``allocating``; a cleared pod is unbound and carries no
 bind-phase of ours (the Binding sets it, and only a Binding that landed does), so the device plugin
-never sees one. A pod placed later gets a complete decision again from its filter's patch.
+never sees one. A pod placed later gets a complete decision again with its Binding.
 """
 from __future__ import annotations
 
