@@ -79,6 +79,26 @@ async def test_a_bind_retried_after_a_failed_bind_is_refused_until_filtered_agai
     assert node_of(api, "p") == "n1" and used_mem(app, "n1") == 20000
 
 
+async def test_a_bind_refuses_devices_another_schedulers_bind_took_after_the_filter(api, app, extender):
+    """A pod bound onto our reservation's GPU by someone else after our filter (a former leader
+    whose bind landed after we took over, another scheduler): our bind finds the GPU charged
+    beyond what it has once the node lock is held, and sends its pod back to /filter."""
+    await one_gpu_nodes(api, app, "n1")
+    ours = api.create("pods", gpu_pod("ours", gpumem=20000))
+    assert (await extender.filter(ours, ["n1"]))["NodeNames"] == ["n1"]
+    [device] = app.cache.device_usage("n1")
+    foreign = gpu_pod("foreign", gpumem=20000)
+    text = f"{device['id']},NVIDIA,20000,0:;"
+    foreign["metadata"]["annotations"] = {"hami.io/vgpu-node": "n1", "hami.io/vgpu-devices-allocated": text,
+                                          "hami.io/vgpu-devices-to-allocate": text, "hami.io/bind-phase": "success"}
+    foreign["spec"]["nodeName"] = "n1"
+    created = api.create("pods", foreign)
+    await wait_until(lambda: app.cache.bound_node(created["metadata"]["uid"]) == "n1", "the foreign pod charged")
+    assert (await extender.bind(ours, "n1")) == {"Error": no_reservation("ours", "n1")}
+    assert node_of(api, "ours") is None
+    assert used_mem(app, "n1") == 20000 and not oversubscribed(api, app, bound_only=True)
+
+
 async def test_a_retried_bind_never_lands_on_capacity_another_pod_took(api, app, extender):
     await one_gpu_nodes(api, app, "n1")
     first = api.create("pods", gpu_pod("first", gpumem=20000))

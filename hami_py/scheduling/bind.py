@@ -128,9 +128,13 @@ class Binder:
                 locking = True
                 await self._lock(req, pod, extra, shared=shared)
                 locked, locking = True, False
-                if reservation is not None and self.cache.live_reservation(req.uid, req.node) is not reservation:
+                if reservation is not None and (self.cache.live_reservation(req.uid, req.node) is not reservation
+                                                or self._overcommitted(reservation)):
                     # The wait for the lock let the node's registration or the pod change under
-                    # the reservation: it no longer holds what it was checked for.
+                    # the reservation: it no longer holds what it was checked for. Or a pod this
+                    # process did not place (another scheduler's, a former leader's bind that
+                    # landed after we took over) was bound onto the same devices meanwhile: the
+                    # node lock serialises binds, and the books show that pod by now.
                     raise BindError(f"pod {req.namespace}/{req.name} has no device reservation on node "
                                     f"{req.node} (filter it again)")
             await self._create_binding(req, reservation.annotations if reservation is not None else None)
@@ -175,6 +179,18 @@ class Binder:
         ``error`` is None for a bind that happened. The hook only queues, it never blocks."""
         if self.on_result is not None:
             self.on_result(pod, req.node, error)
+
+    def _overcommitted(self, reservation) -> bool:
+        """Whether a device the reservation holds is charged beyond what it has (slots, memory,
+        cores). The filter never chose such a device, so something else was charged since."""
+        c = self.cache
+        for j in set(reservation.resolved):
+            if j >= 0 and (c.used[j] > c.count[j] or c.used_mem[j] > c.total_mem[j]
+                           or (c.total_cores[j] > 0 and c.used_cores[j] > c.total_cores[j])):
+                log.warning("devices charged beyond capacity since the filter", pod=f"{reservation.namespace}/"
+                            f"{reservation.name}", node=reservation.node, device=c.device_ids[j])
+                return True
+        return False
 
     def _locks_for(self, pod: dict) -> tuple[bool, tuple[ExtraLock, ...]]:
         """Whether HAMi's node lock is taken (upstream locks only for pods given devices of a
