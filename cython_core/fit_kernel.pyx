@@ -4,7 +4,8 @@
 This is a line-for-line translation of ``hami_py/scheduling/kernel_ref.py`` (read that for the
 rules and their sources); hypothesis keeps the two equal. It walks the usage cache's typed arrays
 directly, so a filter costs O(candidate nodes x devices) in C and nothing per running pod; only
-the rows of a family with a chooser (FLAG_CHOOSE) call back into Python, once per node.
+the rows of a family with a chooser (FLAG_CHOOSE) or a charger (FLAG_CHARGE) call back into
+Python, once per node (and row, for a charger).
 
 Its numbers (reasons, row layout, policies, vendor flags) live in ``kernel_codes.pxd`` and reach
 Python through ``CODES``, so no other file repeats them.

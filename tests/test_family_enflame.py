@@ -339,6 +339,30 @@ async def test_slices_are_checked_before_memory_and_a_missing_profile_reads_mode
     assert_books_balance(app)
 
 
+async def test_a_pod_of_several_drs_containers_is_charged_and_read_back_per_container(api, app, extender):
+    """An init container and two app containers on one card: the card holds the larger of the
+    init peak and the app sum (6 slices), and each container's profile is read back by name."""
+    names = await register_nodes(api, app, enflame_node("e1", drs=ONE_CARD))
+    pod = gcu_pod("multi", {"enflame.com/drs-gcu": "3"})
+    pod["spec"]["containers"][0]["name"] = "a"
+    pod["spec"]["containers"].append({"name": "b", "image": "x", "resources": {"limits": {"enflame.com/drs-gcu": "1"}}})
+    pod["spec"]["initContainers"] = [{"name": "prep", "image": "x",
+                                      "resources": {"limits": {"enflame.com/drs-gcu": "6"}}}]
+    pod, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["e1"], result
+    assert usage(app, "e1") == (6, 40960, 100)
+    ann = await bind_and_read(api, extender, pod, "e1")
+    assert ann["hami.io/enflame-vgpu-devices-allocated"] == (
+        "e1-enflame-drs-0,Enflame,40960,100:;e1-enflame-drs-0,Enflame,20480,50:;e1-enflame-drs-0,Enflame,6144,17:;")
+    assert ann["enflame.com/gcu-request-size"] == "6"                  # the first container's
+    assert {k: (v["request"], v["profileName"]) for k, v in orjson.loads(ann["assigned-containers"]).items()} == \
+        {"prep": (6, "6g.40gb"), "a": (3, "3g.20gb"), "b": (1, "1g.6gb")}
+    decoded = DRS.decode_allocation(ann)
+    assert [[d.slots for d in c] for c in decoded] == [[6], [3], [1]]
+    assert usage(app, "e1") == (6, 40960, 100)
+    assert_books_balance(app)
+
+
 async def test_a_drs_pod_picks_or_avoids_cards_by_uuid(api, app, extender):
     names = await register_nodes(api, app, enflame_node("e1", drs=DRS_TEXT))
     pod, result = await place(api, extender, gcu_pod("u", {"enflame.com/drs-gcu": "1"},
