@@ -4,7 +4,8 @@
 This is a line-for-line translation of ``hami_py/scheduling/kernel_ref.py`` (read that for the
 rules and their sources); hypothesis keeps the two equal. It walks the usage cache's typed arrays
 directly, so a filter costs O(candidate nodes x devices) in C and nothing per running pod; only
-the rows of a family with a chooser (FLAG_CHOOSE) call back into Python, once per node.
+the rows of a family with a chooser (FLAG_CHOOSE) or a charger (FLAG_CHARGE) call back into
+Python, once per node (and row, for a charger).
 
 Its numbers (reasons, row layout, policies, vendor flags) live in ``kernel_codes.pxd`` and reach
 Python through ``CODES``, so no other file repeats them.
@@ -37,6 +38,7 @@ CODES = {
     "ORDER_CHAIN": ORDER_CHAIN, "KEY_BINPACK": KEY_BINPACK, "KEY_SPREAD": KEY_SPREAD, "KEY_NUMA": KEY_NUMA,
     "MAX_TOPOLOGY_COMBOS": MAX_TOPOLOGY_COMBOS,
     "FLAG_EXCLUSIVE": FLAG_EXCLUSIVE, "FLAG_EQUAL_SHARE": FLAG_EQUAL_SHARE, "FLAG_CHOOSE": FLAG_CHOOSE,
+    "FLAG_CHARGE": FLAG_CHARGE,
 }
 
 # Per-device scratch columns (long long), each max_len long.
@@ -237,6 +239,37 @@ cdef int choose(object choosers, int v, Py_ssize_t ni, int nums, int *picked, lo
     return 0
 
 
+cdef int run_charger(object chargers, int v, Py_ssize_t ni, Py_ssize_t r, int *memreq, int *cores, int *slots,
+                     list errors) noexcept with gil:
+    """kernel_ref._charge: 0 with ``memreq``/``cores``/``slots`` set to what one device of the row
+    costs on node ``ni`` (row ``r``), or the reason code the charger refused the node with; -1 when it raised
+    (the exception then in ``errors``, as run_chooser)."""
+    try:
+        return charge(chargers, v, ni, r, memreq, cores, slots)
+    except BaseException as exc:
+        errors.append(exc)
+        return -1
+
+
+cdef int charge(object chargers, int v, Py_ssize_t ni, Py_ssize_t r, int *memreq, int *cores, int *slots) except -1:
+    charger = chargers[v] if v < len(chargers) else None
+    if charger is None:
+        raise ValueError(f"vendor id {v} has FLAG_CHARGE but the query carries no charger for it")
+    answer = charger(ni, r)
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if not 0 < answer < N_DEVICE_REASONS:
+            raise ValueError(f"charger of vendor id {v} answered reason {answer}, not a device reason code")
+        return answer
+    if (not isinstance(answer, tuple) or len(answer) != 3
+            or not all(type(x) is int for x in answer)
+            or not (0 <= answer[0] <= 2147483647 and 0 <= answer[1] <= 100 and 1 <= answer[2] <= 2147483647)):
+        raise ValueError(f"charger of vendor id {v} answered {answer!r}, not (memory, cores, slots) or a reason")
+    memreq[0] = answer[0]
+    cores[0] = answer[1]
+    slots[0] = answer[2]
+    return 0
+
+
 def filter_nodes(table, query):
     """kernel_ref.filter_nodes: ``table`` has the columns of fit_query.TABLE_COLUMNS, ``query``
     is a fit_query.FitQuery whose out_* arrays receive the answer; returns the winner or -1."""
@@ -279,6 +312,7 @@ def filter_nodes(table, query):
     cdef int mig_ok = query.mig_ok
     cdef const int[:] vendor_flags = query.vendor_flags
     cdef object choosers = query.choosers
+    cdef object chargers = query.chargers
     cdef int[:] out_status = query.out_status
     cdef int[:] out_reasons = query.out_reasons
     cdef int[:] out_total = query.out_total
@@ -289,6 +323,7 @@ def filter_nodes(table, query):
     cdef int[:] out_cores = query.out_cores
     cdef int[:] out_prof = query.out_prof
     cdef int[:] out_place = query.out_place
+    cdef int[:] out_slots = query.out_slots
 
     cdef Py_ssize_t n_rows = rows.shape[0] // ROW_WIDTH
     cdef Py_ssize_t n_cand = candidates.shape[0]
@@ -316,7 +351,7 @@ def filter_nodes(table, query):
     cdef long long *lscratch = <long long *> malloc((max_len * L_COLS + pick_cap) * sizeof(long long))
     cdef int *iscratch = <int *> malloc((max_len + 5 * pick_cap) * sizeof(int))
     cdef double *score = <double *> malloc(max_len * sizeof(double))
-    cdef int *ch_row = <int *> malloc(chosen_cap * 5 * sizeof(int))
+    cdef int *ch_row = <int *> malloc(chosen_cap * 6 * sizeof(int))
     cdef long long *ch_mem = <long long *> malloc(chosen_cap * sizeof(long long))
     if lscratch == NULL or iscratch == NULL or score == NULL or ch_row == NULL or ch_mem == NULL:
         free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
@@ -345,6 +380,7 @@ def filter_nodes(table, query):
     cdef int *ch_cores = ch_dev + chosen_cap
     cdef int *ch_prof = ch_cores + chosen_cap
     cdef int *ch_place = ch_prof + chosen_cap
+    cdef int *ch_slots = ch_place + chosen_cap
     cdef int counts[N_DEVICE_REASONS]
     cdef long long *s_used
     cdef long long *s_mem
@@ -353,7 +389,7 @@ def filter_nodes(table, query):
     cdef long long s_u, s_c, s_uc, s_tc, s_um, s_tm, mem, use_mem, use_cores
     cdef double node_score, best_score = 0.0, sc, tmp_s, delta
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
-    cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused
+    cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused, slots
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
     cdef bint better, any_mig, revisit, exclusive, equal_share, choosing, collect_all
     cdef list errors = []
@@ -432,6 +468,21 @@ def filter_nodes(table, query):
                 if nums > ncands and not (mig_ok and any_mig):
                     status = NODE_INSUFFICIENT_DEVICE
                     break
+                slots = 1
+                if flags & FLAG_CHARGE:
+                    # What one device of this row costs here (a partition's profile on this node).
+                    refused = run_charger(chargers, v, ni, r, &memreq, &cores, &slots, errors)
+                    if refused < 0:
+                        status = -1
+                        break
+                    if refused:
+                        status = NODE_DEVICE_REASONS
+                        for i in range(N_DEVICE_REASONS):
+                            out_reasons[c * N_DEVICE_REASONS + i] = 0
+                        out_reasons[c * N_DEVICE_REASONS + refused] = 1
+                        out_total[c] = <int> ncands
+                        break
+                    mempct = 0
                 for i in range(ncands):
                     k = cand[i]
                     j = off + k
@@ -490,7 +541,7 @@ def filter_nodes(table, query):
                     if m != 0:
                         counts[m] += 1
                         continue
-                    if count[j] <= s_used[k]:
+                    if count[j] - s_used[k] < slots:
                         if exclusive and s_used[k] > 0:
                             counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                         else:
@@ -600,7 +651,7 @@ def filter_nodes(table, query):
                         use_mem = prof_mem[picked_prof[i]]
                         use_cores = prof_core[picked_prof[i]]
                         s_mig[k] |= place_mask[picked_place[i]]
-                    s_used[k] += 1
+                    s_used[k] += slots
                     s_mem[k] += use_mem
                     s_cores[k] += use_cores
                     if is_init:
@@ -615,6 +666,7 @@ def filter_nodes(table, query):
                     ch_cores[nchosen] = <int> use_cores
                     ch_prof[nchosen] = picked_prof[i]
                     ch_place[nchosen] = picked_place[i]
+                    ch_slots[nchosen] = slots
                     nchosen += 1
             if status < 0:
                 break
@@ -637,6 +689,7 @@ def filter_nodes(table, query):
                     out_cores[i] = ch_cores[i]
                     out_prof[i] = ch_prof[i]
                     out_place[i] = ch_place[i]
+                    out_slots[i] = ch_slots[i]
     free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
     if errors:
         raise errors[0]

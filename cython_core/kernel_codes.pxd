@@ -62,3 +62,4 @@ cdef enum:
     FLAG_EXCLUSIVE = 1     # a device already hosting a task takes no other
     FLAG_EQUAL_SHARE = 2   # a shared device takes only tasks of the memory size it already hosts
     FLAG_CHOOSE = 4        # collect every fitting device, the vendor's chooser picks
+    FLAG_CHARGE = 8        # the vendor's charger says, per node, what one device of the row costs

@@ -15,7 +15,9 @@ from hami_py.devices.enflame import (
 )
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
-from tests.conftest import decision_annotations, assert_books_balance, place, register_nodes, wait_until
+from hami_py.embedded import running_scheduler
+from hami_py.fakeapi.kubescheduler import ExtenderClient
+from tests.conftest import assert_books_balance, decision_annotations, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 VENDORS = build_vendors(DeviceConfig.default())
@@ -116,16 +118,19 @@ def test_profile_names_and_the_profile_choice():
     assert (chosen.name, chosen.id, chosen.memory_gb * 1024, chosen.core_percent) == ("3g.20gb", "1", 20480, 50)
 
 
-def test_drs_requests_are_parsed_then_refused_until_the_kernel_can_charge_them():
+def test_drs_requests_are_parsed_into_one_partition_row():
     assert DRS.parse_request(ctr({"enflame.com/drs-gcu": "3"})) == DrsRequest(direct=True, slices=3)
     assert DRS.parse_request(ctr({"enflame.com/gcu-memory": "20"}, {"enflame.com/gcu-core": "50"})) == \
         DrsRequest(direct=False, memory=20, cores=50)
     assert DRS.parse_request(ctr({"cpu": "1"})) is None
     with pytest.raises(RequestError, match='enflame.com/drs-gcu "1.5" is not a whole number of slices'):
         DRS.parse_request(ctr({"enflame.com/drs-gcu": "1.5"}))
-    with pytest.raises(RequestError) as err:
-        DRS.container_request(ctr({"enflame.com/drs-gcu": "3"}), pod_annotations={})
-    assert str(err.value).startswith('container "main": enflame.com/drs-gcu: Enflame DRS partitions are not supported')
+    # Upstream's row: slices direct (mempct 0) or memory/cores by spec (mempct -1); the kernel
+    # charges the profile the charger picks on each node, not these numbers.
+    assert DRS.container_request(ctr({"enflame.com/drs-gcu": "3"}), pod_annotations={}) == \
+        ContainerRequest("Enflame", 1, 3, 0, 0)
+    assert DRS.container_request(ctr({"enflame.com/gcu-memory": "20", "enflame.com/gcu-core": "50"}),
+                                 pod_annotations={}) == ContainerRequest("Enflame", 1, 20, -1, 50)
     assert DRS.container_request(ctr({"cpu": "1"}), pod_annotations={}) is None
 
 
@@ -156,10 +161,12 @@ def test_the_webhook_leaves_other_containers_exactly_as_they_came():
     assert DRS.admission(bare) is False and bare == {"name": "side"}
 
 
-def test_the_webhook_refuses_a_drs_pod_with_the_reason():
-    response, _ = admit(make_pod(container(limits={"enflame.com/drs-gcu": "3"})))
-    assert not response["allowed"]
-    assert "Enflame DRS partitions are not supported by this scheduler yet" in response["status"]["message"]
+def test_the_webhook_admits_a_drs_pod_and_refuses_a_bad_value():
+    response, patched = admit(make_pod(container(limits={"enflame.com/drs-gcu": "3"})))
+    assert response["allowed"] and patched["spec"]["schedulerName"] == "hami-scheduler"
+    assert patched["spec"]["containers"][0]["resources"]["requests"]["enflame.com/drs-gcu"] == "3"
+    response, _ = admit(make_pod(container(limits={"enflame.com/gcu-core": "150"})))
+    assert not response["allowed"] and "must be in range (0,100]" in response["status"]["message"]
     response, patched = admit(make_pod(container(limits={"enflame.com/gcu": "1"})))
     assert response["allowed"] and patched["spec"]["schedulerName"] == "hami-scheduler"
 
@@ -176,6 +183,40 @@ def test_drs_annotations_are_upstreams():
         "assigned-containers": '{"main":{"allocated":false,"request":3,"profileID":"1","profileName":"3g.20gb"}}'}
     assert set(out) <= set(DRS.decision_annotations())
     assert drs_annotations([[]], [None], now_ns=1) == {}
+
+
+def test_a_pods_slices_are_read_back_from_upstreams_annotations():
+    """The device list does not carry slices: ``assigned-containers`` does, by container name;
+    each device takes the request of the entry whose profile has its memory, else
+    ``gcu-request-size``, else 1."""
+    two = {"hami.io/enflame-vgpu-devices-allocated":
+           "e1-enflame-drs-0,Enflame,20480,50:;e1-enflame-drs-1,Enflame,6144,17:;",
+           "enflame.com/gcu-request-size": "3",
+           "assigned-containers": '{"a":{"allocated":false,"request":3,"profileID":"1","profileName":"3g.20gb"},'
+                                  '"b":{"allocated":true,"request":1,"profileID":"0","profileName":"1g.6gb"}}'}
+    decoded = DRS.decode_allocation(two)
+    assert decoded == [[ContainerDevice("e1-enflame-drs-0", "Enflame", 20480, 50, 3)],
+                       [ContainerDevice("e1-enflame-drs-1", "Enflame", 6144, 17, 1)]]
+    size_only = {"hami.io/enflame-vgpu-devices-allocated": "e1-enflame-drs-0,Enflame,40960,100:;",
+                 "enflame.com/gcu-request-size": "6"}
+    assert DRS.decode_allocation(size_only)[0][0].slots == 6
+    bare = {"hami.io/enflame-vgpu-devices-allocated": "e1-enflame-drs-0,Enflame,6144,17:;"}
+    assert DRS.decode_allocation(bare)[0][0].slots == 1
+    assert DRS.decode_allocation({}) is None
+
+
+def test_a_decisions_devices_encode_to_upstreams_annotations():
+    custom = {"container": "main", "profileName": "3g.20gb", "profileID": "1", "drsSlice": 3, "minor": "1",
+              "index": "1"}
+    device = ContainerDevice("e1-enflame-drs-1", "Enflame", 20480, 50, 3, custom)
+    out = DRS.encode_allocation([[], [device]], node="e1", now=1700000000.5)
+    assert out["assigned-containers"] == \
+        '{"main":{"allocated":false,"request":3,"profileID":"1","profileName":"3g.20gb"}}'
+    assert out["enflame.com/gcu-request-size"] == "3" and out["enflame.com/gcu-assigned-minor"] == "1"
+    assert out["hami.io/enflame-vgpu-devices-allocated"] == ";e1-enflame-drs-1,Enflame,20480,50:;"
+    assert DRS.decode_allocation(out) == [[], [device]]
+    with pytest.raises(ValueError, match="carries no profile"):
+        DRS.encode_allocation([[ContainerDevice("e1-enflame-drs-1", "Enflame", 20480, 50)]])
 
 
 # -- config ------------------------------------------------------------------------------------------
@@ -228,18 +269,177 @@ async def test_a_gcu_pod_is_filtered_bound_and_annotated(api, app, extender):
     assert_books_balance(app)
 
 
-async def test_a_drs_pod_is_refused_and_upstreams_drs_pods_are_charged(api, app, extender):
-    names = await register_nodes(api, app, enflame_node("e1", drs=DRS_TEXT))
-    _, result = await place(api, extender, gcu_pod("d", {"enflame.com/drs-gcu": "3"}), names)
+# One card of 6 slices and 40 GB.
+ONE_CARD = '{"devices":[{"index":"0","minor":"3","capacity":6}],"profiles":{"1g.6gb":"0","3g.20gb":"1","6g.40gb":"2"}}'
+
+
+def usage(app, node, i=0):
+    d = app.cache.device_usage(node)[i]
+    return d["used"], d["usedmem"], d["usedcores"]
+
+
+async def bind_and_read(api, extender, pod, node):
+    """Bind the pod and return its annotations once bound (the decision is on the pod by then,
+    whether /filter or the Binding carried it)."""
+    assert (await extender.bind(pod, node))["Error"] == ""
+    name = pod["metadata"]["name"]
+    await wait_until(lambda: api.get("pods", name, namespace="default")["spec"].get("nodeName") == node, "bound")
+    return api.get("pods", name, namespace="default")["metadata"]["annotations"]
+
+
+async def test_a_drs_pod_is_placed_bound_and_annotated_as_upstream(api, app, extender):
+    names = await register_nodes(api, app, enflame_node("e1", drs=ONE_CARD))
+    pod, result = await place(api, extender, gcu_pod("d", {"enflame.com/drs-gcu": "3"}), names)
+    assert result["NodeNames"] == ["e1"], result
+    ann = await bind_and_read(api, extender, pod, "e1")
+    assert ann["hami.io/enflame-vgpu-devices-allocated"] == "e1-enflame-drs-0,Enflame,20480,50:;"
+    assert {k: ann[k] for k in ("enflame.com/gcu-assigned", "enflame.com/gcu-assigned-index",
+                                "enflame.com/gcu-assigned-id", "enflame.com/gcu-assigned-minor",
+                                "enflame.com/gcu-request-size", "assigned-containers")} == {
+        "enflame.com/gcu-assigned": "false", "enflame.com/gcu-assigned-index": "0",
+        "enflame.com/gcu-assigned-id": "0", "enflame.com/gcu-assigned-minor": "3",
+        "enflame.com/gcu-request-size": "3",
+        "assigned-containers": '{"main":{"allocated":false,"request":3,"profileID":"1","profileName":"3g.20gb"}}'}
+    assert int(ann["enflame.com/gcu-assigned-time"]) > 10**18          # Unix nanoseconds
+    assert "hami.io/enflame-vgpu-devices-to-allocate" not in ann       # upstream writes none for DRS
+    assert usage(app, "e1") == (3, 20480, 50)                          # 3 of the card's 6 slices
+    assert_books_balance(app)
+
+
+async def test_two_drs_pods_fill_a_card_by_slices_and_a_third_is_refused(api, app, extender):
+    names = await register_nodes(api, app, enflame_node("e1", drs=ONE_CARD))
+    for name in ("a", "b"):
+        pod, result = await place(api, extender, gcu_pod(name, {"enflame.com/drs-gcu": "3"}), names)
+        assert result["NodeNames"] == ["e1"], result
+        await bind_and_read(api, extender, pod, "e1")
+    assert usage(app, "e1") == (6, 40960, 100)
+    _, result = await place(api, extender, gcu_pod("c", {"enflame.com/drs-gcu": "1"}), names)
     assert result["NodeNames"] is None
-    assert "Enflame DRS partitions are not supported by this scheduler yet" in result["Error"]
+    assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}
+    assert_books_balance(app)
+    api.delete("pods", "a", namespace="default")
+    await wait_until(lambda: usage(app, "e1") == (3, 20480, 50), "a's partition released")
+    _, result = await place(api, extender, gcu_pod("c2", {"enflame.com/drs-gcu": "1"}), names)
+    assert result["NodeNames"] == ["e1"], result
+    assert usage(app, "e1") == (4, 20480 + 6144, 50 + 17)
+    assert_books_balance(app)
+
+
+async def test_slices_are_checked_before_memory_and_a_missing_profile_reads_mode_not_fit(api, app, extender):
+    names = await register_nodes(api, app, enflame_node("e1", drs=ONE_CARD))
+    for i in range(4):          # four 1-slice partitions: 4 slices, 24 GB of 40
+        _, result = await place(api, extender, gcu_pod(f"s{i}", {"enflame.com/drs-gcu": "1"}), names)
+        assert result["NodeNames"] == ["e1"], result
+    assert usage(app, "e1") == (4, 4 * 6144, 4 * 17)
+    # 3 more slices do not fit in the 2 left (upstream would only see a free slot, then memory).
+    _, result = await place(api, extender, gcu_pod("big", {"enflame.com/drs-gcu": "3"}), names)
+    assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}
+    _, result = await place(api, extender, gcu_pod("two", {"enflame.com/drs-gcu": "2"}), names)
+    assert result["FailedNodes"] == {"e1": "1/1 ModeNotFit"}          # no 2-slice profile
+    assert_books_balance(app)
+
+
+async def test_a_pod_of_several_drs_containers_is_charged_and_read_back_per_container(api, app, extender):
+    """An init container and two app containers on one card: the card holds the larger of the
+    init peak and the app sum (6 slices), and each container's profile is read back by name."""
+    names = await register_nodes(api, app, enflame_node("e1", drs=ONE_CARD))
+    pod = gcu_pod("multi", {"enflame.com/drs-gcu": "3"})
+    pod["spec"]["containers"][0]["name"] = "a"
+    pod["spec"]["containers"].append({"name": "b", "image": "x", "resources": {"limits": {"enflame.com/drs-gcu": "1"}}})
+    pod["spec"]["initContainers"] = [{"name": "prep", "image": "x",
+                                      "resources": {"limits": {"enflame.com/drs-gcu": "6"}}}]
+    pod, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["e1"], result
+    assert usage(app, "e1") == (6, 40960, 100)
+    ann = await bind_and_read(api, extender, pod, "e1")
+    assert ann["hami.io/enflame-vgpu-devices-allocated"] == (
+        "e1-enflame-drs-0,Enflame,40960,100:;e1-enflame-drs-0,Enflame,20480,50:;e1-enflame-drs-0,Enflame,6144,17:;")
+    assert ann["enflame.com/gcu-request-size"] == "6"                  # the first container's
+    assert {k: (v["request"], v["profileName"]) for k, v in orjson.loads(ann["assigned-containers"]).items()} == \
+        {"prep": (6, "6g.40gb"), "a": (3, "3g.20gb"), "b": (1, "1g.6gb")}
+    decoded = DRS.decode_allocation(ann)
+    assert [[d.slots for d in c] for c in decoded] == [[6], [3], [1]]
+    assert usage(app, "e1") == (6, 40960, 100)
+    assert_books_balance(app)
+
+
+async def test_a_drs_pod_picks_or_avoids_cards_by_uuid(api, app, extender):
+    names = await register_nodes(api, app, enflame_node("e1", drs=DRS_TEXT))
+    pod, result = await place(api, extender, gcu_pod("u", {"enflame.com/drs-gcu": "1"},
+                                                     annotations={"enflame.com/use-gpuuuid": "e1-enflame-drs-1"}), names)
+    assert result["NodeNames"] == ["e1"], result
+    ann = await bind_and_read(api, extender, pod, "e1")
+    assert ann["hami.io/enflame-vgpu-devices-allocated"].startswith("e1-enflame-drs-1,")
+    assert ann["enflame.com/gcu-assigned-index"] == "1"
+    _, result = await place(api, extender, gcu_pod("n", {"enflame.com/drs-gcu": "1"}, annotations={
+        "enflame.com/nouse-gpuuuid": "e1-enflame-drs-0,e1-enflame-drs-1"}), names)
+    assert result["FailedNodes"] == {"e1": "2/2 CardUuidMismatch"}
+
+
+async def test_a_by_spec_request_gets_the_smallest_fitting_profile(api, app, extender):
+    names = await register_nodes(api, app, enflame_node("e1", drs=DRS_TEXT))
+    cases = [("c60", {"enflame.com/gcu-core": "60"}, "6g.40gb", 40960, 100, 6),
+             ("m15", {"enflame.com/gcu-memory": "15", "enflame.com/gcu-core": "30"}, "3g.20gb", 20480, 50, 3),
+             ("m5", {"enflame.com/gcu-memory": "5"}, "1g.6gb", 6144, 17, 1)]
+    for name, limits, profile, mem, cores, slices in cases:
+        pod, result = await place(api, extender, gcu_pod(name, limits), names)
+        assert result["NodeNames"] == ["e1"], (name, result)
+        ann = await bind_and_read(api, extender, pod, "e1")
+        assigned = orjson.loads(ann["assigned-containers"])["main"]
+        assert (assigned["profileName"], assigned["request"]) == (profile, slices), name
+        assert ann["hami.io/enflame-vgpu-devices-allocated"].split(",")[2:] == [str(mem), f"{cores}:;"], name
+    # 6 slices on one card, 3 + 1 on the other.
+    assert sorted(usage(app, "e1", i)[0] for i in range(2)) == [4, 6]
+    # A value above twice the largest profile is MiB: 15000 MiB is 15 GB, a 3g.20gb, which the
+    # 2 slices left cannot hold.
+    _, result = await place(api, extender, gcu_pod("mib", {"enflame.com/gcu-memory": "15000"}), names)
+    assert result["FailedNodes"] == {"e1": "2/2 CardTimeSlicingExhausted"}
+    _, result = await place(api, extender, gcu_pod("huge", {"enflame.com/gcu-memory": "41"}), names)
+    assert result["FailedNodes"] == {"e1": "1/2 ModeNotFit"}
+    assert_books_balance(app)
+
+
+async def test_a_restarted_scheduler_charges_drs_pods_from_their_annotations(api):
+    api.create("nodes", enflame_node("e1", drs=ONE_CARD))
+    async with running_scheduler(api) as first:
+        await wait_until(lambda: "e1" in first.cache.node_index_of, "e1 registered")
+        client = ExtenderClient(first.url)
+        try:
+            for name, slices in (("a", "3"), ("b", "1")):
+                pod, result = await place(api, client, gcu_pod(name, {"enflame.com/drs-gcu": slices}), ["e1"])
+                assert result["NodeNames"] == ["e1"], result
+                await bind_and_read(api, client, pod, "e1")
+        finally:
+            await client.close()
+        assert usage(first, "e1") == (4, 20480 + 6144, 50 + 17)
+    async with running_scheduler(api) as second:
+        await wait_until(lambda: usage(second, "e1")[0] == 4, "both partitions charged again")
+        assert usage(second, "e1") == (4, 20480 + 6144, 50 + 17)
+        assert_books_balance(second)
+        client = ExtenderClient(second.url)
+        try:
+            _, result = await place(api, client, gcu_pod("c", {"enflame.com/drs-gcu": "3"}), ["e1"])
+            assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}   # 2 slices left
+        finally:
+            await client.close()
+
+
+async def test_upstreams_drs_pods_are_charged_their_slices(api, app, extender):
+    names = await register_nodes(api, app, enflame_node("e1", drs=ONE_CARD))
     legacy = gcu_pod("legacy", {"enflame.com/drs-gcu": "3"}, annotations={
-        "hami.io/vgpu-node": "e1", "hami.io/enflame-vgpu-devices-allocated": "e1-enflame-drs-0,Enflame,20480,50:;"})
+        "hami.io/vgpu-node": "e1", "hami.io/enflame-vgpu-devices-allocated": "e1-enflame-drs-0,Enflame,20480,50:;",
+        "enflame.com/gcu-assigned": "true", "enflame.com/gcu-request-size": "3",
+        "assigned-containers": '{"main":{"allocated":true,"request":3,"profileID":"1","profileName":"3g.20gb"}}'})
     legacy["spec"]["nodeName"] = "e1"
     legacy["status"]["phase"] = "Running"
     api.create("pods", legacy)
-    await wait_until(lambda: app.cache.device_usage("e1")[0]["usedmem"] == 20480, "the upstream DRS pod charged")
-    assert (app.cache.device_usage("e1")[0]["used"], app.cache.device_usage("e1")[0]["usedcores"]) == (1, 50)
+    await wait_until(lambda: usage(app, "e1") == (3, 20480, 50), "the upstream DRS pod charged its 3 slices")
+    assert_books_balance(app)
+    _, result = await place(api, extender, gcu_pod("d", {"enflame.com/drs-gcu": "6"}), names)
+    assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}
+    _, result = await place(api, extender, gcu_pod("d3", {"enflame.com/drs-gcu": "3"}), names)
+    assert result["NodeNames"] == ["e1"]
+    assert usage(app, "e1") == (6, 40960, 100)
     assert_books_balance(app)
 
 

@@ -27,7 +27,7 @@ from hami_py.devices import base
 from hami_py.scheduling import kernel_ref
 from hami_py.scheduling.fit_query import TABLE_COLUMNS, FitQuery
 from hami_py.scheduling.kernel_ref import (
-    FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN,
+    FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN,
     ORDER_MUTEX, ORDER_SPREAD, ROW_WIDTH, UNLIMITED,
 )
 
@@ -193,23 +193,42 @@ class RecordingChooser:
         return chosen, 0.25 * node_index + 0.5 * sum(chosen)
 
 
+class RecordingCharger:
+    """A deterministic charger that logs its calls: it refuses nodes whose index is 2 mod 5 with
+    ModeNotFit, and charges the others a memory, cores and slots that depend on the node."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.calls = []
+
+    def __call__(self, node_index, row):
+        self.calls.append((node_index, row))
+        if (node_index + row) % 5 == 2:
+            return R.MODE_NOT_FIT
+        key = node_index + self.seed + row
+        return (key % 4) * 3000, (node_index * 7 + self.seed + row) % 101, 1 + key % 3
+
+
 def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology=0, mig_ok=1,
-         vendor_flags=(0, 0), refusals=(None, None)):
-    """``impl`` on these inputs: (winner, outputs, chooser calls per vendor)."""
+         vendor_flags=(0, 0), refusals=(None, None), charges=(None, None)):
+    """``impl`` on these inputs: (winner, outputs, chooser and charger calls per vendor)."""
     table = _table(cols, node_offset, node_len)
     choosers = [None if refusal is None else RecordingChooser(refusal) for refusal in refusals]
+    chargers = [None if seed is None else RecordingCharger(seed) for seed in charges]
     node_policy, gpu_policy, numa_bind, mutex, *weights = policies
     total_nums = sum(rows[i * ROW_WIDTH + 3] for i in range(len(rows) // ROW_WIDTH))
     query = FitQuery(array("i", candidates), array("i", rows), total_nums, mask=array("b", mask),
                      node_policy=node_policy, gpu_policy=gpu_policy, numa_bind=numa_bind, mutex=mutex,
                      weights=weights, quota_mem=array("q", quotas[0]), quota_cores=array("q", quotas[1]),
-                     topology=topology, mig_ok=mig_ok, vendor_flags=array("i", vendor_flags), choosers=choosers)
+                     topology=topology, mig_ok=mig_ok, vendor_flags=array("i", vendor_flags), choosers=choosers,
+                     chargers=chargers)
     best = impl(table, query)
     result = {name.removeprefix("out_"): values for name, values in query.outputs().items()}
     if best < 0:  # the allocation buffers are only meaningful for a winner
-        for k in ("row", "dev", "mem", "cores", "prof", "place"):
+        for k in ("row", "dev", "mem", "cores", "prof", "place", "slots"):
             result.pop(k)
     calls = [None if chooser is None else chooser.calls for chooser in choosers]
+    calls += [charger.calls for charger in chargers if charger is not None]
     return best, result, calls
 
 
@@ -244,7 +263,8 @@ def _compare(*args, **kwargs):
 # Per-vendor rule flags: mostly none (the NVIDIA case), then each rule and their combinations.
 vendor_flag_sets = st.sampled_from([0, 0, 0, FLAG_EXCLUSIVE, FLAG_EQUAL_SHARE, FLAG_CHOOSE, FLAG_CHOOSE,
                                     FLAG_EXCLUSIVE | FLAG_CHOOSE, FLAG_EQUAL_SHARE | FLAG_CHOOSE,
-                                    FLAG_EXCLUSIVE | FLAG_EQUAL_SHARE])
+                                    FLAG_EXCLUSIVE | FLAG_EQUAL_SHARE, FLAG_CHARGE, FLAG_CHARGE | FLAG_CHOOSE,
+                                    FLAG_CHARGE | FLAG_EXCLUSIVE])
 chooser_refusals = st.sampled_from([R.CARD_NOT_FOUND_CUSTOM_FILTER_RULE, R.NUMA_NOT_FIT, R.CARD_NOT_HEALTH])
 
 
@@ -273,22 +293,30 @@ def _without_mig(cols, vendors):
                                                                R.CARD_UUID_MISMATCH]), min_size=64, max_size=64),
     vendor_flags=st.tuples(vendor_flag_sets, vendor_flag_sets),
     refusals=st.tuples(chooser_refusals, chooser_refusals),
+    charge_seeds=st.tuples(st.integers(0, 11), st.integers(0, 11)),
 )
 def test_cython_kernel_matches_reference(cluster, rows, node_policy, gpu_policy, numa_bind, mutex, topology,
-                                         mig_ok, quotas, weights, mask_seed, vendor_flags, refusals):
+                                         mig_ok, quotas, weights, mask_seed, vendor_flags, refusals, charge_seeds):
     cols, node_offset, node_len, candidates = cluster
     n_dev = len(cols["total_mem"])
     mask = [] if mask_seed is None else mask_seed[:n_dev] + [0] * max(0, n_dev - 64)
     policies = (node_policy, gpu_policy, numa_bind, mutex, float(weights[0]), float(weights[1]), float(weights[2]))
     choosing = {v for v in (0, 1) if vendor_flags[v] & FLAG_CHOOSE}
-    cols = _without_mig(cols, choosing)
+    charging = {v for v in (0, 1) if vendor_flags[v] & FLAG_CHARGE}
+    cols = _without_mig(cols, choosing | charging)
     refusals = tuple(refusals[v] if v in choosing else None for v in (0, 1))
+    charges = tuple(charge_seeds[v] if v in charging else None for v in (0, 1))
     args = (cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology, mig_ok)
-    best, out, calls = _run(_kernel.filter_nodes, *args, vendor_flags=vendor_flags, refusals=refusals)
+    kw = dict(vendor_flags=vendor_flags, refusals=refusals, charges=charges)
+    best, out, calls = _run(_kernel.filter_nodes, *args, **kw)
     event(_outcome(best, out))
-    if any(calls):
+    if any(calls[:2]):
         event("a chooser was asked")
-    assert (best, out, calls) == _run(kernel_ref.filter_nodes, *args, vendor_flags=vendor_flags, refusals=refusals)
+    if any(calls[2:]):
+        event("a charger was asked")
+    if best >= 0 and any(s > 1 for s in out["slots"]):
+        event("a device took several slots")
+    assert (best, out, calls) == _run(kernel_ref.filter_nodes, *args, **kw)
 
 
 @st.composite

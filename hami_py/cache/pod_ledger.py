@@ -33,7 +33,8 @@ def collapse(pod_devices: PodDevices, vendor: str, num_init: int, init_done: boo
 
     Init containers run one at a time before the app containers, so a device's charge is the
     larger of the peak over init containers and the sum over app containers. Once every init
-    container has succeeded only the app containers count.
+    container has succeeded only the app containers count. Slots likewise: each device holds
+    ``ContainerDevice.slots`` (1 unless a partition of several slices), at least 1.
     """
     peak: dict[str, list[int]] = {}
     app: dict[str, list[int]] = {}
@@ -43,19 +44,20 @@ def collapse(pod_devices: PodDevices, vendor: str, num_init: int, init_done: boo
             continue
         for dev in container:
             if is_init:
-                cur = peak.setdefault(dev.uuid, [0, 0])
+                cur = peak.setdefault(dev.uuid, [0, 0, 0])
                 cur[0] = max(cur[0], dev.usedmem)
                 cur[1] = max(cur[1], dev.usedcores)
+                cur[2] = max(cur[2], dev.slots)
             else:
                 cur = app.setdefault(dev.uuid, [0, 0, 0])
                 cur[0] += dev.usedmem
                 cur[1] += dev.usedcores
-                cur[2] += 1
+                cur[2] += dev.slots
     entries = []
     for uuid in sorted(peak.keys() | app.keys()):
-        p = peak.get(uuid, (0, 0))
+        p = peak.get(uuid, (0, 0, 0))
         a = app.get(uuid, (0, 0, 0))
-        entries.append(UsageEntry(vendor, uuid, max(p[0], a[0]), max(p[1], a[1]), max(a[2], 1)))
+        entries.append(UsageEntry(vendor, uuid, max(p[0], a[0]), max(p[1], a[1]), max(p[2], a[2], 1)))
     return entries
 
 

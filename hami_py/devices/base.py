@@ -63,6 +63,11 @@ class ContainerDevice:
     type: str           # vendor key as written into the annotation
     usedmem: int
     usedcores: int
+    # Device slots the container holds (a partition of several slices holds several); not in
+    # the annotation's device encoding, which families that need it recover otherwise.
+    slots: int = 1
+    # Family data of a decision's device (not encoded, not compared).
+    custom: dict | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(slots=True, frozen=True)
@@ -110,6 +115,7 @@ DeviceSelector = Callable[[DeviceInfo], int]
 FLAG_EXCLUSIVE = CODES["FLAG_EXCLUSIVE"]      # a device already hosting a task takes no other (whole cards)
 FLAG_EQUAL_SHARE = CODES["FLAG_EQUAL_SHARE"]  # a shared device takes only tasks of the memory size it already hosts
 FLAG_CHOOSE = CODES["FLAG_CHOOSE"]            # collect every fitting device of the node, then the vendor's chooser picks
+FLAG_CHARGE = CODES["FLAG_CHARGE"]            # what a device of the row costs depends on the node: its Charger says
 
 # The vendor's per-node choice among the devices that fit one request row (FLAG_CHOOSE):
 #     chooser(node_index, positions, nums) -> (chosen positions, node score adjustment) | reason
@@ -117,6 +123,26 @@ FLAG_CHOOSE = CODES["FLAG_CHOOSE"]            # collect every fitting device of 
 # the order the policy prefers; the answer is ``nums`` of them, or a reason code (hami_py.reasons)
 # saying why none of the subsets is acceptable. It must bound its own work per node.
 Chooser = Callable[[int, list[int], int], "tuple[list[int], float] | int"]
+
+
+class Charger:
+    """What one device of a FLAG_CHARGE family's request row costs on a node, for families whose
+    charge is not the row's (a hardware partition charges its profile, chosen from the node's
+    devices). The kernel calls it once per request row of the family and candidate node:
+
+        charger(node_index, row) -> (memory MiB, cores percent, slots) | reason code
+
+    and checks and charges each device of the row with those values (``count - used >= slots``);
+    a reason code (hami_py.reasons) refuses the node. ``describe`` gives what the decision's
+    annotations need of a chosen device (stored in ``ContainerDevice.custom``)."""
+
+    def __call__(self, node_index: int, row: int) -> "tuple[int, int, int] | int":
+        raise NotImplementedError
+
+    def describe(self, node_index: int, position: int, container: int) -> dict | None:
+        """Custom data of the device at ``position`` of node ``node_index`` given to the pod's
+        container ``container`` (init containers first), or None."""
+        return None
 
 
 class DeviceVendor:
@@ -206,6 +232,11 @@ class DeviceVendor:
     def numa_bind(self, pod_annotations: dict[str, str]) -> bool:
         """Whether the pod asks for all of this family's devices on one NUMA node."""
         return False
+
+    def charger(self, cache, pod: dict, row_container: list[int]) -> Charger | None:
+        """The per-node charge for FLAG_CHARGE families (see :class:`Charger`): ``row_container``
+        gives each request row's container position (init containers first)."""
+        return None
 
     def chooser(self, cache, pod_annotations: dict[str, str]) -> Chooser | None:
         """The per-node choice for FLAG_CHOOSE families (see :data:`Chooser`); ``cache`` gives

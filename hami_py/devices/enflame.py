@@ -4,14 +4,12 @@ Whole GCUs register nothing: ``status.capacity[enflame.com/gcu]`` says how many 
 has (``<node>-GCU-<i>``), each given whole to one container.
 
 DRS partitions are hardware slices of a card, announced in ``enflame.com/gcu-drs-capacity``
-(cards with their slice capacity, and the node's profiles such as ``3g.20gb``). The inventory,
-the request forms (slices directly, or memory/cores "by spec"), the profile choice and the
-annotations upstream writes are implemented here, but placing a DRS pod is refused with a
-RequestError: a partition charges its card the chosen profile's slices, memory and cores, which
-depend on the node, while the kernel charges what the request row says, one slot per device.
-Placing with that accounting would oversubscribe cards, so the family says so instead
-(docs/devices/enflame.md). Pods that upstream's scheduler placed are still charged from their
-``hami.io/enflame-vgpu-devices-allocated`` annotation.
+(cards with their slice capacity, and the node's profiles such as ``3g.20gb``). A request asks
+for slices directly or for memory/cores "by spec"; the profile it gets depends on the node, so
+the family is a FLAG_CHARGE one: its :class:`DrsCharger` tells the kernel, per node, what one
+partition costs there (the profile's memory, cores and slices), and the kernel checks and
+charges each card with that (``count - used >= slices``). The decision's annotations are
+upstream's; a pod's slices are read back from ``assigned-containers`` (docs/devices/enflame.md).
 """
 from __future__ import annotations
 
@@ -21,10 +19,12 @@ from dataclasses import dataclass
 import orjson
 
 from hami_py.config import DeviceConfig, Section
+from hami_py import reasons as R
 from hami_py.devices.base import (
-    FLAG_EXCLUSIVE, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices, RequestError,
+    FLAG_CHARGE, FLAG_EXCLUSIVE, Charger, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices,
 )
-from hami_py.devices.codec import decode_pod_devices, encode_pod_devices, go_quote, parse_go_int
+from hami_py.devices.codec import decode_pod_devices, encode_pod_devices, parse_go_int
+from hami_py.devices.gates import uuid_selector
 from hami_py.devices.template import (
     MISSING, TemplateSpec, TemplateVendor, lookup, request_error, resource_lists, rounded_quantity, whole_number,
 )
@@ -298,13 +298,109 @@ def drs_annotations(pod_devices: PodDevices, assignments: list[DrsAssignment | N
     return out
 
 
+def _profiles_of(devices: list[DeviceInfo]) -> list[DrsProfile]:
+    return collect_profiles([d for d in devices if d.type == DRS_KEY])
+
+
+def _container_names(pod: dict) -> list[str]:
+    spec = pod.get("spec") or {}
+    return [str(c.get("name") or "") for part in ("initContainers", "containers") for c in spec.get(part) or []]
+
+
+class DrsCharger(Charger):
+    """One pod's DRS charge per node: the profile each DRS row gets there (upstream's
+    ``selectProfileByRequest`` over the node's cards), as (profile MiB, core percent, slices);
+    ModeNotFit when the node has no profile for it. Per node and container, computed once."""
+
+    __slots__ = ("cache", "requests", "row_container", "names", "_profiles", "_chosen")
+
+    def __init__(self, cache, requests: dict[int, DrsRequest], row_container: list[int], names: list[str]):
+        self.cache = cache
+        self.requests = requests            # container position -> its DRS request
+        self.row_container = row_container
+        self.names = names
+        self._profiles: dict[int, list[DrsProfile]] = {}
+        self._chosen: dict[tuple[int, int], DrsProfile | None] = {}
+
+    def profile(self, node_index: int, container: int) -> DrsProfile | None:
+        key = (node_index, container)
+        if key not in self._chosen:
+            profiles = self._profiles.get(node_index)
+            if profiles is None:
+                profiles = self._profiles[node_index] = _profiles_of(self.cache.devices_at(node_index))
+            request = self.requests.get(container)
+            p = None if request is None else select_profile(profiles, request)
+            if p is not None and not (0 < p.size <= INT32_MAX and 0 < p.memory_gb <= INT32_MAX // 1024
+                                      and 0 <= p.core_percent <= 100):
+                p = None
+            self._chosen[key] = p
+        return self._chosen[key]
+
+    def __call__(self, node_index: int, row: int):
+        p = self.profile(node_index, self.row_container[row])
+        if p is None:
+            return R.MODE_NOT_FIT
+        return p.memory_gb * 1024, p.core_percent, p.size
+
+    def describe(self, node_index: int, position: int, container: int) -> dict | None:
+        p = self.profile(node_index, container)
+        devices = self.cache.devices_at(node_index)
+        if p is None or not 0 <= position < len(devices):
+            return None
+        dev = devices[position]
+        name = self.names[container] if container < len(self.names) else f"container-{container}"
+        return {"container": name, "profileName": p.name, "profileID": p.id, "drsSlice": p.size,
+                "minor": str(dev.custom.get("minor") or ""), "index": str(dev.custom.get("index") or "")}
+
+
+def _assigned_slices(annotations: dict[str, str]) -> list[tuple[int, int]]:
+    """(profile MiB, slices) of each ``assigned-containers`` entry that names them (profile MiB
+    0 when its profile name does not parse)."""
+    text = annotations.get(ASSIGNED_CONTAINERS)
+    if not text:
+        return []
+    try:
+        assigned = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return []
+    out = []
+    if type(assigned) is dict:
+        for info in assigned.values():
+            if type(info) is not dict:
+                continue
+            request = info.get("request")
+            size, mem = parse_profile(str(info.get("profileName") or ""))
+            if type(request) is not int or request <= 0:
+                request = size
+            if request > 0:
+                out.append((mem * 1024, min(request, INT32_MAX)))
+    return out
+
+
+def slices_of(pod_devices: PodDevices, annotations: dict[str, str]) -> PodDevices:
+    """The allocation with each device's slices, as upstream's annotations let them be read
+    back: the ``assigned-containers`` entry (keyed by container name, which the allocation does
+    not carry) whose profile has the device's memory (the largest such request when several do),
+    else ``enflame.com/gcu-request-size``, else 1 (upstream's floor)."""
+    assigned = _assigned_slices(annotations)
+    fallback = parse_go_int((annotations.get(REQUEST_SIZE) or "").strip(), 1, INT32_MAX)
+    if fallback is None:
+        fallback = max((s for _, s in assigned), default=1) if len(assigned) == 1 else 1
+    for container in pod_devices:
+        for dev in container:
+            matching = [s for mem, s in assigned if mem == dev.usedmem]
+            dev.slots = max(matching) if matching else fallback
+    return pod_devices
+
+
 class EnflameDRSVendor(DeviceVendor):
-    """DRS partitions: inventory, requests, webhook; placement refused (see the module doc)."""
+    """DRS partitions: inventory, requests, webhook, the per-node charge and upstream's annotations."""
 
     vendor_key = DRS_KEY
     register_annotation = DRS_CAPACITY
     allocated_annotation = DRS_ALLOCATED
     uses_node_lock = False
+    kernel_flags = FLAG_CHARGE
 
     def __init__(self, config: EnflameConfig):
         self.count_resource, self.memory_resource, self.core_resource = config.drs_names()
@@ -340,11 +436,29 @@ class EnflameDRSVendor(DeviceVendor):
         return DrsRequest(direct=False, memory=mem, cores=core)
 
     def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:
+        """One partition (upstream's row: slices direct with mempct 0, or memory/cores by spec with
+        mempct -1). The kernel charges what the charger says, not these numbers."""
         request = self.parse_request(container)
         if request is None:
             return None
-        raise not_supported(container, self.count_resource if request.direct else
-                            (self.memory_resource if request.memory else self.core_resource))
+        if request.direct:
+            return ContainerRequest(DRS_KEY, 1, request.slices, 0, 0)
+        return ContainerRequest(DRS_KEY, 1, request.memory, -1, min(request.cores, 100))
+
+    def device_selector(self, pod_annotations, node_annotations):
+        """``enflame.com/use-gpuuuid`` / ``nouse-gpuuuid`` (upstream's CheckUUID, after the profile)."""
+        return uuid_selector(pod_annotations, (DRS_USE_UUID,), (DRS_NOUSE_UUID,))
+
+    def charger(self, cache, pod: dict, row_container: list[int]) -> DrsCharger:
+        spec = pod.get("spec") or {}
+        containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
+        requests = {}
+        for position in set(row_container):
+            if 0 <= position < len(containers):
+                request = self.parse_request(containers[position])
+                if request is not None:
+                    requests[position] = request
+        return DrsCharger(cache, requests, row_container, _container_names(pod))
 
     def admission(self, container: dict) -> bool:
         """Upstream's DRS webhook: validate and mirror each present value into limits and
@@ -382,16 +496,25 @@ class EnflameDRSVendor(DeviceVendor):
     def mutate_admission(self, container: dict, pod: dict) -> bool:
         if not self.admission(container):
             return False
-        request = self.parse_request(container)
-        raise not_supported(container, self.count_resource if request is not None and request.direct
-                            else self.memory_resource)
+        self.parse_request(container)     # a value the scheduler could not read refuses the pod now
+        return True
 
     def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0,
                           pod_annotations=None):
         if not any(pod_devices):
             return {}
-        # Unreachable while container_request refuses every DRS request.
-        raise RuntimeError("Enflame DRS allocations cannot be encoded: DRS placement is not supported")
+        assignments = []
+        for position, container in enumerate(pod_devices):
+            info = container[0].custom if container else None
+            if not container:
+                assignments.append(None)
+                continue
+            if not info:
+                raise ValueError(f"Enflame DRS device {container[0].uuid} of container {position} carries no "
+                                 "profile: only a decision's allocation can be encoded")
+            profile = DrsProfile(info["profileName"], info["profileID"], info["drsSlice"], 0, 0)
+            assignments.append(DrsAssignment(info["container"], info["index"], info["minor"], profile))
+        return drs_annotations(pod_devices, assignments, now_ns=int(now * 1e9))
 
     def decision_annotations(self) -> tuple[str, ...]:
         return (DRS_ALLOCATED, ASSIGNED, ASSIGNED_TIME, ASSIGNED_INDEX, ASSIGNED_ID, ASSIGNED_MINOR,
@@ -401,13 +524,7 @@ class EnflameDRSVendor(DeviceVendor):
         text = annotations.get(DRS_ALLOCATED)
         if text is None:
             return None
-        return decode_pod_devices(text)
-
-
-def not_supported(container: dict, resource: str) -> RequestError:
-    return RequestError(f"container {go_quote(str(container.get('name') or ''))}: {resource}: Enflame DRS "
-                        "partitions are not supported by this scheduler yet (a partition's slices, memory "
-                        "and cores depend on the node's profiles, which the scheduler cannot charge yet)")
+        return slices_of(decode_pod_devices(text), annotations)
 
 
 def build_family(config: DeviceConfig, switches) -> list:

@@ -14,7 +14,7 @@ from itertools import compress, repeat
 
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
-from hami_py.devices.base import FLAG_CHOOSE, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
+from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
 from hami_py import reasons as R
 from hami_py.scheduling.fit_query import FitQuery
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
@@ -69,6 +69,7 @@ class Filterer:
         self.vendor_flags = array("i", [vendors[key].kernel_flags if key in vendors else 0
                                         for key in cache.vendor_ids])
         self._choosing = {key: i for key, i in cache.vendor_ids.items() if self.vendor_flags[i] & FLAG_CHOOSE}
+        self._charging = {key: i for key, i in cache.vendor_ids.items() if self.vendor_flags[i] & FLAG_CHARGE}
         self._no_choosers = [None] * len(cache.vendor_ids)
 
     def policies(self, pod: dict, vendors=None) -> Policies:
@@ -114,16 +115,19 @@ class Filterer:
             choosers = list(choosers)
             for key in asked:
                 choosers[self._choosing[key]] = self.vendors[key].chooser(cache, annotations)
+        chargers = self._no_choosers
+        if self._charging and (asked := [k for k in request.vendors if k in self._charging]):
+            chargers = list(chargers)
+            for key in asked:
+                chargers[self._charging[key]] = self.vendors[key].charger(cache, pod, request.row_container)
         query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
                          weights=policies.weights, quota_mem=quota_mem, quota_cores=quota_cores,
                          topology=policies.topology, mig_ok=mig_ok, vendor_flags=self.vendor_flags,
-                         choosers=choosers)
+                         choosers=choosers, chargers=chargers)
         best = self.kernel(cache, query)
         out_status, out_reasons, out_total, out_score = (
             query.out_status, query.out_reasons, query.out_total, query.out_score)
-        out_row, out_dev, out_mem, out_cores, out_prof, out_place = (
-            query.out_row, query.out_dev, query.out_mem, query.out_cores, query.out_prof, query.out_place)
 
         failed: dict[str, str] = {}
         texts: dict[tuple[bytes, int], str] = {}
@@ -149,7 +153,7 @@ class Filterer:
         best_scored = [(node_names[c], out_score[c]) for c in listed]
 
         winner = node_names[best]
-        allocation, mig = self._allocation(request, out_row, out_dev, out_mem, out_cores, out_prof, out_place)
+        allocation, mig = self._allocation(request, query, cand_idx[best], chargers)
         pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
         for key, devices in allocation.items():
             pod_annotations.update(self.vendors[key].encode_allocation(
@@ -166,11 +170,16 @@ class Filterer:
             cache.add_pod_usage(reservation)
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
 
-    def _allocation(self, request: PodRequest, out_row, out_dev, out_mem, out_cores, out_prof,
-                    out_place) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:
+    def _allocation(self, request: PodRequest, query: FitQuery, node_index: int,
+                    chargers) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:
         """Per vendor, one device list per container (init first), aligned by container position:
         a container that asks nothing of a vendor keeps an empty slot in that vendor's list.
+        Each device carries the slots the kernel charged it, and for a family with a charger what
+        its ``describe`` says of it (the annotations' input).
         Also the MIG instances, per vendor, as upstream's ``hami.io/vgpu-mig-allocations`` lists them."""
+        out_row, out_dev, out_mem, out_cores, out_prof, out_place, out_slots = (
+            query.out_row, query.out_dev, query.out_mem, query.out_cores, query.out_prof, query.out_place,
+            query.out_slots)
         n_containers = len(request.containers)
         allocation: dict[str, PodDevices] = {
             key: [[] for _ in range(n_containers)] for key in dict.fromkeys(request.row_vendor)}
@@ -187,7 +196,11 @@ class Filterer:
                 mig.setdefault(key, []).append({
                     "containerIndex": container, "deviceIndex": len(devices), "gpuUUID": ids[out_dev[i]],
                     "profile": cache.prof_names[out_prof[i]], "placement": {"start": start, "size": size}})
-            devices.append(ContainerDevice(ids[out_dev[i]], key, out_mem[i], out_cores[i]))
+            device = ContainerDevice(ids[out_dev[i]], key, out_mem[i], out_cores[i], out_slots[i])
+            if chargers[vid := cache.vendor_ids[key]] is not None:
+                device.custom = chargers[vid].describe(node_index, out_dev[i] - cache.node_offset[node_index],
+                                                       container)
+            devices.append(device)
         return allocation, mig
 
     def _device_mask(self, pod_annotations: dict[str, str], node_names: list[str], cand_idx: array,

@@ -12,7 +12,7 @@ from array import array
 from typing import Sequence
 
 from hami_py import reasons as R
-from hami_py.devices.base import Chooser
+from hami_py.devices.base import Charger, Chooser
 
 # The device table's columns the kernel reads (UsageCache attributes; see its _DEVICE_COLUMNS
 # and the per-node and MIG profile arrays). Any object with these attributes will do.
@@ -25,7 +25,7 @@ TABLE_COLUMNS = (
 
 # The answer: per candidate node, then per device given to the winner.
 OUTPUTS = ("out_status", "out_reasons", "out_total", "out_score",
-           "out_row", "out_dev", "out_mem", "out_cores", "out_prof", "out_place")
+           "out_row", "out_dev", "out_mem", "out_cores", "out_prof", "out_place", "out_slots")
 
 _NO_MASK = array("b")   # read only: an empty mask means no device is masked
 _ZERO_I, _ZERO_Q, _ZERO_D = array("i", [0]), array("q", [0]), array("d", [0.0])
@@ -34,7 +34,7 @@ _N_REASONS = R.N_DEVICE_REASONS
 _INPUTS = (
     "candidates", "rows", "mask", "node_policy", "gpu_policy", "numa_bind", "mutex",
     "w_slot", "w_core", "w_mem", "quota_mem", "quota_cores", "topology", "mig_ok",
-    "vendor_flags", "choosers",
+    "vendor_flags", "choosers", "chargers",
 )
 
 
@@ -45,12 +45,13 @@ class FitQuery:
     pod's request rows, ``kernel_ref.ROW_WIDTH`` int32 each), ``mask`` (a reason code per device
     the pod may not use, empty when none), the policies, the per-vendor quota headroom, and per
     vendor id ``vendor_flags`` (``DeviceVendor.kernel_flags``) and ``choosers`` (a
-    :data:`~hami_py.devices.base.Chooser` for the FLAG_CHOOSE vendors of the request, else None).
+    :data:`~hami_py.devices.base.Chooser` for the FLAG_CHOOSE vendors of the request, else None)
+    and ``chargers`` (a :data:`~hami_py.devices.base.Charger` for its FLAG_CHARGE vendors).
 
     Outputs, allocated zeroed for ``len(candidates)`` nodes and ``devices`` given devices (the
     request's total count): per candidate ``out_status``, ``out_total``, ``out_score`` and
     ``N_DEVICE_REASONS`` counts in ``out_reasons``; for the winner, one entry per device given in
-    ``out_row``, ``out_dev``, ``out_mem``, ``out_cores``, ``out_prof``, ``out_place``.
+    ``out_row``, ``out_dev``, ``out_mem``, ``out_cores``, ``out_prof``, ``out_place``, ``out_slots``.
     """
 
     __slots__ = _INPUTS + OUTPUTS
@@ -60,7 +61,8 @@ class FitQuery:
                  mask: array | None = None, node_policy: int = 0, gpu_policy: int = 0,
                  numa_bind: bool = False, mutex: bool = False,
                  weights: tuple[float, float, float] = (1.0, 1.0, 1.0),
-                 topology: bool = False, mig_ok: bool = True):
+                 topology: bool = False, mig_ok: bool = True,
+                 chargers: Sequence[Charger | None] | None = None):
         self.candidates = candidates
         self.rows = rows
         self.mask = _NO_MASK if mask is None else mask
@@ -75,6 +77,7 @@ class FitQuery:
         self.mig_ok = mig_ok
         self.vendor_flags = vendor_flags
         self.choosers = choosers
+        self.chargers = choosers if chargers is None else chargers   # any list: read only for FLAG_CHARGE
         self._allocate(len(candidates), devices)
 
     def _allocate(self, n: int, k: int) -> None:
@@ -92,6 +95,7 @@ class FitQuery:
         self.out_cores = _ZERO_I * k
         self.out_prof = _ZERO_I * k
         self.out_place = _ZERO_I * k
+        self.out_slots = _ZERO_I * k
 
     def clone(self) -> FitQuery:
         """The same inputs with zeroed outputs of its own (to run another kernel on them)."""

@@ -47,6 +47,7 @@ MAX_TOPOLOGY_COMBOS = CODES["MAX_TOPOLOGY_COMBOS"]   # device combinations weigh
 FLAG_EXCLUSIVE = CODES["FLAG_EXCLUSIVE"]
 FLAG_EQUAL_SHARE = CODES["FLAG_EQUAL_SHARE"]
 FLAG_CHOOSE = CODES["FLAG_CHOOSE"]
+FLAG_CHARGE = CODES["FLAG_CHARGE"]
 
 # Mask reason codes that upstream checks before the NUMA regrouping step, and the one after it.
 _PRE_NUMA_MASK = (R.CARD_CORDONED, R.CARD_TYPE_MISMATCH)
@@ -114,7 +115,11 @@ def filter_nodes(table, query):
     device that fits the row (as ``topology`` does, NUMA regrouping included) and lets
     ``choosers[vendor]`` pick ``nums`` of them, adding its score delta to the node's score, or
     refuse the node with a reason of its own (counted once, on top of the walk's counts; see
-    ``_choose``).
+    ``_choose``); FLAG_CHARGE asks ``chargers[vendor](node, row)`` once per row and node what one device
+    of the row costs there, ``(memory MiB, cores, slots)``, which replace the row's memory and cores
+    in every check, score and charge, and make the slot check ``count - used >= slots`` (a
+    partition whose profile depends on the node's devices); a reason code instead refuses the node
+    with that reason alone (see ``_charge``).
 
     MIG: a device with ``dev_mig`` set hands out MIG instances. Its profiles are
     ``[mig_prof_off[j], +mig_prof_len[j])`` in the profile table (sorted by memory, then slices), each
@@ -128,7 +133,7 @@ def filter_nodes(table, query):
     choosers' score deltas), and for a device-level failure ``out_reasons[c * N_DEVICE_REASONS + r]``
     counts and ``out_total[c]`` (the number of candidate devices of the failing request). Returns
     the winning candidate position, or -1; the winner's devices are written to
-    ``out_row/out_dev/out_mem/out_cores`` (one entry per device given, in request order) and their
+    ``out_row/out_dev/out_mem/out_cores/out_slots`` (one entry per device given, in request order) and their
     number is ``sum(nums)``; ``out_prof``/``out_place`` name the MIG profile and placement of each
     (-1 for a shared, non-MIG device).
     """
@@ -145,10 +150,10 @@ def filter_nodes(table, query):
     node_policy, gpu_policy, numa_bind, mutex = q.node_policy, q.gpu_policy, q.numa_bind, q.mutex
     w_slot, w_core, w_mem = q.w_slot, q.w_core, q.w_mem
     quota_mem, quota_cores, topology, mig_ok = q.quota_mem, q.quota_cores, q.topology, q.mig_ok
-    vendor_flags, choosers = q.vendor_flags, q.choosers
+    vendor_flags, choosers, chargers = q.vendor_flags, q.choosers, q.chargers
     out_status, out_reasons, out_total, out_score = q.out_status, q.out_reasons, q.out_total, q.out_score
-    out_row, out_dev, out_mem, out_cores, out_prof, out_place = (
-        q.out_row, q.out_dev, q.out_mem, q.out_cores, q.out_prof, q.out_place)
+    out_row, out_dev, out_mem, out_cores, out_prof, out_place, out_slots = (
+        q.out_row, q.out_dev, q.out_mem, q.out_cores, q.out_prof, q.out_place, q.out_slots)
 
     n_rows = len(rows) // ROW_WIDTH
     for r in range(n_rows):
@@ -185,7 +190,7 @@ def filter_nodes(table, query):
         app_mem = [used_mem[j] for j in range(off, off + n)]
         app_cores = [used_cores[j] for j in range(off, off + n)]
         app_mig = [mig_used[j] for j in range(off, off + n)]
-        chosen = []  # (row, slot, mem, cores, profile, placement)
+        chosen = []  # (row, device, mem, cores, profile, placement, slots)
         # The pod's own usage so far on this node, per device: peak over init containers, sum over
         # app containers (the quota check charges the pod as the cache will: max of the two).
         q_init_mem = [0] * n
@@ -221,6 +226,16 @@ def filter_nodes(table, query):
             qm = quota_mem[v]
             qc = quota_cores[v]
             flags = vendor_flags[v]
+            slots = 1
+            if flags & FLAG_CHARGE:
+                answer = _charge(chargers, v, ni, r)
+                if isinstance(answer, int):   # no device of this node can hold the row: its reason
+                    status = R.NODE_DEVICE_REASONS
+                    out_reasons[c * nr + answer] = 1
+                    out_total[c] = len(cands)
+                    break
+                memreq, cores, slots = answer
+                mempct = 0
             exclusive = flags & FLAG_EXCLUSIVE
             equal_share = flags & FLAG_EQUAL_SHARE
             choose = flags & FLAG_CHOOSE
@@ -266,7 +281,7 @@ def filter_nodes(table, query):
                 if m != 0:
                     counts[m] += 1
                     continue
-                if count[j] <= s_used_l[k]:
+                if count[j] - s_used_l[k] < slots:
                     # A busy device of an exclusive family is refused for being busy, even when its
                     # slots are gone too (a whole card has one): upstream's reason. Tested inside
                     # the slot check so that rows of other families pay nothing for it (the
@@ -348,7 +363,7 @@ def filter_nodes(table, query):
                 if prof >= 0:  # a MIG instance is charged as its profile
                     use_mem, use_cores = prof_mem[prof], prof_core[prof]
                     s_mig_l[k] |= place_mask[place]
-                s_used_l[k] += 1
+                s_used_l[k] += slots
                 s_mem_l[k] += use_mem
                 s_cores_l[k] += use_cores
                 if is_init:
@@ -357,7 +372,7 @@ def filter_nodes(table, query):
                 else:
                     q_app_mem[k] += use_mem
                     q_app_cores[k] += use_cores
-                chosen.append((r, off + k, use_mem, use_cores, prof, place))
+                chosen.append((r, off + k, use_mem, use_cores, prof, place, slots))
         out_status[c] = status
         if status != R.NODE_FIT:
             continue
@@ -366,9 +381,10 @@ def filter_nodes(table, query):
         if better:
             best = c
             best_score = node_score
-            for i, (r, slot, mem, cores_, prof, place) in enumerate(chosen):
+            for i, (r, dev, mem, cores_, prof, place, slots_) in enumerate(chosen):
                 out_row[i] = r
-                out_dev[i] = slot
+                out_dev[i] = dev
+                out_slots[i] = slots_
                 out_mem[i] = mem
                 out_cores[i] = cores_
                 out_prof[i] = prof
@@ -400,6 +416,24 @@ def _choose(choosers, v, ni, picked, nums):
             or not all(type(p) is int and p in by_position for p in chosen)):
         raise ValueError(f"chooser of vendor id {v} chose {chosen!r}: not {nums} distinct positions of {positions}")
     return [by_position[p] for p in chosen], float(delta)
+
+
+def _charge(chargers, v, ni, r):
+    """Vendor ``v``'s charge of one device of row ``r`` on node ``ni``: ``(memory MiB, cores, slots)``
+    or the reason code it refused the node with. An answer outside the contract
+    (``devices.base.Charger``) is the family's bug: it raises ValueError."""
+    charger = chargers[v] if v < len(chargers) else None
+    if charger is None:
+        raise ValueError(f"vendor id {v} has FLAG_CHARGE but the query carries no charger for it")
+    answer = charger(ni, r)
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if not 0 < answer < R.N_DEVICE_REASONS:
+            raise ValueError(f"charger of vendor id {v} answered reason {answer}, not a device reason code")
+        return answer
+    if (not isinstance(answer, tuple) or len(answer) != 3 or not all(type(x) is int for x in answer)
+            or not (0 <= answer[0] <= 2147483647 and 0 <= answer[1] <= 100 and 1 <= answer[2] <= 2147483647)):
+        raise ValueError(f"charger of vendor id {v} answered {answer!r}, not (memory, cores, slots) or a reason")
+    return answer
 
 
 def _pod_total(cands, off, vendor, v, is_init, picked, k_extra, mem_extra, cores_extra,
