@@ -26,9 +26,9 @@ from hami_py.devices.base import (
 from hami_py.devices.codec import decode_pod_devices, encode_pod_devices, parse_go_int
 from hami_py.devices.gates import uuid_selector
 from hami_py.devices.template import (
-    MISSING, TemplateSpec, TemplateVendor, lookup, request_error, resource_lists, rounded_quantity, whole_number,
+    MISSING, CapacityCards, TemplateSpec, TemplateVendor, lookup, request_error, resource_lists, rounded_quantity, whole_number,
 )
-from hami_py.quantity import INT32_MAX, INT32_MIN, parse_exact_int
+from hami_py.quantity import INT32_MAX, INT32_MIN
 
 GCU_KEY = "GCU"
 DRS_KEY = "Enflame"
@@ -45,7 +45,6 @@ ASSIGNED_ID = "enflame.com/gcu-assigned-id"
 ASSIGNED_MINOR = "enflame.com/gcu-assigned-minor"
 REQUEST_SIZE = "enflame.com/gcu-request-size"
 ASSIGNED_CONTAINERS = "assigned-containers"
-MAX_CARDS = 1024
 
 DEFAULT_DRS_COUNT = "enflame.com/drs-gcu"
 DEFAULT_DRS_MEMORY = "enflame.com/gcu-memory"
@@ -79,7 +78,7 @@ class EnflameConfig:
 
 # -- whole GCU ----------------------------------------------------------------------------------
 
-class GCUVendor(TemplateVendor):
+class GCUVendor(CapacityCards, TemplateVendor):
     """Whole GCUs from ``status.capacity[enflame.com/gcu]``, always exclusive."""
 
     kernel_flags = FLAG_EXCLUSIVE
@@ -89,22 +88,8 @@ class GCUVendor(TemplateVendor):
         super().__init__(TemplateSpec(vendor_key=GCU_KEY, count_resource=config.resource_name_gcu,
                                       to_allocate_annotation=GCU_TO_ALLOCATE, allocated_annotation=GCU_ALLOCATED))
 
-    def registration_inputs(self, node) -> object:
-        return (node.capacity.get(self.spec.count_resource),) if self.spec.count_resource else (None,)
-
-    def registration_source(self) -> str:
-        return f"{self.spec.count_resource} capacity"
-
     def parse_node_devices(self, node) -> list[DeviceInfo]:
-        resource = self.spec.count_resource
-        if not resource or resource not in node.capacity:
-            return []
-        raw = node.capacity[resource]
-        cards = parse_exact_int(raw)
-        if cards is None:
-            raise DeviceDecodeError(f"{resource} {raw!r} is not a whole number of cards")
-        if not 0 <= cards <= MAX_CARDS:
-            raise DeviceDecodeError(f"{resource} {raw!r} is out of range: must be between 0 and {MAX_CARDS}")
+        cards = self.capacity_cards(node)
         return [DeviceInfo(id=f"{node.name}-{GCU_KEY}-{i}", index=i, count=1, devmem=100, devcore=100,
                            type=GCU_KEY, health=True) for i in range(cards)]
 

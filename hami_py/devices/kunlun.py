@@ -19,14 +19,14 @@ from typing import Iterable
 
 from hami_py.config import DeviceConfig, Section
 from hami_py.devices.base import (
-    FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices,
+    FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, ContainerRequest, DeviceInfo, PodDevices,
 )
 from hami_py.devices.codec import encode_pod_devices
 from hami_py.devices.template import (
-    MISSING, TemplateSpec, TemplateVendor, ensure_limits, lookup, resource_lists, rounded_quantity,
+    MISSING, CapacityCards, TemplateSpec, TemplateVendor, ensure_limits, lookup, resource_lists, rounded_quantity,
     whole_number,
 )
-from hami_py.quantity import INT64_MAX, parse_exact_int
+from hami_py.quantity import INT64_MAX
 from hami_py.reasons import NUMA_NOT_FIT
 
 # -- names ---------------------------------------------------------------------------------------
@@ -45,7 +45,6 @@ NOUSE_UUID = ("hami.io/no-use-xpu-uuid", "baidu.com/nouse-gpuuuid")
 CARD_MEMORY = 98304             # MiB of one card
 VXPU_SIZES = (24576, 49152)     # a quarter and a half card; anything larger is the whole card
 CARD_MEMORY_WHOLE_CORES = 100
-MAX_CARDS = 1024                # a capacity beyond this is refused rather than synthesised
 
 
 # -- config ---------------------------------------------------------------------------------------
@@ -258,7 +257,7 @@ def card_index(uuid: str) -> int | None:
     return int(tail)
 
 
-class KunlunVendor(TemplateVendor):
+class KunlunVendor(CapacityCards, TemplateVendor):
     """Whole XPUs from ``status.capacity[kunlunxin.com/xpu]``."""
 
     kernel_flags = FLAG_EXCLUSIVE | FLAG_CHOOSE
@@ -269,22 +268,8 @@ class KunlunVendor(TemplateVendor):
                                       allocated_annotation=KUNLUN_ALLOCATED,
                                       use_uuid=USE_UUID, nouse_uuid=NOUSE_UUID))
 
-    def registration_inputs(self, node) -> object:
-        return (node.capacity.get(self.spec.count_resource),) if self.spec.count_resource else (None,)
-
-    def registration_source(self) -> str:
-        return f"{self.spec.count_resource} capacity"
-
     def parse_node_devices(self, node) -> list[DeviceInfo]:
-        resource = self.spec.count_resource
-        if not resource or resource not in node.capacity:
-            return []
-        raw = node.capacity[resource]
-        cards = parse_exact_int(raw)
-        if cards is None:
-            raise DeviceDecodeError(f"{resource} {raw!r} is not a whole number of cards")
-        if not 0 <= cards <= MAX_CARDS:
-            raise DeviceDecodeError(f"{resource} {raw!r} is out of range: must be between 0 and {MAX_CARDS}")
+        cards = self.capacity_cards(node)
         return [DeviceInfo(id=f"{node.name}-{KUNLUN_KEY}-{i}", index=i, count=100, devmem=CARD_MEMORY,
                            devcore=100, type=KUNLUN_KEY, numa=1 if i >= cards // 2 else 0, health=True)
                 for i in range(cards)]

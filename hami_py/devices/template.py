@@ -230,3 +230,32 @@ class TemplateVendor(DeviceVendor):
         if text is None:
             return None
         return decode_pod_devices(text)
+
+
+# A capacity beyond this is refused rather than synthesised into that many devices.
+MAX_CAPACITY_CARDS = 1024
+
+
+class CapacityCards:
+    """For families whose plugins register nothing but advertise whole cards as node capacity
+    (Enflame GCU, Kunlun XPU): the inventory is decoded again only when that capacity changes,
+    and a capacity that is not a whole number of cards is refused with the resource and value."""
+
+    def registration_inputs(self, node) -> object:
+        return (node.capacity.get(self.spec.count_resource),) if self.spec.count_resource else (None,)
+
+    def registration_source(self) -> str:
+        return f"{self.spec.count_resource} capacity"
+
+    def capacity_cards(self, node) -> int:
+        """How many cards the node's capacity advertises (0 when it advertises none)."""
+        resource = self.spec.count_resource
+        if not resource or resource not in node.capacity:
+            return 0
+        raw = node.capacity[resource]
+        cards = parse_exact_int(raw)
+        if cards is None:
+            raise DeviceDecodeError(f"{resource} {raw!r} is not a whole number of cards")
+        if not 0 <= cards <= MAX_CAPACITY_CARDS:
+            raise DeviceDecodeError(f"{resource} {raw!r} is out of range: must be between 0 and {MAX_CAPACITY_CARDS}")
+        return cards
