@@ -86,3 +86,31 @@ async def test_a_pod_asking_for_two_families_gets_one_allocation_per_family_on_a
     # One slot per container in each family's annotation; the other family's container is empty.
     assert [len(c) for c in gpus] == [1, 0] and [len(c) for c in npus] == [0, 1]
     assert_books_balance(app)
+
+
+async def test_every_familys_devices_and_pods_are_in_upstreams_gauges(api, app, extender):
+    """Upstream's ``hami_*`` gauges cover every family's devices and allocations, not NVIDIA's alone."""
+    from tests.test_metrics import scrape, series
+    names = await register_nodes(api, app, gpu_node("gpu-0", gpus=1), ASCEND.node("npu-0"), KUNLUN.node("xpu-0"))
+    pods = [gpu_pod("train", gpus=1, gpumem=20000),
+            _pod("infer", {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16384"}),
+            _pod("search", {"kunlunxin.com/xpu": "1"})]
+    for pod in pods:
+        stored, result = await place(api, extender, pod, names)
+        await _bind(app, extender, stored, result["NodeNames"][0])
+    samples = await scrape(app)
+    limits = series(samples, "hami_gpu_memory_limit_bytes")
+    assert {dict(k)["node"] for k in limits} == {"gpu-0", "npu-0", "xpu-0"}
+    allocated = {dict(k)["pod"]: v for k, v in series(samples, "hami_vgpu_memory_allocated_bytes").items()}
+    assert allocated["train"] == 20000 * 2**20 and allocated["infer"] == 16384 * 2**20
+    assert allocated["search"] == 98304 * 2**20         # a whole Kunlun card
+
+
+async def test_the_nodes_path_fits_a_familys_pod_against_the_node_objects_sent(api, app, extender):
+    """``nodeCacheCapable: false``: the node objects in the request are decoded by each family."""
+    from tests.conftest import node_list
+    pod = api.create("pods", _pod("infer", {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16384"}))
+    npu, gpu = ASCEND.node("npu-0"), gpu_node("gpu-0", gpus=1)
+    _, body = await extender.post("filter", {"Pod": pod, "Nodes": node_list(gpu, npu)})
+    assert body["Error"] == "" and [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["npu-0"]
+    assert "gpu-0" in body["FailedNodes"]
