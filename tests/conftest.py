@@ -15,6 +15,7 @@ import trustme
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
 from hami_py.fakeapi.kubescheduler import ExtenderClient
+from hami_py.fakeapi.objects import gpu_pod
 
 
 @pytest.fixture(autouse=True)
@@ -89,6 +90,13 @@ async def register_nodes(api, app, *nodes: dict) -> list[str]:
     names = [n["metadata"]["name"] for n in nodes]
     await wait_until(lambda: all(n in app.cache.node_index_of for n in names), f"nodes {names} registered")
     return names
+
+
+def device_pod(name: str, limits: dict, annotations: dict | None = None) -> dict:
+    """A one-container pod for hami-scheduler asking for ``limits`` (any family's resources)."""
+    pod = gpu_pod(name, annotations=annotations)
+    pod["spec"]["containers"][0]["resources"] = {"limits": limits}
+    return pod
 
 
 async def place(api, extender, pod: dict, node_names: list[str]) -> tuple[dict, dict]:

@@ -17,7 +17,7 @@ from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.embedded import running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
-from tests.conftest import assert_books_balance, decision_annotations, place, register_nodes, wait_until
+from tests.conftest import device_pod, assert_books_balance, decision_annotations, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 VENDORS = build_vendors(DeviceConfig.default())
@@ -247,10 +247,7 @@ def enflame_node(name, *, gcus=None, drs=None, gpus=0):
     return node
 
 
-def gcu_pod(name, limits, annotations=None):
-    pod = gpu_pod(name, annotations=annotations)
-    pod["spec"]["containers"][0]["resources"] = {"limits": limits}
-    return pod
+gcu_pod = device_pod     # the family's pods in these tests
 
 
 async def test_a_gcu_pod_is_filtered_bound_and_annotated(api, app, extender):

@@ -25,7 +25,7 @@ from hami_py.devices.kunlun import (
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.reasons import CARD_UUID_MISMATCH, NUMA_NOT_FIT, OK
-from tests.conftest import decision_annotations, assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import device_pod, decision_annotations, assert_books_balance, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 VENDORS = build_vendors(DeviceConfig.default())
@@ -383,10 +383,7 @@ def kunlun_node(name, *, xpu_register=None, cards=None, gpus=0):
     return node
 
 
-def xpu_pod(name, limits, annotations=None):
-    pod = gpu_pod(name, annotations=annotations)
-    pod["spec"]["containers"][0]["resources"] = {"limits": limits}
-    return pod
+xpu_pod = device_pod     # the family's pods in these tests
 
 
 async def test_a_garbled_xpu_registration_is_refused_while_the_nodes_gpus_work(api, app, extender):

@@ -17,7 +17,7 @@ from hami_py.devices.codec import decode_pod_devices
 from hami_py.embedded import embedded_options
 from hami_py.fakeapi.families import find_device_model, family_node
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
-from tests.conftest import assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import assert_books_balance, device_pod, place, register_nodes, wait_until
 
 ASCEND = find_device_model("Ascend910B3")
 KUNLUN = find_device_model("P800")
@@ -28,10 +28,7 @@ def scheduler_options():
     return dataclasses.replace(embedded_options(), enable_ascend=True, enable_iluvatar=True)
 
 
-def _pod(name: str, limits: dict) -> dict:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
-            "spec": {"schedulerName": "hami-scheduler",
-                     "containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]}}
+_pod = device_pod
 
 
 def _both(name: str) -> dict:

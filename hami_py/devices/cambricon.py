@@ -29,7 +29,7 @@ import structlog
 from hami_py.config import DeviceConfig, Section
 from hami_py.devices.base import DeviceDecodeError, DeviceInfo, NodeView, PodDevices
 from hami_py.devices.codec import encode_pod_devices
-from hami_py.devices.template import TemplateSpec, TemplateVendor, quote_value
+from hami_py.devices.template import MAX_CAPACITY_CARDS, TemplateSpec, TemplateVendor, quote_value
 from hami_py.quantity import INT32_MAX, parse_exact_int
 
 log = structlog.get_logger(__name__)
@@ -50,9 +50,6 @@ DSMLU_LOCK_EXPIRY_S = 120.0
 MEMORY_UNIT = 256          # MiB per unit of the memory resource
 DEVICE_ID_INFIX = "-cambricon-mlu-"
 CORES_PER_DEVICE = 100
-# A node advertising more than this many cards is a garbled capacity, not a machine: without a
-# bound a value such as 10^15 would make the cache build 10^13 devices.
-MAX_DEVICES = 1024
 
 
 # ---------------------------------------------------------------------------------------------
@@ -135,7 +132,7 @@ class CambriconVendor(TemplateVendor):
 
         A capacity of 0 is what the kubelet leaves behind once the plugin is gone: no devices,
         as upstream. A capacity that is not a whole number, is negative, implies more than
-        MAX_DEVICES cards, or gives a card more memory than int32 MiB raises DeviceDecodeError.
+        MAX_CAPACITY_CARDS cards, or gives a card more memory than int32 MiB raises DeviceDecodeError.
         """
         core_name, memory_name = self.config.resource_core_name, self.config.resource_memory_name
         if not core_name:
@@ -151,9 +148,9 @@ class CambriconVendor(TemplateVendor):
         if cores == 0:
             return []
         count = -(-cores // CORES_PER_DEVICE)
-        if count > MAX_DEVICES:
+        if count > MAX_CAPACITY_CARDS:
             raise DeviceDecodeError(f"{core_name} {quote_value(raw_cores)} implies {count} devices, "
-                                    f"more than {MAX_DEVICES}")
+                                    f"more than {MAX_CAPACITY_CARDS}")
         memory = 0
         raw_memory = node.capacity.get(memory_name) if memory_name else None
         if raw_memory is not None:

@@ -232,7 +232,8 @@ class TemplateVendor(DeviceVendor):
         return decode_pod_devices(text)
 
 
-# A capacity beyond this is refused rather than synthesised into that many devices.
+# A capacity beyond this is a garbled one, not a machine, and is refused rather than synthesised
+# (10^15 would make the cache build that many devices).
 MAX_CAPACITY_CARDS = 1024
 
 

@@ -110,16 +110,8 @@ class Filterer:
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
-        choosers = self._no_choosers
-        if self._choosing and (asked := [k for k in request.vendors if k in self._choosing]):
-            choosers = list(choosers)
-            for key in asked:
-                choosers[self._choosing[key]] = self.vendors[key].chooser(cache, annotations)
-        chargers = self._no_choosers
-        if self._charging and (asked := [k for k in request.vendors if k in self._charging]):
-            chargers = list(chargers)
-            for key in asked:
-                chargers[self._charging[key]] = self.vendors[key].charger(cache, pod, request.row_container)
+        choosers = self._hooks(self._choosing, request, lambda v: v.chooser(cache, annotations))
+        chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
         query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
                          weights=policies.weights, quota_mem=quota_mem, quota_cores=quota_cores,
@@ -170,6 +162,17 @@ class Filterer:
             cache.add_pod_usage(reservation)
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
 
+    def _hooks(self, flagged: dict[str, int], request: PodRequest, make) -> list:
+        """The kernel's per-vendor hook list (by vendor id): ``make(vendor)`` for the families of
+        the request that have the flag, None elsewhere (the shared all-None list when none do)."""
+        asked = [k for k in request.vendors if k in flagged] if flagged else ()
+        if not asked:
+            return self._no_choosers
+        hooks = list(self._no_choosers)
+        for key in asked:
+            hooks[flagged[key]] = make(self.vendors[key])
+        return hooks
+
     def _allocation(self, request: PodRequest, query: FitQuery, node_index: int,
                     chargers) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:
         """Per vendor, one device list per container (init first), aligned by container position:
@@ -218,8 +221,8 @@ class Filterer:
         gate_keys = {k for v in vendors for k in v.gate_annotations}
         group_gates: dict[tuple, dict[int, DeviceSelector | None] | None] = {}   # None: restricts nothing
         for key, members in cache.annotation_groups.items():
-            if members and _concerns(dict(key), gate_keys):
-                annotations = dict(key)
+            annotations = dict(key)
+            if members and _concerns(annotations, gate_keys):
                 gates = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, annotations)
                          for v in vendors}
                 group_gates[key] = None if all(sel is None for sel in gates.values()) else gates
