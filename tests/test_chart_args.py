@@ -52,8 +52,6 @@ def test_the_switches_bring_in_the_families_they_gate():
     with_switches = build_vendors(DeviceConfig.default(), switches)
     without = build_vendors(DeviceConfig.default())
     gated = set(with_switches) - set(without)
-    if not gated:
-        pytest.skip("the Ascend and Iluvatar families are not built yet")
     assert {"Ascend910B3", "MR-V100"} <= gated
     assert not any(key.startswith("Ascend") or key in ("MR-V100", "MR-V50", "BI-V150", "BI-V100") for key in without)
 
