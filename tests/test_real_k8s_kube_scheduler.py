@@ -166,7 +166,9 @@ async def test_a_gpu_pod_is_bound_through_filter_and_bind(hami, real_kube, real_
     ann = annotations(stored)
     assert ann["hami.io/vgpu-node"] == node                      # our filter decided (the Binding wrote it)...
     assert ann["hami.io/bind-time"].isdigit()                    # ...and our bind bound (the Binding's annotations)
-    assert requests_of(app, "filter") >= 1 and requests_of(app, "bind") >= 1
+    # The pod shows bound as soon as the Binding lands; the /bind answer (and its metric) follows.
+    await wait_for(lambda: requests_of(app, "filter") >= 1 and requests_of(app, "bind") >= 1, timeout=10,
+                   what="the filter and the bind counted")
     await wait_for_value(lambda: real_kube.get("pods", "trainer", namespace=ns),
                          lambda p: annotations(p).get("hami.io/bind-phase") == "success", what="the allocation")
     await wait_for_value(lambda: real_kube.get("nodes", node), lambda n: LOCK_ANNOTATION not in annotations(n),
