@@ -32,7 +32,13 @@ def _families() -> list[Callable[[DeviceConfig, FamilySwitches], list[DeviceVend
     from hami_py.devices import hygon; families.append(hygon.build_family)  # noqa: E702
     from hami_py.devices import iluvatar; families.append(iluvatar.build_family)  # noqa: E702
     from hami_py.devices import enflame; families.append(enflame.build_family)  # noqa: E702
+    from hami_py.devices import mthreads; families.append(mthreads.build_family)  # noqa: E702
+    from hami_py.devices import metax; families.append(metax.build_family)  # noqa: E702
     from hami_py.devices import kunlun; families.append(kunlun.build_family)  # noqa: E702
+    from hami_py.devices import awsneuron; families.append(awsneuron.build_family)  # noqa: E702
+    from hami_py.devices import amd; families.append(amd.build_family)  # noqa: E702
+    from hami_py.devices import vastai; families.append(vastai.build_family)  # noqa: E702
+    from hami_py.devices import biren; families.append(biren.build_family)  # noqa: E702
     from hami_py.devices import ascend; families.append(ascend.build_family)  # noqa: E702
     return families
 
