@@ -74,6 +74,9 @@ class Options:
     debug: bool = False
     verbosity: int = 0
     body_limit: int = DEFAULT_BODY_LIMIT
+    # Ours: "best" (upstream's: /filter answers one node and reserves it) or "all" (every fitting
+    # node, /prioritize scores them, /bind fits again on kube-scheduler's choice; prioritize.py).
+    filter_mode: str = "best"
     sync_timeout_s: float = 30.0
     gc_freeze: bool = True   # after the initial sync (off where many instances share a process)
     # Registration upkeep and leadership (hami_py/k8s/registration.py, leader.py). Not flags
@@ -162,7 +165,7 @@ class SchedulerApp:
                         on_result=self.events.on_bind)
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
-                                        events=self.events.on_filter)
+                                        events=self.events.on_filter, filter_mode=o.filter_mode)
         self.leadership = build_leadership(
             leader_elect=o.leader_elect, client=self.client, namespace=o.leader_elect_resource_namespace,
             name=o.leader_elect_resource_name, identity=self.identity, on_change=self._on_leadership)

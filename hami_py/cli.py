@@ -23,6 +23,7 @@ from hami_py.http.tls import TLSConfigError
 from hami_py.k8s.leader import check_leader_options, leader_identity
 from hami_py.logs import configure_logging
 from hami_py.scheduling.policies import GPU_POLICY_TOKENS, policy_tokens
+from hami_py.scheduling.prioritize import FILTER_MODES
 
 EXIT_USAGE = 2
 
@@ -121,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     flag("-v", "--v", dest="verbosity", default=0, type=int, help="log verbosity (klog style)")
     flag("--log-format", default="json", choices=["json", "console"], help="log output format")
     flag("--max-request-bytes", default=1 << 20, type=int, help="largest extender request body")
+    flag("--filter-mode", default="best", choices=list(FILTER_MODES),
+         help="ours: best = /filter answers the one node our policy prefers and reserves it (upstream's); "
+              "all = every node where the pod fits, scored by /prioritize, fitted again and reserved at "
+              "/bind on the node kube-scheduler chose")
     return p
 
 
@@ -140,6 +145,7 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         enable_ascend=ns.enable_ascend, enable_iluvatar=ns.enable_iluvatar,
         kubeconfig=ns.kubeconfig, debug=ns.debug, verbosity=ns.verbosity,
         body_limit=ns.max_request_bytes,
+        filter_mode=ns.filter_mode,
     )
 
 

@@ -55,3 +55,8 @@ class ExtenderClient:
             return Placement(None, result.get("FailedNodes"), "")
         bound = await self.bind(pod, names[0])
         return Placement(names[0] if not bound.get("Error") else None, None, bound.get("Error", ""))
+
+    async def prioritize(self, pod: dict, node_names: list[str]) -> list[dict]:
+        """POST /prioritize (--filter-mode=all): the HostPriorityList."""
+        _, result = await self.post("prioritize", {"Pod": pod, "NodeNames": node_names, "Nodes": None})
+        return result

@@ -1,4 +1,5 @@
-"""The extender's HTTP surface: /filter, /bind, /healthz, /readyz, and /metrics on its own port.
+"""The extender's HTTP surface: /filter, /bind, /prioritize (--filter-mode=all), /healthz, /readyz,
+and /metrics on its own port.
 
 The webhook's own listener (``--webhook-bind-address``) is built in :mod:`hami_py.http.webhook`.
 
@@ -110,10 +111,39 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
     app = web.Application(client_max_size=body_limit)
     app.router.add_post("/filter", filter_handler)
     app.router.add_post("/bind", bind_handler)
+    app.router.add_post("/prioritize", prioritize_handler(service, metrics, body_limit))
     add_probes(app, ready)
     for method, path, handler in extra_routes or ():
         app.router.add_route(method, path, handler)
     return app
+
+
+def prioritize_handler(service: SchedulerService, metrics: Metrics, body_limit: int):
+    """``POST /prioritize`` (--filter-mode=all): a HostPriorityList. Its result type has no
+    ``Error`` field and kube-scheduler ignores a failed prioritize ("No score given by this
+    extender"), so a request that cannot be scored is logged, counted, and answered ``[]``
+    with HTTP 200: no score from us, and no error in kube-scheduler's log for every pod."""
+
+    async def handler(request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        args, error = await read_json(request, body_limit)
+        error = error or extender_args_error(args)
+        if error:
+            result = []
+        else:
+            try:
+                result, error = service.prioritize(args)
+            except Exception as exc:  # noqa: BLE001 - logged with its traceback, answered []
+                log.exception("extender request failed unexpectedly", verb="prioritize")
+                result, error = [], f"internal error in the extender prioritize: {type(exc).__name__}: {exc}"
+        if error:
+            metrics.request_errors.labels("prioritize").inc()
+            log.warning("prioritize gives no scores", error=error)
+        response = web.Response(body=orjson.dumps(result), content_type=_JSON)   # names and ints only
+        metrics.request_seconds.labels("prioritize").observe(time.perf_counter() - t0)
+        return response
+
+    return handler
 
 
 def add_probes(app: web.Application, ready) -> None:

@@ -55,6 +55,23 @@ class FilterDecision:
         self.best = best or []
 
 
+class Evaluation:
+    """One kernel run over a candidate list (``Filterer.evaluate``): the inputs and outputs
+    (``query``), the failing nodes' reasons, and the policy's winner position (-1: none fits)."""
+
+    __slots__ = ("policies", "query", "cand_idx", "chargers", "best", "failed", "now")
+
+    def __init__(self, policies: Policies, query: FitQuery, cand_idx: array, chargers: list, best: int,
+                 failed: dict[str, str], now: float):
+        self.policies = policies
+        self.query = query
+        self.cand_idx = cand_idx
+        self.chargers = chargers
+        self.best = best
+        self.failed = failed
+        self.now = now
+
+
 class Filterer:
     def __init__(self, cache: UsageCache, vendors: dict[str, DeviceVendor], *,
                  default_node_policy: str = "binpack", default_gpu_policy: str = "spread",
@@ -94,7 +111,45 @@ class Filterer:
             # carrying it do not charge it again if this filter places the pod nowhere. A new
             # reservation below clears that mark.
             cache.release_pod(uid)
+        fit = self.evaluate(pod, node_names, request, policies)
+        best, failed, query, cand_idx, chargers, now = (
+            fit.best, fit.failed, fit.query, fit.cand_idx, fit.chargers, fit.now)
+        if best < 0:
+            return FilterDecision(None, failed)
+        fit_count, listed = _kernel.best_fit_nodes(query.out_status, query.out_score, LISTED_NODE_SCORES,
+                                                   policies.node == POLICY_SPREAD)
+        best_scored = [(node_names[c], query.out_score[c]) for c in listed]
 
+        winner = node_names[best]
+        allocation, mig = self._allocation(request, query, cand_idx[best], chargers)
+        pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
+        for key, devices in allocation.items():
+            pod_annotations.update(self.vendors[key].encode_allocation(
+                devices, node=winner, partitions=mig.get(key, []), now=now, pod_annotations=annotations))
+        reservation = None
+        if reserve:
+            entries = []
+            for key, devices in allocation.items():
+                entries.extend(collapse(devices, key, request.num_init, False))
+            masks = [(i["gpuUUID"], ((1 << i["placement"]["size"]) - 1) << i["placement"]["start"])
+                     for instances in mig.values() for i in instances]
+            reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
+                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks)
+            cache.add_pod_usage(reservation)
+        return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
+
+    def evaluate(self, pod: dict, node_names: list[str], request: PodRequest,
+                 policies: Policies | None = None) -> Evaluation:
+        """One kernel call over ``node_names``, nothing chosen nor reserved: every candidate's
+        outcome and score (``query.out_status``, ``query.out_score``), the failing ones' reasons
+        as upstream words them, and the policy's winner (-1 when nothing fits). ``decide`` and
+        the all-nodes mode (scheduling/prioritize.py) both start here."""
+        cache = self.cache
+        meta = pod.get("metadata") or {}
+        namespace = meta.get("namespace") or "default"
+        annotations = meta.get("annotations") or {}
+        if policies is None:
+            policies = self.policies(pod, request.vendors)  # may raise PolicyError
         now = time.time()
         index_of = cache.node_index_of
         cand_idx = array("i", map(index_of.get, node_names, repeat(-1)))   # C-speed over N names
@@ -118,8 +173,7 @@ class Filterer:
                          topology=policies.topology, mig_ok=mig_ok, vendor_flags=self.vendor_flags,
                          choosers=choosers, chargers=chargers)
         best = self.kernel(cache, query)
-        out_status, out_reasons, out_total, out_score = (
-            query.out_status, query.out_reasons, query.out_total, query.out_score)
+        out_status, out_reasons, out_total = query.out_status, query.out_reasons, query.out_total
 
         failed: dict[str, str] = {}
         texts: dict[tuple[bytes, int], str] = {}
@@ -138,29 +192,7 @@ class Filterer:
                     counts = {r: out_reasons[c * nr + r] for r in range(nr) if out_reasons[c * nr + r]}
                     text = texts[key] = R.gen_reason(counts, out_total[c])
                 failed[name] = text
-        if best < 0:
-            return FilterDecision(None, failed)
-        fit_count, listed = _kernel.best_fit_nodes(out_status, out_score, LISTED_NODE_SCORES,
-                                                   policies.node == POLICY_SPREAD)
-        best_scored = [(node_names[c], out_score[c]) for c in listed]
-
-        winner = node_names[best]
-        allocation, mig = self._allocation(request, query, cand_idx[best], chargers)
-        pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
-        for key, devices in allocation.items():
-            pod_annotations.update(self.vendors[key].encode_allocation(
-                devices, node=winner, partitions=mig.get(key, []), now=now, pod_annotations=annotations))
-        reservation = None
-        if reserve:
-            entries = []
-            for key, devices in allocation.items():
-                entries.extend(collapse(devices, key, request.num_init, False))
-            masks = [(i["gpuUUID"], ((1 << i["placement"]["size"]) - 1) << i["placement"]["start"])
-                     for instances in mig.values() for i in instances]
-            reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
-                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks)
-            cache.add_pod_usage(reservation)
-        return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
+        return Evaluation(policies, query, cand_idx, chargers, best, failed, now)
 
     def _hooks(self, flagged: dict[str, int], request: PodRequest, make) -> list:
         """The kernel's per-vendor hook list (by vendor id): ``make(vendor)`` for the families of

@@ -20,6 +20,7 @@ from hami_py.scheduling.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.podlocks import PodLocks
 from hami_py.scheduling.policies import PolicyError
+from hami_py.scheduling.prioritize import FILTER_MODES, AllNodes
 from hami_py.scheduling.requests import parse_pod_requests
 from hami_py.scheduling.stale import clear_stale_decision, may_carry_decision
 
@@ -40,7 +41,8 @@ def lower_keys(obj: dict) -> dict:
 
 class SchedulerService:
     def __init__(self, *, cache: UsageCache, vendors: dict[str, DeviceVendor], client: KubeClient,
-                 binder: Binder, filterer: Filterer, sync_timeout_s: float = 30.0, events=None):
+                 binder: Binder, filterer: Filterer, sync_timeout_s: float = 30.0, events=None,
+                 filter_mode: str = "best"):
         self.cache = cache
         self.vendors = vendors
         self.client = client
@@ -50,6 +52,16 @@ class SchedulerService:
         self.synced = asyncio.Event()
         self.events = events
         self.pod_locks = PodLocks()   # a pod's filters and binds run one at a time
+        # --filter-mode=all (scheduling/prioritize.py): every fitting node, /prioritize, refit at bind.
+        self.all_nodes = self._all_nodes(filter_mode)
+
+    def _all_nodes(self, filter_mode: str) -> AllNodes | None:
+        if filter_mode not in FILTER_MODES:
+            raise ValueError(f"filter mode must be one of {', '.join(FILTER_MODES)}, not {filter_mode!r}")
+        if filter_mode != "all":
+            return None
+        return AllNodes(cache=self.cache, vendors=self.vendors, filterer=self.filterer, binder=self.binder,
+                        client=self.client, events=self.events)
 
     # ------------------------------------------------------------------ filter
     async def filter(self, args: Any) -> dict:
@@ -103,6 +115,8 @@ class SchedulerService:
             # kube-scheduler's copy of a pod the watch showed deleted: a reservation for it would
             # never be bound (its Binding's UID precondition fails) nor released by an event.
             return filter_result(error=f"pod {namespace}/{name} with uid {uid} was deleted")
+        if self.all_nodes is not None:
+            return self._filter_all(pod, node_names, request)
         stale = may_carry_decision(self.cache, pod, uid)   # before decide drops the charge
         try:
             decision = self.filterer.decide(pod, node_names, request)
@@ -130,6 +144,23 @@ class SchedulerService:
             decision.reservation.filtered_rv = _int_rv(pod)
         self._event(pod, "filter_succeeded", decision)
         return filter_result(node_names=[decision.node])
+
+    def _filter_all(self, pod: dict, node_names: list[str], request) -> dict:
+        """``--filter-mode=all``: every fitting node, nothing reserved, nothing written."""
+        try:
+            names, failed = self.all_nodes.filter(pod, node_names, request)
+        except PolicyError as exc:
+            message = f"calcScore failed {exc} for pod {pod['metadata']['name']}"
+            self._event(pod, "filter_error", message)
+            return filter_result(error=message)
+        return filter_result(failed=failed) if names is None else filter_result(node_names=names)
+
+    # ------------------------------------------------------------------ prioritize
+    def prioritize(self, args: Any) -> tuple[list[dict], str | None]:
+        """HostPriorityList and None, or ([], the reason it cannot be scored)."""
+        if self.all_nodes is None:
+            return [], "prioritize is served with --filter-mode=all only"
+        return self.all_nodes.prioritize(args, synced=self.synced.is_set())
 
     def _filter_nodes_path(self, pod: dict, nodes: Any, request) -> dict:
         """``nodeCacheCapable: false``: fit against the node objects in the request, as upstream's
@@ -191,7 +222,7 @@ class SchedulerService:
         # half undone.
         key = req.uid or self.cache.uid_of(req.namespace, req.name, req.node) or f"{req.namespace}/{req.name}"
         async with self.pod_locks.hold(key):
-            work = asyncio.ensure_future(self.binder.bind(req))
+            work = asyncio.ensure_future(self._bind(req))
             cancelled = False
             while not work.done():
                 try:
@@ -207,6 +238,12 @@ class SchedulerService:
         if cancelled:
             raise asyncio.CancelledError()   # nobody to answer; the outcome is logged and reported
         return result
+
+
+    async def _bind(self, req: BindRequest) -> None:
+        if self.all_nodes is not None:
+            await self.all_nodes.reserve_for_bind(req)   # the node kube-scheduler chose, fitted again
+        await self.binder.bind(req)
 
 
 def _bind_view(pod: dict) -> dict:

@@ -1,0 +1,218 @@
+"""``--filter-mode=all``: kube-scheduler keeps the choice of node; hami-py fits, scores and binds.
+
+In the default mode (``best``, upstream's) ``/filter`` answers exactly one node, the one our node
+policy prefers, and reserves its devices there: kube-scheduler's own scores (preferred node
+affinity, topology spread, image locality, the user's plugins) never get a say for a device pod.
+In ``all`` mode:
+
+* ``/filter`` answers every node where the pod fits (``Filterer.evaluate``: the same single
+  kernel call), reserves nothing and writes nothing. Its FilteringSucceed event stays bounded: the
+  count and the best ``LISTED_NODE_SCORES`` of them, the node named first being our policy's
+  favourite (kube-scheduler may choose another).
+* ``/prioritize`` (``prioritizeVerb``) scores the nodes kube-scheduler still considers with the
+  same policy (binpack or spread, the pod's policy annotations and scoring weights, the families'
+  node-score deltas) on kube-scheduler's extender scale 0..``MAX_EXTENDER_PRIORITY``: the
+  fitting nodes min-max over 1..10 (our favourite 10, our least favourite 1, all 10 when they
+  tie), a node that no longer fits 0. kube-scheduler multiplies by the extender's ``weight`` and
+  by MaxNodeScore/MaxExtenderPriority (10) and adds that to its plugins' 0..100 scores, so the
+  weight sets how much our binpack or spread counts against them.
+* ``/bind`` on the node kube-scheduler chose fits the pod again on that node alone and reserves it
+  there (``Filterer.decide`` on one candidate: synchronous, so two binds racing for the last room
+  on a node cannot both get it), then binds exactly as in ``best`` mode (``Binder``: live
+  reservation, node lock, Binding carrying the decision, undo on failure). A node that no longer
+  fits is an ``Error`` naming the node and the reason: kube-scheduler runs the pod's scheduling
+  cycle again.
+
+The bind needs the pod's spec (its requests and annotations), which the bind arguments do not
+carry. The pods filtered are remembered (the last ``REMEMBERED_PODS``, by UID; memory only, a
+reference to the request's object) so the common bind costs the same two API requests as in
+``best`` mode (the node lock and the Binding); a pod not remembered any more (evicted, a restart
+between filter and bind) is read from the API server first.
+
+Malformed ``/prioritize`` requests are answered ``[]`` with HTTP 200 and logged: kube-scheduler
+ignores an extender's prioritize failure ("No score given by this extender"), and a list with no
+host gives exactly that, without an error in its log for every pod.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import structlog
+
+from hami_py import _kernel
+from hami_py.cache.usage import UsageCache
+from hami_py.devices.base import DeviceVendor, RequestError
+from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
+from hami_py.scheduling.bind import BindError, Binder, BindRequest
+from hami_py.scheduling.filter import LISTED_NODE_SCORES, Evaluation, FilterDecision, Filterer
+from hami_py.scheduling.kernel_ref import POLICY_SPREAD
+from hami_py.scheduling.policies import PolicyError
+from hami_py.scheduling.requests import parse_pod_requests
+
+log = structlog.get_logger(__name__)
+
+FILTER_MODES = ("best", "all")
+MAX_EXTENDER_PRIORITY = 10      # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
+REMEMBERED_PODS = 1024          # pods filtered and not bound yet whose spec a bind reuses
+_STR_ONLY = frozenset((str,))
+
+
+def host_priorities(node_names: list[str], fit: Evaluation) -> list[dict]:
+    """HostPriorityList for ``node_names`` from one kernel run over them (see the module doc)."""
+    status, score = fit.query.out_status, fit.query.out_score
+    spread = fit.policies.node == POLICY_SPREAD
+    fitting = [-score[c] if spread else score[c] for c in range(len(node_names)) if not status[c]]
+    if not fitting:
+        return [{"Host": name, "Score": 0} for name in node_names]
+    lo, hi = min(fitting), max(fitting)
+    span = hi - lo
+    out = []
+    for c, name in enumerate(node_names):
+        if status[c]:
+            value = 0
+        elif span <= 0:
+            value = MAX_EXTENDER_PRIORITY
+        else:
+            preference = -score[c] if spread else score[c]
+            value = 1 + int((MAX_EXTENDER_PRIORITY - 1) * (preference - lo) / span + 0.5)
+        out.append({"Host": name, "Score": value})
+    return out
+
+
+class AllNodes:
+    """The ``all`` filter mode's three verbs (the service calls them; see the module doc)."""
+
+    def __init__(self, *, cache: UsageCache, vendors: dict[str, DeviceVendor], filterer: Filterer,
+                 binder: Binder, client: KubeClient, events=None, remembered: int = REMEMBERED_PODS):
+        self.cache = cache
+        self.vendors = vendors
+        self.filterer = filterer
+        self.binder = binder
+        self.client = client
+        self.events = events
+        self.remembered = remembered
+        self._pods: OrderedDict[str, dict] = OrderedDict()
+
+    # ---------------------------------------------------------------- /filter
+    def filter(self, pod: dict, node_names: list[str], request) -> tuple[list[str] | None, dict[str, str]]:
+        """Every node of ``node_names`` where the pod fits (None when none does) and the failing
+        nodes' reasons. Synchronous, and called under the pod's lock (service.py) for a pod that
+        is neither bound nor deleted. Raises PolicyError for an unusable policy annotation."""
+        uid = pod["metadata"]["uid"]
+        # A pod filtered again never competes with its own earlier decision (void now, as in
+        # Filterer.decide); there is none in this mode unless a bind of it failed half-way.
+        self.cache.release_pod(uid)
+        fit = self.filterer.evaluate(pod, node_names, request)
+        if fit.best < 0:
+            self._event(pod, "filter_failed", FilterDecision(None, fit.failed))
+            return None, fit.failed
+        status = fit.query.out_status
+        names = [name for name, s in zip(node_names, status) if not s]
+        fit_count, listed = _kernel.best_fit_nodes(status, fit.query.out_score, LISTED_NODE_SCORES,
+                                                   fit.policies.node == POLICY_SPREAD)
+        best = [(node_names[c], fit.query.out_score[c]) for c in listed]
+        self._remember(uid, pod)
+        self._event(pod, "filter_succeeded", FilterDecision(node_names[fit.best], fit.failed,
+                                                            fit_count=fit_count, best=best))
+        return names, fit.failed
+
+    def _remember(self, uid: str, pod: dict) -> None:
+        pods = self._pods
+        pods[uid] = pod
+        pods.move_to_end(uid)
+        while len(pods) > self.remembered:
+            pods.popitem(last=False)
+
+    def forget(self, uid: str) -> None:
+        self._pods.pop(uid, None)
+
+    # ---------------------------------------------------------------- /prioritize
+    def prioritize(self, args: Any, *, synced: bool) -> tuple[list[dict], str | None]:
+        """(HostPriorityList, None), or ([], why) for a request that cannot be scored."""
+        if not isinstance(args, dict):
+            return [], "extender args must be a JSON object"
+        a = {k.lower(): v for k, v in args.items()}
+        pod = a.get("pod")
+        if not isinstance(pod, dict) or not pod:
+            return [], "extender args missing pod" if not pod else "extender args pod must be an object"
+        node_names = a.get("nodenames")
+        if node_names is None:
+            return [], ("extender args have no NodeNames: prioritize scores from the scheduler's own node "
+                        "cache (nodeCacheCapable: true)")
+        if not isinstance(node_names, list) or not set(map(type, node_names)) <= _STR_ONLY:
+            return [], "extender args NodeNames must be a list of node names"
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        try:
+            request = parse_pod_requests(pod, self.vendors, self.cache.vendor_ids)
+        except RequestError as exc:
+            return [], f"pod {key}: {exc}"
+        if request is None:
+            return [{"Host": name, "Score": 0} for name in node_names], None   # not ours: no opinion
+        if not synced:
+            return [], "scheduler cache is not synced yet"
+        try:
+            fit = self.filterer.evaluate(pod, node_names, request)
+        except PolicyError as exc:
+            return [], f"pod {key}: {exc}"
+        return host_priorities(node_names, fit), None
+
+    # ---------------------------------------------------------------- /bind
+    async def reserve_for_bind(self, req: BindRequest) -> None:
+        """Fit the pod again on ``req.node`` alone and reserve it there, for the Binder to bind;
+        BindError when it no longer fits. Called under the pod's lock. Leaves everything to the
+        Binder when there is nothing to fit: a repeated bind (the reservation is there, or the
+        pod is bound), or a pod that asks for no device."""
+        cache = self.cache
+        if req.uid and (cache.live_reservation(req.uid, req.node) is not None or cache.bound_node(req.uid)):
+            return
+        pod = self._pods.pop(req.uid, None) if req.uid else None
+        if pod is None:
+            pod = await self._read_pod(req)
+            if pod is None:
+                return
+            req.uid = pod["metadata"].get("uid") or ""
+        key = f"{req.namespace}/{req.name}"
+        if req.uid in cache.deleted:
+            raise BindError(f"pod {key} with uid {req.uid} was deleted")
+        try:
+            request = parse_pod_requests(pod, self.vendors, cache.vendor_ids)
+        except RequestError as exc:
+            raise BindError(f"pod {key}: {exc}") from None
+        if request is None:
+            return
+        try:
+            decision = self.filterer.decide(pod, [req.node], request)
+        except PolicyError as exc:
+            raise BindError(f"calcScore failed {exc} for pod {req.name}") from None
+        if decision.node is None:
+            reason = decision.failed.get(req.node) or "node unregistered"
+            message = f"pod {key} no longer fits on node {req.node}: {reason} (filter it again)"
+            self.binder._report(pod, req, message)
+            raise BindError(message)
+        from hami_py.scheduling.service import _bind_view, _int_rv   # service imports this module
+        reservation = decision.reservation
+        reservation.annotations = decision.annotations
+        reservation.pod = _bind_view(pod)
+        reservation.filtered_rv = _int_rv(pod)
+
+    async def _read_pod(self, req: BindRequest) -> dict | None:
+        """The pod from the API server (not remembered); None when it is already bound (the
+        Binder answers that case)."""
+        try:
+            pod = await self.client.get(pod_path(req.namespace, req.name))
+        except KubeApiError as exc:
+            if exc.not_found:
+                raise BindError(f'pod "{req.name}" not found') from None
+            raise BindError(f"get pod {req.namespace}/{req.name}: {exc}") from None
+        uid = (pod.get("metadata") or {}).get("uid")
+        if req.uid and uid not in (None, req.uid):
+            raise BindError(f"pod {req.namespace}/{req.name} has uid {uid}, not {req.uid}")
+        if (pod.get("spec") or {}).get("nodeName"):
+            return None
+        return pod
+
+    def _event(self, pod: dict, what: str, detail) -> None:
+        if self.events is not None:
+            self.events(pod, what, detail)
