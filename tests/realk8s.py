@@ -529,17 +529,18 @@ class KubeSchedulerProcess:
         return [line for line in self.log_text().splitlines() if FORBIDDEN_LINE.search(line)]
 
 
-def sidecar_config(*, extender_url: str, kubeconfig: Path) -> dict:
-    """manifests/scheduler-config.yaml's KubeSchedulerConfiguration with what cannot work on a
-    loopback test machine changed, and nothing else:
+def sidecar_config(*, extender_url: str, kubeconfig: Path, config: dict | None = None) -> dict:
+    """manifests/scheduler-config.yaml's KubeSchedulerConfiguration (or ``config``, another
+    build's: an overlay's) with what cannot work on a loopback test machine changed, and nothing else:
 
     * the extender's ``urlPrefix``: hami-py listens on a free port here, not the pod's 8443
       (still HTTPS, still ``tlsConfig.insecure``);
     * ``clientConnection.kubeconfig``: in the pod, kube-scheduler uses the in-cluster
       configuration (the ServiceAccount's token); here a kubeconfig carries that token.
     Leader election stays on, on the same Lease."""
-    configmap = next(d for d in manifest_docs("scheduler-config.yaml") if d["kind"] == "ConfigMap")
-    config = yaml.safe_load(configmap["data"]["config.yaml"])
+    if config is None:
+        configmap = next(d for d in manifest_docs("scheduler-config.yaml") if d["kind"] == "ConfigMap")
+        config = yaml.safe_load(configmap["data"]["config.yaml"])
     assert len(config["extenders"]) == 1
     config["extenders"][0]["urlPrefix"] = extender_url
     config.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig)
