@@ -224,6 +224,7 @@ def render_tables(results: dict) -> list[str]:
         out += _errors(results, "schedule")
         out.append("")
     out += _render_budget(results)
+    out += render_all_mode(results)
 
     rows = []
     for c in _clusters(results):
@@ -405,3 +406,34 @@ def update_docs(results: dict, *, docs: Path = DOCS, plot_path: Path | None = PL
     if not pattern.search(text):
         text = text.rstrip("\n") + "\n\n" + BEGIN + "\n" + END + "\n"
     docs.write_text(pattern.sub(lambda _: "\n".join(block), text))
+
+
+def render_all_mode(results: dict) -> list[str]:
+    """--filter-mode=all (bench/all_mode.py), beside the same run's best-mode figures at that N."""
+    rows = []
+    for c in _clusters(results):
+        a = c.get("all-mode")
+        if not a:
+            continue
+        best = next((b for b in _clusters(results) if b["nodes"] == c["nodes"] and b.get("filter")), None)
+        best_filter = _filter_row(best, 1)
+        best_ks = next((r for r in (best or {}).get("schedule", []) if r.get("mode") == "kube-scheduler"), None)
+        s = a["schedule"]
+        rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", _num(a["fit_nodes"], 0), _num(a["answer_kb"], 1),
+                     f"{_num(a['filter']['p50'], 2)} / {_num(a['filter']['p99'], 2)}",
+                     f"{_num(best_filter['p50'], 2)} / {_num(best_filter['p99'], 2)}" if best_filter else "—",
+                     f"{_num(a['prioritize']['p50'], 2)} / {_num(a['prioritize']['p99'], 2)}",
+                     f"{_num(a['cycle']['p50'], 2)} / {_num(a['cycle']['p99'], 2)}",
+                     _num(a["server_cpu_ms_per_cycle"], 2),
+                     f"{_num(s['pods_per_s'])} ({s['bound']}/{s['attempted']})",
+                     _num(best_ks["pods_per_s"]) if best_ks else "—"])
+    if not rows:
+        return []
+    out = ["**--filter-mode=all** (ms, p50 / p99, one pod at a time; /filter answers every fitting node, "
+           "/prioritize scores them, /bind fits again; `best` columns: the same run's best-mode cluster of "
+           "that size)", ""]
+    out += _table(["N", "P", "fit nodes", "answer KB", "filter", "best filter", "prioritize",
+                   "filter+prioritize", "server CPU ms/cycle", "pods/s (bound)", "best pods/s"], rows)
+    errors = [f"- N={c['nodes']:,}: {count} × {message}" for c in _clusters(results) if c.get("all-mode")
+              for part in (c["all-mode"], c["all-mode"]["schedule"]) for message, count in part["errors"].items()]
+    return out + (["", "Errors:", *errors] if errors else []) + [""]

@@ -34,6 +34,7 @@ from pathlib import Path
 import aiohttp
 import orjson
 
+from bench.all_mode import AllModePlan, phase_all_mode
 from bench.load import filter_body, filter_outcome, post, run_filters, run_schedule, run_until_bound, summarize_ms
 from bench.cluster import PLUGIN_PERIOD_S
 from bench.procs import BenchError, ClusterProcess, SchedulerProcess, parse_prometheus, process_cpu_seconds
@@ -43,7 +44,7 @@ from bench.seed import (
     BENCH_NAMESPACE, FAMILY_VENDOR, ClusterShape, blocker_name, mixed_unavailable, node_name, node_names,
 )
 
-PHASES = ("filter", "requests", "schedule", "burst", "lag", "contention", "write-delay")
+PHASES = ("filter", "requests", "schedule", "burst", "lag", "contention", "write-delay", "all-mode")
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
 POD_EVENTS = 'hami_watch_events_total{resource="pods"}'
 FILTER_SUM = 'hami_extender_request_duration_seconds_sum{verb="filter"}'
@@ -104,6 +105,8 @@ class ClusterPlan:
     # Run an all-NVIDIA cluster of the same size first and report this one's /filter beside it
     # (the mixed scenario: results["mixed"], not a row of the cluster tables).
     compare_with_nvidia: bool = False
+    # The scheduler in --filter-mode=all: filter + prioritize + bind (bench/all_mode.py).
+    all_mode: AllModePlan | None = None
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,15 @@ FULL = Plan(
         ClusterPlan("mixed", ClusterShape(1000, 8000, probe_nodes=2, layout="mixed"), 1000,
                     phase_time_limit_s=40.0, filter_rounds=3, filter_families=(None, "ascend910b3", "kunlun"),
                     scheduler_args=("--enable-ascend=true",), compare_with_nvidia=True),
+        # --filter-mode=all at the sizes of n1000 and n5000 (their filter and schedule rows are
+        # the best-mode figures to compare with): every fitting node answered, /prioritize, and
+        # the bind's second fit (bench/all_mode.py).
+        ClusterPlan("all1000", ClusterShape(1000, 8000, probe_nodes=2), concurrencies=(),
+                    phase_time_limit_s=40.0, scheduler_args=("--filter-mode=all",),
+                    all_mode=AllModePlan(samples=500, schedule_pods=500)),
+        ClusterPlan("all5000", ClusterShape(5000, 40000, probe_nodes=16), concurrencies=(),
+                    phase_time_limit_s=40.0, scheduler_args=("--filter-mode=all",),
+                    all_mode=AllModePlan(samples=300, schedule_pods=300)),
     ),
 )
 
@@ -167,6 +179,8 @@ QUICK = Plan(
         ClusterPlan("mixed", ClusterShape(100, 800, probe_nodes=2, layout="mixed"), 60, concurrencies=(1,),
                     phase_time_limit_s=5.0, filter_families=(None, "ascend910b3", "kunlun"),
                     scheduler_args=("--enable-ascend=true",), compare_with_nvidia=True),
+        ClusterPlan("all100", ClusterShape(100, 800, probe_nodes=2), concurrencies=(), phase_time_limit_s=5.0,
+                    scheduler_args=("--filter-mode=all",), all_mode=AllModePlan(samples=50, schedule_pods=50)),
     ),
 )
 
@@ -626,7 +640,8 @@ async def run_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, work
                 ("burst", plan.events, "watch event burst", phase_burst),
                 ("lag", plan.events, "delete-to-free lag", phase_lag),
                 ("contention", plan.contention, "node lock contention", phase_contention),
-                ("write-delay", plan.write_delay, "/filter with every API write delayed", phase_write_delay))
+                ("write-delay", plan.write_delay, "/filter with every API write delayed", phase_write_delay),
+                ("all-mode", plan.all_mode, "--filter-mode=all: filter, prioritize, bind", phase_all_mode))
         for phase, planned, title, run in runs:
             if phase in phases and planned:
                 say(f"[{plan.name}] {title}")

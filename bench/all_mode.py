@@ -1,0 +1,151 @@
+"""The ``all-mode`` phase: what --filter-mode=all costs (README, "Keeping kube-scheduler in the loop").
+
+The scheduler of such a plan runs with ``--filter-mode=all``. kube-scheduler then makes, per pod,
+one /filter (all N node names in, every fitting node's name out, nothing reserved), one
+/prioritize (the fitting names in, a 0..10 score each out) and, once it has chosen, one /bind
+(the pod fitted again on that node and reserved, then bound as in ``best`` mode). Measured here:
+
+* per pod, one at a time: /filter latency and the size of its answer, /prioritize latency with
+  the nodes the filter let through, and the two together (the extender's share of kube-scheduler's
+  scheduling cycle);
+* filter + prioritize + bind throughput as kube-scheduler drives an extender: one scheduling cycle
+  at a time (filter, prioritize, the highest score chosen, ties at random as kube-scheduler's
+  selectHost does), each /bind in the background (at most ``BINDS_IN_FLIGHT``), the cluster
+  freeing each node lock as the device plugin would. Pods ask for spread, as the ``schedule``
+  phase's do, so that the two compare.
+
+The ``best``-mode figures to compare with are the same run's ``filter`` and ``schedule`` rows of
+the cluster of the same size (n1000, n5000).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import orjson
+
+from bench.load import BINDS_IN_FLIGHT, bind_body, filter_body, post, summarize_ms
+
+WARMUP = 10
+
+
+@dataclass(frozen=True)
+class AllModePlan:
+    samples: int            # pods filtered and prioritized one at a time (after the warm-up)
+    schedule_pods: int      # then filter + prioritize + bind in kube-scheduler's pattern
+
+
+def prioritize_body(pod_raw: bytes, names: list[str]) -> bytes:
+    return b'{"Pod":' + pod_raw + b',"Nodes":null,"NodeNames":' + orjson.dumps(names) + b"}"
+
+
+def choose(scores: list[dict], rng: random.Random) -> str | None:
+    """kube-scheduler's selectHost over our scores alone: the highest, ties at random."""
+    if not scores:
+        return None
+    top = max(h["Score"] for h in scores)
+    return rng.choice([h["Host"] for h in scores if h["Score"] == top])
+
+
+async def _cycle(session, url: str, pod: dict, names_raw: bytes, out: dict) -> tuple[list[str], list[dict]] | None:
+    raw = orjson.dumps(pod)
+    t0 = time.perf_counter()
+    async with session.post(f"{url}/filter", data=filter_body(raw, names_raw),
+                            headers={"Content-Type": "application/json"}) as r:
+        answer = await r.read()
+    t_filter = time.perf_counter() - t0
+    result = orjson.loads(answer)
+    out["filter"].append(t_filter)
+    out["answer_bytes"].append(len(answer))
+    names = result.get("NodeNames") or []
+    if result.get("Error") or not names:
+        out["errors"][str(result.get("Error") or "fits nowhere")[:120]] += 1
+        return None
+    out["fit"].append(len(names))
+    t_prio, scores = await post(session, f"{url}/prioritize", prioritize_body(raw, names))
+    out["prioritize"].append(t_prio)
+    out["cycle"].append(t_filter + t_prio)
+    if not isinstance(scores, list) or len(scores) != len(names):
+        out["errors"]["prioritize gave no scores"] += 1
+        return None
+    return names, scores
+
+
+async def phase_all_mode(ctx) -> dict:
+    plan: AllModePlan = ctx.plan.all_mode
+    url = ctx.scheduler.url
+    rng = random.Random(7)
+
+    # One at a time: the latencies.
+    pods = await ctx.pending(plan.samples + WARMUP, what="all-filter")
+    warm = {"filter": [], "answer_bytes": [], "fit": [], "prioritize": [], "cycle": [], "errors": Counter()}
+    for pod in pods[:WARMUP]:
+        await _cycle(ctx.session, url, pod, ctx.names_raw, warm)
+    measured = {"filter": [], "answer_bytes": [], "fit": [], "prioritize": [], "cycle": [], "errors": Counter()}
+    async with ctx.window() as used:
+        for pod in pods[WARMUP:]:
+            await _cycle(ctx.session, url, pod, ctx.names_raw, measured)
+    n = len(measured["filter"])
+    latencies = {
+        "filter": summarize_ms(measured["filter"]), "prioritize": summarize_ms(measured["prioritize"]),
+        "cycle": summarize_ms(measured["cycle"]),
+        "answer_kb": sum(measured["answer_bytes"]) / n / 1000 if n else float("nan"),
+        "fit_nodes": sum(measured["fit"]) / len(measured["fit"]) if measured["fit"] else 0,
+        "server_cpu_ms_per_cycle": 1000 * used["cpu_s"] / n if n else float("nan"),
+        "errors": dict(measured["errors"])}
+    await ctx.cleanup(pods)
+
+    # kube-scheduler's pattern: filter, prioritize, choose, bind in the background.
+    pods = await ctx.pending(plan.schedule_pods, what="all-bind",
+                             annotations={"hami.io/node-scheduler-policy": "spread"})
+    run = {"filter": [], "answer_bytes": [], "fit": [], "prioritize": [], "cycle": [], "errors": Counter()}
+    binds: list[float] = []
+    bound = attempted = 0
+    allocations: set[asyncio.Task] = set()
+    slots = asyncio.Semaphore(BINDS_IN_FLIGHT)
+    in_flight: set[asyncio.Task] = set()
+
+    async def bind_one(pod: dict, node: str) -> None:
+        nonlocal bound
+        elapsed, answer = await post(ctx.session, f"{url}/bind", bind_body(pod, node))
+        binds.append(elapsed)
+        if answer.get("Error"):
+            run["errors"][str(answer["Error"])[:120]] += 1
+            return
+        bound += 1
+        meta = pod["metadata"]
+        task = asyncio.create_task(ctx.cluster.call("POST", "/allocate", {
+            "namespace": meta["namespace"], "name": meta["name"], "node": node}))
+        allocations.add(task)
+        task.add_done_callback(allocations.discard)
+
+    deadline = time.perf_counter() + ctx.plan.phase_time_limit_s
+    async with ctx.window() as used_schedule:
+        t0 = time.perf_counter()
+        for pod in pods:
+            if time.perf_counter() > deadline:
+                break
+            attempted += 1
+            cycle = await _cycle(ctx.session, url, pod, ctx.names_raw, run)
+            if cycle is None:
+                continue
+            node = choose(cycle[1], rng)
+            await slots.acquire()
+            task = asyncio.create_task(bind_one(pod, node))
+            in_flight.add(task)
+            task.add_done_callback(lambda t: (in_flight.discard(t), slots.release()))
+        if in_flight:
+            await asyncio.gather(*in_flight)
+        wall = time.perf_counter() - t0
+    if allocations:
+        await asyncio.gather(*allocations)
+    schedule = {"pods_per_s": bound / wall if wall else 0.0, "bound": bound, "attempted": attempted,
+                "filter": summarize_ms(run["filter"]), "prioritize": summarize_ms(run["prioritize"]),
+                "bind": summarize_ms(binds),
+                "server_cpu_ms_per_pod": 1000 * used_schedule["cpu_s"] / bound if bound else float("nan"),
+                "errors": dict(run["errors"])}
+    await ctx.cleanup(pods)
+    return {**latencies, "schedule": schedule}
