@@ -149,3 +149,71 @@ async def phase_all_mode(ctx) -> dict:
                 "errors": dict(run["errors"])}
     await ctx.cleanup(pods)
     return {**latencies, "schedule": schedule}
+
+
+def inprocess_costs(shape, *, calls: int = 50) -> dict:
+    """µs per call in this process (median), on the cluster ``shape`` seeds: ``best`` mode's
+    decision (``Filterer.decide``, nothing reserved) against ``all`` mode's /filter (every
+    fitting node) and /prioritize (the scores of those nodes), each with its answer serialised
+    as the server does. No HTTP and no other process: the scheduler's own share."""
+    import statistics
+
+    from bench.kernel import _time_calls, build_cache
+    from bench.seed import node_names, pending_pod
+    from hami_py.scheduling.filter import Filterer
+    from hami_py.scheduling.prioritize import AllNodes
+    from hami_py.scheduling.requests import parse_pod_requests
+    from hami_py.scheduling.service import filter_result
+
+    import gc
+    cache, vendors = build_cache(shape)
+    gc.collect()
+    gc.freeze()     # as the scheduler does once its cache is synced (hami_py/app.py)
+    names = node_names(shape)
+    pod = pending_pod("all-probe")
+    pod["metadata"]["uid"] = "all-probe"
+    request = parse_pod_requests(pod, vendors, cache.vendor_ids)
+    filterer = Filterer(cache, vendors)
+    all_nodes = AllNodes(cache=cache, vendors=vendors, filterer=filterer, binder=None, client=None)
+
+    def best() -> bytes:
+        decision = filterer.decide(pod, names, request, reserve=False)
+        return orjson.dumps(filter_result(node_names=[decision.node]))
+
+    def filter_all() -> bytes:
+        fitting, _ = all_nodes.filter(pod, names, request)
+        return orjson.dumps(filter_result(node_names=fitting))
+
+    fitting, _ = all_nodes.filter(pod, names, request)
+    args = {"Pod": pod, "NodeNames": fitting, "Nodes": None}
+
+    def prioritize() -> bytes:
+        scores, error = all_nodes.prioritize(args, synced=True)
+        assert error is None, error
+        return orjson.dumps(scores)
+
+    out = {"nodes": shape.nodes, "pods": shape.pods, "fit_nodes": len(fitting)}
+    for key, fn in (("best_filter_us", best), ("all_filter_us", filter_all), ("prioritize_us", prioritize)):
+        out[key] = statistics.median(_time_calls(fn, min_calls=calls, min_seconds=0)) * 1e6
+    out["all_filter_kb"] = len(filter_all()) / 1000
+    out["prioritize_kb"] = len(prioritize()) / 1000
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.all_mode [N ...]``: the in-process costs at each N (8 pods a node)."""
+    import sys
+
+    from bench.seed import ClusterShape
+    sizes = [int(a) for a in (sys.argv[1:] if argv is None else argv)] or [1000, 5000]
+    for n in sizes:
+        row = inprocess_costs(ClusterShape(n, 8 * n, probe_nodes=2))
+        sys.stdout.write(
+            f"N={row['nodes']:>5} P={row['pods']:>6} fit={row['fit_nodes']:>5}: best /filter {row['best_filter_us']:8.0f} µs"
+            f" | all /filter {row['all_filter_us']:8.0f} µs ({row['all_filter_kb']:.0f} KB)"
+            f" | /prioritize {row['prioritize_us']:8.0f} µs ({row['prioritize_kb']:.0f} KB)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -59,25 +59,25 @@ _STR_ONLY = frozenset((str,))
 
 
 def host_priorities(node_names: list[str], fit: Evaluation) -> list[dict]:
-    """HostPriorityList for ``node_names`` from one kernel run over them (see the module doc)."""
-    status, score = fit.query.out_status, fit.query.out_score
-    spread = fit.policies.node == POLICY_SPREAD
-    fitting = [-score[c] if spread else score[c] for c in range(len(node_names)) if not status[c]]
+    """HostPriorityList for ``node_names`` from one kernel run over them (see the module doc).
+
+    Comprehensions over plain lists, not a loop over the arrays: at 5 000 nodes that is a third
+    of the time."""
+    status = fit.query.out_status.tolist()
+    preference = fit.query.out_score.tolist()
+    if fit.policies.node == POLICY_SPREAD:
+        preference = [-p for p in preference]     # spread prefers the lowest score
+    fitting = [p for p, st in zip(preference, status) if not st]
     if not fitting:
-        return [{"Host": name, "Score": 0} for name in node_names]
-    lo, hi = min(fitting), max(fitting)
-    span = hi - lo
-    out = []
-    for c, name in enumerate(node_names):
-        if status[c]:
-            value = 0
-        elif span <= 0:
-            value = MAX_EXTENDER_PRIORITY
+        values = [0] * len(node_names)
+    else:
+        lo, hi = min(fitting), max(fitting)
+        if hi <= lo:
+            values = [0 if st else MAX_EXTENDER_PRIORITY for st in status]
         else:
-            preference = -score[c] if spread else score[c]
-            value = 1 + int((MAX_EXTENDER_PRIORITY - 1) * (preference - lo) / span + 0.5)
-        out.append({"Host": name, "Score": value})
-    return out
+            scale = (MAX_EXTENDER_PRIORITY - 1) / (hi - lo)
+            values = [0 if st else 1 + int(scale * (p - lo) + 0.5) for p, st in zip(preference, status)]
+    return [{"Host": name, "Score": value} for name, value in zip(node_names, values)]
 
 
 class AllNodes:
