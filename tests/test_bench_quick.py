@@ -146,3 +146,24 @@ async def test_the_mixed_scenario_measures_both_clusters(tmp_path):
     assert _positive(ratio["p50"]) and _positive(ratio["p99"])
     table = "\n".join(report.render_mixed({"mixed": result}))
     assert "mixed cluster /filter" in table and "nan" not in table.lower()
+
+
+async def test_the_all_mode_phase_measures_filter_prioritize_and_bind(tmp_path):
+    """--filter-mode=all (bench/all_mode.py): every fitting node answered, each prioritized, and
+    kube-scheduler's pattern (filter, prioritize, choose, bind in the background) binds them all."""
+    from bench.all_mode import AllModePlan
+    plan = ClusterPlan("all-quick", ClusterShape(20, 160, probe_nodes=2), concurrencies=(), phase_time_limit_s=20.0,
+                       scheduler_args=("--filter-mode=all",), all_mode=AllModePlan(samples=10, schedule_pods=8))
+    async with aiohttp.ClientSession() as session:
+        result = await run_cluster(plan, session=session, workdir=tmp_path, phases=("all-mode",))
+    a = result["all-mode"]
+    for key in ("filter", "prioritize", "cycle"):
+        _check_latencies(a[key], n=10)
+    assert a["fit_nodes"] == 18 and not a["errors"], a      # every node but the two full probe nodes
+    assert _positive(a["answer_kb"]) and _positive(a["server_cpu_ms_per_cycle"])
+    schedule = a["schedule"]
+    assert schedule["bound"] == schedule["attempted"] == 8 and not schedule["errors"], schedule
+    _check_latencies(schedule["bind"], n=8)
+    results = {"command": "test", "plan": "quick", "machine": report.machine(), "clusters": [result], "kernel": []}
+    table = "\n".join(report.render_tables(results))
+    assert "--filter-mode=all" in table and "nan" not in table.lower()
