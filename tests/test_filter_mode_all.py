@@ -20,7 +20,8 @@ from hami_py.k8s.events import FILTERING_SUCCEED
 from hami_py.scheduling.filter import LISTED_NODE_SCORES
 from hami_py.scheduling.policies import NODE_POLICY_ANNOTATION
 from hami_py.scheduling.prioritize import MAX_EXTENDER_PRIORITY
-from tests.conftest import assert_books_balance, register_nodes, wait_until
+from hami_py.k8s.nodelock import LOCK_ANNOTATION
+from tests.conftest import assert_books_balance, keeper_passes, register_nodes, wait_until
 from tests.reliability_helpers import oversubscribed, wait_books_balance
 
 A10 = {"type": "NVIDIA A10", "devmem": 24000, "devcore": 100}
@@ -80,15 +81,18 @@ async def test_filter_answers_every_node_where_the_pod_fits(api, app, extender):
     assert result["NodeNames"] == ["n4", "n3", "n1"]    # kube-scheduler's order, n2 full, ghost unknown
 
 
+@pytest.mark.parametrize("scheduler_options", [embedded_options(filter_mode="all", registration_interval_s=0.3)])
 async def test_filter_makes_no_reservation_and_writes_nothing(api, app, extender):
     names = await one_gpu_nodes(api, app, "n1", "n2")
+    await keeper_passes(app, 1)         # the new nodes' handshake stamps are written before the count
     pod = api.create("pods", mem_pod("p", 8000))
     mark = len(api.requests)
     result = await extender.filter(pod, names)
     assert result["NodeNames"] == ["n1", "n2"]
     await wait_until(lambda: any(r == FILTERING_SUCCEED for r, _ in events_of(api, "p")), "FilteringSucceed")
-    # The only request the filter caused is its event: no pod patch, no node lock, no read.
+    # The only request the filter caused is its event: no pod read, patch or Binding, no node lock.
     assert [(m, p) for m, p, _ in list(api.requests)[mark:]] == [("POST", "/api/v1/namespaces/default/events")]
+    assert all(LOCK_ANNOTATION not in (api.get("nodes", n)["metadata"].get("annotations") or {}) for n in names)
     assert pod["metadata"]["uid"] not in app.cache.pods
     assert all(d["usedmem"] == 0 for n in names for d in app.cache.device_usage(n))
     assert not (api.get("pods", "p", namespace="default")["metadata"].get("annotations") or {}).keys() & {
@@ -327,6 +331,16 @@ async def test_a_pod_without_devices_is_bound_as_in_best_mode(api, app, extender
     assert await extender.bind(plain, "n1") == {"Error": ""}
     assert api.get("pods", "plain", namespace="default")["spec"]["nodeName"] == "n1"
 
+
+async def test_a_replica_that_does_not_serve_never_reserves_at_bind(api, app, extender):
+    names = await one_gpu_nodes(api, app, "n1")
+    pod, result = await filtered(api, extender, mem_pod("p", 4000), names)
+    app.service.synced.clear()          # as when leadership is lost (app.py _update_serving)
+    answer = await extender.bind(pod, "n1")
+    assert answer["Error"] == ("pod default/p: this scheduler is not serving (not the leader, or its cache is "
+                               "not synced yet); filter it again")
+    assert pod["metadata"]["uid"] not in app.cache.pods
+    assert not api.get("pods", "p", namespace="default")["spec"].get("nodeName")
 
 # -- the flag --------------------------------------------------------------------------------------
 

@@ -84,8 +84,11 @@ class AllNodes:
     """The ``all`` filter mode's three verbs (the service calls them; see the module doc)."""
 
     def __init__(self, *, cache: UsageCache, vendors: dict[str, DeviceVendor], filterer: Filterer,
-                 binder: Binder, client: KubeClient, events=None, remembered: int = REMEMBERED_PODS):
+                 binder: Binder, client: KubeClient, events=None, remembered: int = REMEMBERED_PODS,
+                 serving=lambda: True):
+        """``serving()``: whether this replica may decide (its caches synced and it leads)."""
         self.cache = cache
+        self.serving = serving
         self.vendors = vendors
         self.filterer = filterer
         self.binder = binder
@@ -168,6 +171,11 @@ class AllNodes:
         if req.uid and (cache.live_reservation(req.uid, req.node) is not None or cache.bound_node(req.uid)):
             return
         pod = self._pods.pop(req.uid, None) if req.uid else None
+        if not self.serving():
+            # A replica that does not lead (or has not synced) must not reserve: the leader may
+            # be giving the same room to another pod. The leader's kube-scheduler filters again.
+            raise BindError(f"pod {req.namespace}/{req.name}: this scheduler is not serving (not the leader, "
+                            f"or its cache is not synced yet); filter it again")
         if pod is None:
             pod = await self._read_pod(req)
             if pod is None:

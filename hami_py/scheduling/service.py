@@ -61,7 +61,7 @@ class SchedulerService:
         if filter_mode != "all":
             return None
         return AllNodes(cache=self.cache, vendors=self.vendors, filterer=self.filterer, binder=self.binder,
-                        client=self.client, events=self.events)
+                        client=self.client, events=self.events, serving=self.synced.is_set)
 
     # ------------------------------------------------------------------ filter
     async def filter(self, args: Any) -> dict:
