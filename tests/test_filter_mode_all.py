@@ -352,3 +352,63 @@ def test_the_flag_defaults_to_best_and_takes_all():
 def test_an_unknown_filter_mode_is_refused_at_start(capsys):
     assert main(["--filter-mode=some"]) == 2
     assert "--filter-mode" in capsys.readouterr().err
+
+
+# -- the property: all mode agrees with best mode -------------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+from hami_py.cache.usage import UsageCache  # noqa: E402
+from hami_py.config import DeviceConfig  # noqa: E402
+from hami_py.devices.registry import build_vendors  # noqa: E402
+from hami_py.scheduling.filter import Filterer  # noqa: E402
+from hami_py.scheduling.prioritize import AllNodes  # noqa: E402
+from hami_py.scheduling.requests import parse_pod_requests  # noqa: E402
+
+VENDORS = build_vendors(DeviceConfig.default())
+
+
+@settings(max_examples=150, deadline=None)
+@given(gpus=st.lists(st.integers(1, 3), min_size=1, max_size=6),
+       fillers=st.lists(st.tuples(st.integers(0, 5), st.integers(1, 24)), max_size=10),
+       mem=st.integers(1, 24), policy=st.sampled_from(["binpack", "spread"]))
+def test_all_mode_answers_every_node_best_mode_would_fit_alone_and_ranks_its_choice_first(gpus, fillers, mem, policy):
+    """For random clusters and usage: /filter in all mode answers exactly the nodes where the pod
+    fits on its own, /prioritize gives each of them 1..10 and the others 0, best mode's winner
+    scores 10, and a better raw score never gets a lower priority."""
+    cache = UsageCache(VENDORS)
+    names = [f"n{i}" for i in range(len(gpus))]
+    for name, count in zip(names, gpus):
+        cache.upsert_node(gpu_node(name, devices=registration(name, gpus=count, model=A10)))
+    filterer = Filterer(cache, VENDORS, default_node_policy=policy)
+    for k, (node, gb) in enumerate(fillers):
+        filler = mem_pod(f"f{k}", gb * 1000)
+        filler["metadata"]["uid"] = f"f{k}"
+        filterer.decide(filler, [names[node % len(names)]], parse_pod_requests(filler, VENDORS, cache.vendor_ids))
+    pod = mem_pod("p", mem * 1000)
+    pod["metadata"]["uid"] = "p"
+    request = parse_pod_requests(pod, VENDORS, cache.vendor_ids)
+    all_nodes = AllNodes(cache=cache, vendors=VENDORS, filterer=filterer, binder=None, client=None)
+
+    alone = [n for n in names if filterer.decide(pod, [n], request, reserve=False).node == n]
+    fitting, failed = all_nodes.filter(pod, names, request)
+    assert (fitting or []) == alone
+    assert set(failed) == set(names) - set(alone)
+    assert "p" not in cache.pods                                  # nothing reserved
+
+    scores, error = all_nodes.prioritize({"Pod": pod, "NodeNames": names}, synced=True)
+    assert error is None
+    got = {h["Host"]: h["Score"] for h in scores}
+    assert [h["Host"] for h in scores] == names
+    assert all((1 <= got[n] <= MAX_EXTENDER_PRIORITY) if n in alone else got[n] == 0 for n in names)
+    winner = filterer.decide(pod, names, request, reserve=False).node
+    assert (winner is None) == (not alone)
+    if winner is not None:
+        assert got[winner] == MAX_EXTENDER_PRIORITY
+        fit = filterer.evaluate(pod, names, request)
+        raw = {n: fit.query.out_score[c] for c, n in enumerate(names)}
+        sign = -1 if policy == "spread" else 1
+        for a in alone:
+            for b in alone:
+                if sign * raw[a] > sign * raw[b]:
+                    assert got[a] >= got[b], (a, b, raw, got)
