@@ -288,6 +288,34 @@ async def test_many_binds_racing_never_oversubscribe(api, app, extender):
     assert oversubscribed(api, app) == []
 
 
+async def test_a_crowd_of_binds_on_random_nodes_fills_them_exactly(api, app, extender):
+    """40 pods of 6 to 16 GB filtered together (none reserves), then all bound at once on nodes
+    picked at random among those each filter answered: whatever the order, no device is charged
+    beyond its memory, every refusal names the node and its reason, and the books balance."""
+    import random
+    rng = random.Random(14)
+    names = await register_nodes(api, app, *(gpu_node(n, devices=registration(n, gpus=2, model=A10))
+                                             for n in ("n1", "n2", "n3", "n4")))
+    pods = []
+    for i in range(40):
+        pod, result = await filtered(api, extender, mem_pod(f"p{i}", rng.choice((6000, 8000, 12000, 16000))), names)
+        assert result["NodeNames"] == names
+        pods.append((pod, rng.choice(result["NodeNames"])))
+    answers = await asyncio.gather(*(extender.bind(pod, node) for pod, node in pods))
+    refused = [(pod, node, a["Error"]) for (pod, node), a in zip(pods, answers) if a["Error"]]
+    assert 0 < len(refused) < len(pods)      # 420 GB asked of 192 GB: many lose their race
+    for pod, node, error in refused:
+        assert error.startswith(f"pod default/{pod['metadata']['name']} no longer fits on node {node}: "), error
+    await wait_books_balance(api, app)
+    assert oversubscribed(api, app) == []
+    bound = {pod["metadata"]["name"]: node for (pod, node), a in zip(pods, answers) if not a["Error"]}
+    for name, node in bound.items():
+        assert api.get("pods", name, namespace="default")["spec"]["nodeName"] == node
+    charged = sum(d["usedmem"] for n in names for d in app.cache.device_usage(n))
+    assert charged == sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpumem"])
+                          for p, _ in pods if p["metadata"]["name"] in bound)
+
+
 async def test_a_node_that_no_longer_fits_is_an_error_and_holds_nothing(api, app, extender):
     names = await one_gpu_nodes(api, app, "n1", "n2")
     late, result = await filtered(api, extender, mem_pod("late", 16000), names)
