@@ -1,4 +1,4 @@
-"""Nodes as the other device families' plugins register them: Ascend, Cambricon, Hygon, Kunlun, Enflame.
+"""Nodes as the other device families' plugins register them: Ascend, Cambricon, Hygon, Iluvatar, Kunlun, Enflame.
 
 Each family's device plugin announces its devices in its own way, and the scheduler reads
 exactly that (see /work/shared/reference/hami-vendors.md and each module under
@@ -23,6 +23,8 @@ Kunlun P800        Whole XPUs: capacity ``kunlunxin.com/xpu`` only.
 Kunlun vXPU        ``hami.io/node-register-xpu`` JSON (type ``XPU``, 98304 MiB, 4 shares a card),
                    ``hami.io/node-handshake-xpu``, capacity ``kunlunxin.com/vxpu``.
 Enflame GCU S60    Whole GCUs: capacity ``enflame.com/gcu`` only.
+Iluvatar MR-V100   ``hami.io/node-MR-V100-register`` in the colon format (9 fields, 4 shares a card),
+                   ``hami.io/node-handshake-MR-V100``, capacity ``iluvatar.ai/MR-V100-vgpu``.
 =================  ==========================================================================
 
 Resource names are read from the device config (the chart's default unless one is given), as the
@@ -235,6 +237,30 @@ def _enflame(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
     return NodeParts(labels={"gcu": "on"}, capacity={section.get("resourceNameGCU", "enflame.com/gcu"): str(o.devices)})
 
 
+# -- Iluvatar ---------------------------------------------------------------------------------------
+
+def _iluvatar_entry(common_word: str, config: DeviceConfig | None) -> dict:
+    """The chip's entry of the device config's ``iluvatars`` list (the chart default's if none)."""
+    for entry in _section(config, "iluvatars") or []:
+        if entry.get("commonWord") == common_word:
+            return entry
+    raise KeyError(f"the device config has no iluvatars entry {common_word!r}")
+
+
+def _iluvatar(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    """Iluvatar's vGPU plugin: ``hami.io/node-<cw>-register`` in the colon format (9 fields: the
+    card's index and mode too), its handshake, and the count resource in capacity."""
+    entry = _iluvatar_entry(model.model, o.config)
+    count = o.split if o.split is not None else 4
+    memory = o.memory if o.memory is not None else model.devmem
+    text = "".join(f"GPU-{device_uuid(node, 'ix', i)},{count},{memory},100,{model.model},0,"
+                   f"{'false' if i in o.unhealthy else 'true'},{i},hami-core:" for i in range(o.devices))
+    return NodeParts(annotations={f"hami.io/node-{model.model}-register": text,
+                                  f"hami.io/node-handshake-{model.model}": HANDSHAKE_REPORTED},
+                     labels={"iluvatar": "on"},
+                     capacity={entry["resourceCountName"]: str(o.devices * count)})
+
+
 # -- NVIDIA (objects.py's registration, in this table's shape) ---------------------------------------
 
 def _nvidia(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
@@ -303,6 +329,11 @@ def _models() -> list[DeviceModel]:
                     description="Enflame S60 GCU, whole cards (node capacity; the scheduler books 100 units a card)",
                     build=_enflame, aliases=("enflame-s60", "GCU", "s60"),
                     demo_limits=(("gcu-one", {"enflame.com/gcu": "1"}),)),
+        DeviceModel(key="mr-v100", family="iluvatar", model="MR-V100", vendor_key="MR-V100", devmem=32 * GiB,
+                    description="Iluvatar MR-V100 (32 GiB), Iluvatar's vGPU plugin (needs --enable-iluvatar)",
+                    build=_iluvatar, aliases=("iluvatar", "MR-V100"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("ix-quarter", {"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vMem": "32",
+                                                 "iluvatar.ai/MR-V100.vCore": "25"}),)),
     ]
     return models + _nvidia_models()
 
