@@ -429,3 +429,37 @@ async def test_an_sgpu_pod_picks_or_avoids_cards_by_uuid(api, app, extender):
                      annotations={"metax-tech.com/nouse-gpuuuid": "GPU-0"})
     _, result = await place(api, extender, pod, names)
     assert result["NodeNames"] is None and "CardUuidMismatch" in result["FailedNodes"]["s1"]
+
+
+# -- the cache's pod marks (the generic hook the sGPU chooser reads) ------------------------------
+
+def _charged_pod(uid: str, node: str, uuid: str, annotations: dict, rv: int = 1) -> dict:
+    return {"metadata": {"uid": uid, "name": uid, "namespace": "default", "resourceVersion": str(rv),
+                         "annotations": {"hami.io/vgpu-node": node,
+                                         "hami.io/metax-sgpu-devices-allocated": f"{uuid},Metax-SGPU,4096,30:;",
+                                         **annotations}},
+            "spec": {"nodeName": node, "containers": [{"name": "main"}]}, "status": {"phase": "Running"}}
+
+
+def test_the_cache_keeps_each_pods_marks_with_its_charge_per_device():
+    from hami_py.cache.usage import UsageCache
+    cache = UsageCache(VENDORS)
+    cache.upsert_node(sgpu_node("s1", cards(2)))
+    index = cache.node_index_of["s1"]
+    cache.on_pod_event("ADDED", _charged_pod("a", "s1", "GPU-1", {"metax-tech.com/sgpu-qos-policy": "fixed-share",
+                                                                 "unrelated": "x"}))
+    cache.on_pod_event("ADDED", _charged_pod("b", "s1", "GPU-1", {}))
+    per_device = cache.device_marks(index)
+    assert per_device[0] == []
+    assert sorted((tuple(m.items()), e.cores) for m, e in per_device[1]) == [
+        ((), 30), ((("metax-tech.com/sgpu-qos-policy", "fixed-share"),), 30)]
+    # A change of a marked annotation alone is seen (it is part of the pod's fingerprint) ...
+    cache.on_pod_event("MODIFIED", _charged_pod("b", "s1", "GPU-1", {"metax-tech.com/sgpu-app-class": "offline"}, rv=2))
+    assert {tuple(m.items()) for m, _ in cache.device_marks(index)[1]} == {
+        (("metax-tech.com/sgpu-qos-policy", "fixed-share"),), (("metax-tech.com/sgpu-app-class", "offline"),)}
+    # ... and a pod's marks leave with it.
+    cache.on_pod_event("DELETED", _charged_pod("a", "s1", "GPU-1", {}))
+    assert [m for m, _ in cache.device_marks(index)[1]] == [{"metax-tech.com/sgpu-app-class": "offline"}]
+    assert cache.device_marks(12345) == []
+    assert cache.marks_of({"metax-tech.com/sgpu-qos-policy": "burst-share", "x": "y"}) == {
+        "metax-tech.com/sgpu-qos-policy": "burst-share"}
