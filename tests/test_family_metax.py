@@ -463,3 +463,32 @@ def test_the_cache_keeps_each_pods_marks_with_its_charge_per_device():
     assert cache.device_marks(12345) == []
     assert cache.marks_of({"metax-tech.com/sgpu-qos-policy": "burst-share", "x": "y"}) == {
         "metax-tech.com/sgpu-qos-policy": "burst-share"}
+
+
+# -- the simulator's fake nodes -------------------------------------------------------------------
+
+@pytest.mark.parametrize("family, vendor, request_lines, placed", [
+    ("metax", "Metax-GPU", "device: Metax-GPU\n    gpus: 2", 4),              # 2 nodes x 4 cards, 2 a pod
+    ("metax-sgpu", "Metax-SGPU", "device: Metax-SGPU\n    gpumem: 8Gi\n    gpucores: 25", 4),
+])
+def test_each_metax_family_simulates(tmp_path, capsys, family, vendor, request_lines, placed):
+    from tests.test_families_sim import simulate_json, write
+    cluster = write(tmp_path, "cluster.yaml", "nodes:\n  - name: box\n    count: 2\n    gpus: 4\n"
+                    f"    model: C500\n    family: {family}\n")
+    workload = write(tmp_path, "workload.yaml", f"pods:\n  - name: job\n    replicas: {placed}\n    {request_lines}\n")
+    report = simulate_json(capsys, "--cluster", cluster, "--workload", workload)
+    assert report["summary"]["placed"] == placed, report["pods"]
+    assert {d["vendor"] for p in report["pods"] for d in p["devices"]} == {vendor}
+
+
+def test_the_fake_nodes_register_as_the_plugins_do():
+    gpu = GPU_MODEL.node("m1", devices=8)
+    assert gpu["status"]["capacity"]["metax-tech.com/gpu"] == "8"
+    devices = GPU.parse_node_devices(NodeView.from_node(gpu))
+    assert len(devices) == 8 and devices[0].custom["losses"][8] == 0 and devices[0].custom["scores"][1] == 100
+    sgpu = SGPU_MODEL.node("s1", devices=4, unhealthy={1})
+    cards_ = SGPU.parse_node_devices(NodeView.from_node(sgpu))
+    assert [d.health for d in cards_] == [True, False, True, True]
+    assert {(d.count, d.devmem, d.devcore) for d in cards_} == {(16, 65536, 100)}
+    assert [d.numa for d in cards_] == [0, 0, 1, 1]
+    assert SGPU.parse_node_devices(NodeView.from_node(gpu)) == [] and GPU.parse_node_devices(NodeView.from_node(sgpu)) == []

@@ -181,7 +181,6 @@ def prefer_link_zones(candidates: list[int], zone_of: dict[int, int], nums: int)
 
 def link_score(zones: list[tuple[str, int]]) -> int:
     """Σ over pairs of distinct cards sharing a non-zero link zone of DIRECT_LINK_SCORE."""
-    by_zone: dict[int, set[str]] = {}
     total = 0
     for i, (uuid, zone) in enumerate(zones):
         for other, other_zone in zones[i + 1:]:
