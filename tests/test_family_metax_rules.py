@@ -139,3 +139,37 @@ async def test_the_node_score_sends_online_pods_away_from_offline_only_cards(api
     assert await placed_on(api, app, extender, share("o2", **{CLASS: "online"}), ["on"]) == ["N-0"]
     # −100 per offline task on a card of only offline tasks, −20 per online task
     assert await placed_on(api, app, extender, share("o3", **{CLASS: "online"}), names) == ["N-0"]
+
+
+async def test_a_restarted_scheduler_knows_each_cards_qos_and_class_from_its_pods(api):
+    """Upstream's expected-QoS map lives in the process; here a card's QoS and class come back
+    with the pods' charges."""
+    from hami_py.embedded import running_scheduler
+    from hami_py.fakeapi.kubescheduler import ExtenderClient
+    from tests.conftest import wait_until
+    api.create("nodes", sgpu_node("s1", zoned_cards(0, 0)))
+    async with running_scheduler(api) as first:
+        await wait_until(lambda: "s1" in first.cache.node_index_of, "s1 registered")
+        client = ExtenderClient(first.url)
+        try:
+            for pod in (share("fixed", **{QOS: "fixed-share", USE: "GPU-0"}),
+                        share("off", **{CLASS: "offline", QOS: "best-effort", USE: "GPU-1"})):
+                stored, result = await place(api, client, pod, ["s1"])
+                assert result["NodeNames"] == ["s1"], result
+                await bind_placed(api, first, client, stored, result)
+        finally:
+            await client.close()
+    async with running_scheduler(api) as second:
+        await wait_until(lambda: [d["used"] for d in second.cache.device_usage("s1")] == [1, 1], "both pods charged")
+        client = ExtenderClient(second.url)
+        try:
+            # best-effort fits neither card: GPU-0 is fixed-share, GPU-1 hosts a classed task
+            _, result = await place(api, client, share("be", **{QOS: "best-effort"}), ["s1"])
+            assert result["NodeNames"] is None, result
+            _, result = await place(api, client, share("fixed2", **{QOS: "fixed-share"}), ["s1"])
+            assert result["NodeNames"] == ["s1"], result
+            _, result = await place(api, client, share("off2", **{CLASS: "offline", QOS: "best-effort"}), ["s1"])
+            assert result["NodeNames"] == ["s1"], result
+        finally:
+            await client.close()
+        assert_books_balance(second)
