@@ -36,7 +36,7 @@ from hami_py import reasons as R
 from hami_py.devices.base import FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices, RequestError
 from hami_py.devices.codec import (
     _FieldError, _describe, _fold, _json_bool, _json_int, _json_str, decode_pod_devices, encode_pod_devices,
-    go_quote, parse_go_bool,
+    parse_go_bool,
 )
 from hami_py.devices.gates import uuid_selector
 from hami_py.devices.template import (
