@@ -170,6 +170,10 @@ class DeviceVendor:
     extra_lock_annotation: str | None = None
     extra_lock_expiry_s: float = 120.0
     kernel_flags: int = 0
+    # Pod annotations the cache keeps with each pod's charge (``PodUsage.marks``) for this
+    # family's chooser, which reads them back of the pods already on a device
+    # (``UsageCache.device_marks``): a device whose mode follows the tasks it hosts.
+    pod_marks: tuple[str, ...] = ()
 
     # -- resources and config --------------------------------------------------------------
 
@@ -242,6 +246,16 @@ class DeviceVendor:
         """The per-node choice for FLAG_CHOOSE families (see :data:`Chooser`); ``cache`` gives
         the node's devices (``cache.devices_at(node_index)``) and usage arrays."""
         return None
+
+    def pod_chooser(self, cache, pod_annotations: dict[str, str], requests: list[ContainerRequest],
+                    node_policy: str) -> Chooser | None:
+        """:meth:`chooser` for families whose choice or node score depends on more than the pod's
+        annotations: ``requests`` are this family's request rows of the pod, in the order the
+        kernel asks the chooser about them on each node (one call per row, the node's rows in
+        order; a node that fails a row is asked nothing more), ``node_policy`` the node policy's
+        name the pod is placed with (``binpack``, ``spread`` or another word, as upstream reads it).
+        The default is :meth:`chooser`'s."""
+        return self.chooser(cache, pod_annotations)
 
     # -- allocation annotations ------------------------------------------------------------
 

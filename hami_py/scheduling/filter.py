@@ -33,6 +33,11 @@ def _concerns(node_annotations: dict[str, str], gate_keys: set[str]) -> bool:
     return any(k in gate_keys or k.startswith("hami.io/device-") for k in node_annotations)
 
 
+def _family_rows(request: PodRequest, key: str) -> list:
+    """One family's request rows of the pod, in row order."""
+    return [request.per_container[c][key] for c, k in zip(request.row_container, request.row_vendor) if k == key]
+
+
 class FilterDecision:
     """The outcome of one filter: the winner (or None), why the others failed, the annotations to
     write, the reservation made, and for the FilteringSucceed event the number of nodes that fit
@@ -110,7 +115,8 @@ class Filterer:
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
-        choosers = self._hooks(self._choosing, request, lambda v: v.chooser(cache, annotations))
+        choosers = self._hooks(self._choosing, request, lambda v: v.pod_chooser(
+            cache, annotations, _family_rows(request, v.vendor_key), policies.node_name))
         chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
         query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
@@ -158,7 +164,8 @@ class Filterer:
             masks = [(i["gpuUUID"], ((1 << i["placement"]["size"]) - 1) << i["placement"]["start"])
                      for instances in mig.values() for i in instances]
             reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
-                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks)
+                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks,
+                                   marks=cache.marks_of(annotations))
             cache.add_pod_usage(reservation)
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
 
