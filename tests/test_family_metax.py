@@ -195,7 +195,7 @@ def test_sgpu_requests_read_limits_only_with_upstreams_defaults():
     assert req.memreq == 0                                         # memory in requests is not read
     online = SGPU.container_request(ctr({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "50"}),
                                     pod_annotations={"metax-tech.com/sgpu-app-class": "online"})
-    assert online.coresreq == 0                                    # online pods are charged no cores
+    assert online.coresreq == -1          # the kernel's "takes no cores": none charged, no core check
     assert SGPU.container_request(ctr({"metax-tech.com/sgpu": "0"}), pod_annotations={}) is None
 
 

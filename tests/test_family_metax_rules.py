@@ -87,6 +87,23 @@ async def test_online_pods_prefer_idle_cards_then_fewer_online_tasks(api, app, e
     assert_books_balance(app)
 
 
+async def test_an_online_pod_joins_a_card_whose_cores_are_all_taken(api, app, extender):
+    """Upstream's sGPU fit checks no cores for an online pod (its share is enforced on the card):
+    two offline tasks hold all of GPU-0's cores, and an online pod still lands there, charged no
+    cores; a pod that is not online is refused there for its cores."""
+    names = await register_nodes(api, app, sgpu_node("s1", zoned_cards(0, 0)))
+    for name in ("off1", "off2"):
+        assert await placed_on(api, app, extender, share(name, cores="50", **{CLASS: "offline", QOS: "best-effort",
+                                                                            USE: "GPU-0"}), names) == ["GPU-0"]
+    _, refused = await place(api, extender, share("off3", cores="10", **{CLASS: "offline", QOS: "best-effort",
+                                                                       USE: "GPU-0"}), names)
+    assert not refused["NodeNames"] and "CardInsufficientCore" in refused["FailedNodes"]["s1"], refused
+    assert await placed_on(api, app, extender, share("on", **{CLASS: "online", USE: "GPU-0"}), names) == ["GPU-0"]
+    card = app.cache.device_usage("s1")[0]
+    assert card["used"] == 3 and card["usedcores"] == 100
+    assert_books_balance(app)
+
+
 async def test_an_online_pod_of_two_containers_may_share_its_card(api, app, extender):
     """Upstream counts the pod's first container as an unclassed task and refuses the second on
     the same card; here the pod's own containers carry its class (docs/COMPATIBILITY.md)."""

@@ -217,7 +217,7 @@ class MetaxSGPUVendor(TemplateVendor):
     # -- requests ----------------------------------------------------------------------------
 
     def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:
-        """Limits only, as upstream. Online pods are charged no cores."""
+        """Limits only, as upstream. Online pods take no cores and skip the core checks (upstream's fit)."""
         spec = self.spec
         limits, _ = resource_lists(container)
         if not spec.count_resource or spec.count_resource not in limits:
@@ -233,7 +233,7 @@ class MetaxSGPUVendor(TemplateVendor):
         if spec.memory_resource and spec.memory_resource in limits:
             memreq = self.memory_mib(name, limits[spec.memory_resource])
         if pod_annotations.get(APP_CLASS) == ONLINE:
-            cores = 0
+            cores = -1      # the kernel's "takes no cores": charged none, and no core check applies
         return ContainerRequest(SGPU_KEY, nums, memreq, 100 if memreq == 0 else 0, cores)
 
     def memory_mib(self, container: str, raw: object) -> int:
