@@ -240,7 +240,9 @@ class DeviceVendor:
 
     def chooser(self, cache, pod_annotations: dict[str, str]) -> Chooser | None:
         """The per-node choice for FLAG_CHOOSE families (see :data:`Chooser`); ``cache`` gives
-        the node's devices (``cache.devices_at(node_index)``) and usage arrays."""
+        the node's devices (``cache.devices_at(node_index)``) and usage arrays.
+        ``pod_annotations`` carry the pod's effective GPU policy in ``hami.io/gpu-scheduler-policy``
+        (the pod's own, else the scheduler's default)."""
         return None
 
     # -- allocation annotations ------------------------------------------------------------

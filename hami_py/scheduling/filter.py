@@ -18,7 +18,7 @@ from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, Devi
 from hami_py import reasons as R
 from hami_py.scheduling.fit_query import FitQuery
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
-from hami_py.scheduling.policies import Policies, pod_policies
+from hami_py.scheduling.policies import GPU_POLICY_ANNOTATION, Policies, pod_policies
 from hami_py.scheduling.requests import PodRequest
 
 VGPU_TIME_ANNOTATION = "hami.io/vgpu-time"
@@ -110,7 +110,11 @@ class Filterer:
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
-        choosers = self._hooks(self._choosing, request, lambda v: v.chooser(cache, annotations))
+        # A chooser reads the pod's effective GPU policy (the pod's annotation, else the
+        # scheduler's default) in the policy annotation, as upstream's Fit reads it (mutex).
+        chooser_annotations = annotations if annotations.get(GPU_POLICY_ANNOTATION) == policies.gpu_name \
+            else {**annotations, GPU_POLICY_ANNOTATION: policies.gpu_name}
+        choosers = self._hooks(self._choosing, request, lambda v: v.chooser(cache, chooser_annotations))
         chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
         query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
