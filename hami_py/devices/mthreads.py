@@ -224,7 +224,7 @@ class MthreadsVendor(TemplateVendor):
             if container:
                 indexes = [device_index(d.uuid) for d in container]
                 out[GPU_INDEX_ANNOTATION] = ",".join("" if i is None else str(i) for i in indexes)
-                out[PREDICATE_TIME_ANNOTATION] = str(int(now * 1_000_000_000))
+                out[PREDICATE_TIME_ANNOTATION] = str(round(now * 1_000_000) * 1000)   # Unix ns (a float has µs)
                 out[PREDICATE_NODE_ANNOTATION] = node
         return out
 
