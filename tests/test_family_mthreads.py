@@ -261,8 +261,11 @@ async def test_a_two_gpu_container_gets_each_gpu_half_of_its_request(api, app, e
     names = await register_nodes(api, app, mt_node("m1", gpus=4))
     pod, result = await place(api, extender, device_pod("pair", {COUNT: "2", MEMORY: "192", CORES: "32"}), names)
     assert result["NodeNames"] == ["m1"], result
-    [given] = decode_pod_devices(decision_annotations(api, app, "pair")["hami.io/mthreads-vgpu-devices-allocated"])
+    ann = decision_annotations(api, app, "pair")
+    [given] = decode_pod_devices(ann["hami.io/mthreads-vgpu-devices-allocated"])
     assert len({d.uuid for d in given}) == 2 and {(d.usedmem, d.usedcores) for d in given} == {(49152, 16)}
+    assert ann["mthreads.com/gpu-index"] == ",".join(d.uuid.rsplit("-", 1)[1] for d in given)
+    assert "hami.io/mthreads-vgpu-devices-to-allocate" not in ann
     await bind_placed(api, app, extender, pod, result)
     assert_books_balance(app)
 
