@@ -14,7 +14,8 @@ from hami_py.fakeapi.families import find_device_model
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.reasons import CARD_NOT_FOUND_CUSTOM_FILTER_RULE, CARD_UUID_MISMATCH, OK
 from tests.conftest import (
-    assert_books_balance, bind_placed, decision_annotations, device_pod, place, register_nodes, wait_until,
+    assert_books_balance, bind_placed, create_quota, decision_annotations, device_pod, place, register_nodes,
+    wait_until,
 )
 from tests.test_webhook import admit, container, make_pod
 
@@ -330,3 +331,31 @@ async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, e
                                                       annotations={"mthreads.ai/use-gpuuuid": "m1-mthreads-1"}), names)
     assert result["NodeNames"] is None and "CardComputeUnitsExhausted" in result["FailedNodes"]["m1"]
     assert_books_balance(app)
+
+
+async def test_namespace_quota_on_sgpu_memory_and_cores_is_enforced(api, app, extender):
+    assert MT.quota_resources() == (MEMORY, CORES, 512)
+    names = await register_nodes(api, app, mt_node("m1", gpus=4))
+    await create_quota(api, app, {f"limits.{MEMORY}": "64", f"limits.{CORES}": "20"}, namespace="default")
+    _, result = await place(api, extender, device_pod("first", {COUNT: "1", MEMORY: "32", CORES: "4"}), names)
+    assert result["NodeNames"] == ["m1"], result
+    _, result = await place(api, extender, device_pod("cores", {COUNT: "1", MEMORY: "2", CORES: "17"}), names)
+    assert result["NodeNames"] is None and result["FailedNodes"] == {"m1": "4/4 ResourceQuotaNotFit"}   # 4 + 17 > 20
+    _, result = await place(api, extender, device_pod("second", {COUNT: "1", MEMORY: "32", CORES: "4"}), names)
+    assert result["NodeNames"] == ["m1"], result      # 2 x 32 units = the 64 units (32768 MiB) allowed
+    _, result = await place(api, extender, device_pod("third", {COUNT: "1", MEMORY: "2", CORES: "1"}), names)
+    assert result["NodeNames"] is None and result["FailedNodes"] == {"m1": "4/4 ResourceQuotaNotFit"}
+    assert_books_balance(app)
+
+
+def test_the_webhook_denies_a_pod_over_its_namespace_quota():
+    asked = []
+
+    def fit_quota(namespace, vendor, memory, cores):
+        asked.append((namespace, vendor, memory, cores))
+        return memory <= 16384
+
+    response, _ = admit(make_pod(container(limits={COUNT: "2"})), fit_quota=fit_quota)
+    assert not response["allowed"] and asked == [("team-a", "Mthreads", 2 * 96 * 512, 32)]
+    response, _ = admit(make_pod(container(limits={COUNT: "1", MEMORY: "32"})), fit_quota=fit_quota)
+    assert response["allowed"]

@@ -9,7 +9,8 @@ A container asks with ``mthreads.com/vgpu`` (count), ``mthreads.com/sgpu-memory`
 512 MiB) and ``mthreads.com/sgpu-core``, both **for all its GPUs together**: each GPU is charged
 the total divided by the count. Upstream's webhook sizes a request (1 GPU: 2, 4, 8, 16, 32, 64 or
 96 units, default 96 units and 16 cores; several GPUs: 96 units and 16 cores each, and the pod
-annotation ``mthreads.com/request-gpu-num``). Upstream's custom rule: a container may only use
+annotation ``mthreads.com/request-gpu-num``). Namespace quotas on ``limits.mthreads.com/sgpu-memory``
+(units of 512 MiB) and ``limits.mthreads.com/sgpu-core`` hold at admission and at filter. Upstream's custom rule: a container may only use
 the device the pod's earlier containers got (all of a pod's shares on one GPU), which
 :func:`same_device_chooser` applies per node. No node lock. The decision writes
 ``hami.io/mthreads-vgpu-devices-allocated`` and what Mthreads' device plugin reads:
@@ -119,6 +120,9 @@ class MthreadsVendor(TemplateVendor):
             allocated_annotation=ALLOCATED_ANNOTATION,
             use_uuid=(USE_UUID_ANNOTATION,),
             nouse_uuid=(NOUSE_UUID_ANNOTATION,),
+            # Upstream accounts namespace quota on the memory (x 512) and core names and checks
+            # it at admission; as for Ascend, the filter checks it too.
+            quota=True,
         ))
 
     # -- inventory -------------------------------------------------------------------------
