@@ -198,6 +198,15 @@ def test_chooser_keeps_a_pods_later_containers_on_the_device_its_first_got():
     assert choose(0, [0, 1, 2], 1) == CARD_NOT_FOUND_CUSTOM_FILTER_RULE
 
 
+def test_chooser_holds_init_and_app_containers_to_their_own_earlier_devices():
+    devices = MT.parse_node_devices(view("64"))
+    choose = same_device_chooser(FakeCache(devices), [True, True, False, False])
+    assert choose(0, [3, 1], 1) == ([3], 0.0)              # init container 1
+    assert choose(0, [1, 3], 1) == ([3], 0.0)              # init container 2: init 1's device
+    assert choose(0, [1, 2], 1) == ([1], 0.0)              # app container 1: free of the init ones
+    assert choose(0, [2, 1, 3], 1) == ([1], 0.0)           # app container 2: app 1's device
+
+
 # -- annotations -------------------------------------------------------------------------------------
 
 def test_annotations_are_upstreams_and_what_the_plugin_reads():
@@ -359,3 +368,26 @@ def test_the_webhook_denies_a_pod_over_its_namespace_quota():
     assert not response["allowed"] and asked == [("team-a", "Mthreads", 2 * 96 * 512, 32)]
     response, _ = admit(make_pod(container(limits={COUNT: "1", MEMORY: "32"})), fit_quota=fit_quota)
     assert response["allowed"]
+
+
+async def test_app_containers_need_not_share_the_init_containers_gpu(api, app, extender):
+    """Upstream fits init containers and app containers in separate passes: the same-device rule
+    holds within each. Here the init container fits only GPU 0 (memory) and the app container
+    only GPU 1 (cores)."""
+    names = await register_nodes(api, app, mt_node("m1", gpus=2))
+    for i, (mem, cores) in enumerate(((1024, 12), (40960, 0))):
+        pod = device_pod(f"busy{i}", {COUNT: "1"}, annotations={
+            "hami.io/vgpu-node": "m1", "hami.io/mthreads-vgpu-devices-allocated": f"m1-mthreads-{i},Mthreads,{mem},{cores}:;"})
+        pod["spec"]["nodeName"] = "m1"
+        pod["status"]["phase"] = "Running"
+        api.create("pods", pod)
+    await wait_until(lambda: all(d["used"] == 1 for d in app.cache.device_usage("m1")), "the running pods charged")
+    pod = device_pod("staged", {COUNT: "1", MEMORY: "2", CORES: "8"})
+    pod["spec"]["initContainers"] = [{"name": "prep", "image": "x", "resources": {"limits": {
+        COUNT: "1", MEMORY: "64", CORES: "2"}}}]
+    pod, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["m1"], result
+    slots = decode_pod_devices(decision_annotations(api, app, "staged")["hami.io/mthreads-vgpu-devices-allocated"])
+    assert [[d.uuid for d in s] for s in slots] == [["m1-mthreads-0"], ["m1-mthreads-1"]]
+    await bind_placed(api, app, extender, pod, result)
+    assert_books_balance(app)

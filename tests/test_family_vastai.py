@@ -172,6 +172,15 @@ def test_chooser_counts_the_pods_earlier_dies_as_occupying_their_card_under_mute
     assert choose(0, [1, 2, 3], 1) == ([2], 1.0)
 
 
+def test_chooser_starts_each_init_container_from_the_node_as_it_was():
+    devices = [die(0, "1"), die(1, "1"), die(2, "2"), die(3, "2")]
+    choose = vastai_chooser(FakeCache(devices, [0, 0, 0, 0]), 9, mutex=True, init_rows=[True, True, False, False])
+    assert choose(0, [0, 1, 2, 3], 1) == ([0], 1.0)         # init 1
+    assert choose(0, [0, 1, 2, 3], 1) == ([0], 1.0)         # init 2: init 1's die occupies nothing
+    assert choose(0, [0, 1, 2, 3], 1) == ([0], 1.0)         # app 1: nor for the app containers
+    assert choose(0, [1, 2, 3], 1) == ([2], 1.0)            # app 2: app 1's card is occupied
+
+
 def test_chooser_groups_dies_by_card_and_the_scores_of_a_pods_rows_add_up():
     devices = [die(0, "1"), die(1, "2"), die(2, "1"), die(3, "2"), die(4, "2")]
     choose = vastai_chooser(FakeCache(devices, [0] * 5), 9, mutex=False)

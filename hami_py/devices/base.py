@@ -245,6 +245,14 @@ class DeviceVendor:
         (the pod's own, else the scheduler's default)."""
         return None
 
+    def chooser_for(self, cache, pod_annotations: dict[str, str], init_rows: list[bool]) -> Chooser | None:
+        """What the filter asks for: :meth:`chooser`, unless the family's choice depends on the
+        pod's containers. ``init_rows`` says, for each of the family's request rows in order,
+        whether it is an init container's: the kernel calls a node's chooser once per row, in
+        row order, until the node fails, so the k-th call on a node is for row k. (Upstream fits
+        each init container, and the app containers together, from the node as it was.)"""
+        return self.chooser(cache, pod_annotations)
+
     # -- allocation annotations ------------------------------------------------------------
 
     def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions: list[dict] = (),

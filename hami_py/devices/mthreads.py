@@ -77,27 +77,33 @@ def device_index(uuid: str) -> int | None:
     return int(tail)
 
 
-def same_device_chooser(cache):
+def same_device_chooser(cache, init_rows: list[bool] = ()):
     """Upstream's custom rule, per node: a device fits a container only when every device the
     pod's earlier containers got there is that same device. The first container takes the first
     ``nums`` fitting devices (the generic fit's choice); a later one the one device already
-    given, when it fits, else the node is refused (CardNotFoundCustomFilterRule). Constant work
-    beyond one pass over the fitting positions."""
-    given: dict[int, set[str]] = {}      # node index -> ids of the devices the pod got there
+    given, when it fits, else the node is refused (CardNotFoundCustomFilterRule). As upstream,
+    init containers are held to the earlier init containers' devices and app containers to the
+    earlier app containers' (``init_rows``: whether each of the family's rows is an init
+    container's; see ``DeviceVendor.chooser_for``). Constant work beyond one pass over the
+    fitting positions."""
+    given: dict[tuple[int, bool], set[str]] = {}   # (node index, init?) -> ids the pod got there
+    calls: dict[int, int] = {}                     # node index -> rows chosen so far
 
     def choose(node_index: int, positions: list[int], nums: int):
-        earlier = given.get(node_index)
+        row = calls.get(node_index, 0)
+        calls[node_index] = row + 1
+        group = (node_index, row < len(init_rows) and bool(init_rows[row]))
+        earlier = given.get(group)
+        devices = cache.devices_at(node_index)
         if not earlier:
             chosen = positions[:nums]
         elif len(earlier) > 1:
             return CARD_NOT_FOUND_CUSTOM_FILTER_RULE   # no device equals two others
         else:
-            devices = cache.devices_at(node_index)
             chosen = [p for p in positions if devices[p].id in earlier][:nums]
             if len(chosen) < nums:
                 return CARD_NOT_FOUND_CUSTOM_FILTER_RULE
-        devices = cache.devices_at(node_index)
-        given.setdefault(node_index, set()).update(devices[p].id for p in chosen)
+        given.setdefault(group, set()).update(devices[p].id for p in chosen)
         return chosen, 0.0
 
     return choose
@@ -216,6 +222,9 @@ class MthreadsVendor(TemplateVendor):
 
     def chooser(self, cache, pod_annotations: dict[str, str]):
         return same_device_chooser(cache)
+
+    def chooser_for(self, cache, pod_annotations: dict[str, str], init_rows: list[bool]):
+        return same_device_chooser(cache, init_rows)
 
     # -- allocation annotations ------------------------------------------------------------
 

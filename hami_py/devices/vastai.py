@@ -116,19 +116,25 @@ def container_score(devices: list[DeviceInfo]) -> float | None:
     return max(counts.values()) / total if total else 0.0
 
 
-def vastai_chooser(cache, vendor_id: int, mutex: bool):
-    """The FLAG_CHOOSE callable for one filter. Per node it remembers the pod's devices there (its
-    earlier containers' dies occupy their cards under ``mutex``, as upstream's usage copy has them)
-    and the AIC score so far, so the deltas of a pod's rows add up to upstream's node score."""
-    picked_on: dict[int, list[int]] = {}      # node index -> positions given to the pod so far
+def vastai_chooser(cache, vendor_id: int, mutex: bool, init_rows: list[bool] = ()):
+    """The FLAG_CHOOSE callable for one filter. Per node it remembers the dies the pod's app
+    containers got there (under ``mutex`` they occupy their cards for the later app containers,
+    as upstream's cumulative usage copy has them; each init container starts from the node as it
+    was, ``init_rows`` telling which rows are init containers') and the AIC score so far (over
+    all the pod's containers), so the deltas of a pod's rows add up to upstream's node score."""
+    app_picks: dict[int, list[int]] = {}      # node index -> positions given to app containers
+    calls: dict[int, int] = {}                # node index -> rows chosen so far
     score_on: dict[int, float | None] = {}    # node index -> score so far (None: the node scores 0)
     used, vendor = cache.used, cache.vendor
 
     def choose(node_index: int, positions: list[int], nums: int):
+        row = calls.get(node_index, 0)
+        calls[node_index] = row + 1
+        is_init = row < len(init_rows) and bool(init_rows[row])
         devices = cache.devices_at(node_index)
         offset = cache.node_offset[node_index]
         mine = [k for k in range(len(devices)) if vendor[offset + k] == vendor_id]
-        earlier = picked_on.setdefault(node_index, [])
+        earlier = () if is_init else app_picks.setdefault(node_index, [])
         if mine and is_die_mode(devices[mine[0]]):
             if mutex:
                 taken = set(earlier)
@@ -143,7 +149,8 @@ def vastai_chooser(cache, vendor_id: int, mutex: bool):
             chosen = [positions[i] for i in offsets]
         else:
             chosen = positions[:nums]
-        earlier.extend(chosen)
+        if not is_init:
+            app_picks[node_index].extend(chosen)
         before = score_on.get(node_index, 0.0)
         term = container_score([devices[p] for p in chosen])
         after = None if before is None or term is None else before + term
@@ -183,11 +190,14 @@ class VastaiVendor(TemplateVendor):
         return request
 
     def chooser(self, cache, pod_annotations: dict[str, str]):
+        return self.chooser_for(cache, pod_annotations, [])
+
+    def chooser_for(self, cache, pod_annotations: dict[str, str], init_rows: list[bool]):
         # The filter passes the pod's effective GPU policy in its annotation (the pod's, else the
         # scheduler's --gpu-scheduler-policy).
         policy = pod_annotations.get(GPU_POLICY_ANNOTATION) or ""
         mutex = "mutex" in {t.strip() for t in policy.split(",")}
-        return vastai_chooser(cache, cache.vendor_ids[VENDOR_KEY], mutex)
+        return vastai_chooser(cache, cache.vendor_ids[VENDOR_KEY], mutex, init_rows)
 
 
 def build_family(config: DeviceConfig, switches) -> list[VastaiVendor]:

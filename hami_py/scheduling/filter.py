@@ -114,7 +114,9 @@ class Filterer:
         # scheduler's default) in the policy annotation, as upstream's Fit reads it (mutex).
         chooser_annotations = annotations if annotations.get(GPU_POLICY_ANNOTATION) == policies.gpu_name \
             else {**annotations, GPU_POLICY_ANNOTATION: policies.gpu_name}
-        choosers = self._hooks(self._choosing, request, lambda v: v.chooser(cache, chooser_annotations))
+        choosers = self._hooks(self._choosing, request, lambda v: v.chooser_for(
+            cache, chooser_annotations,
+            [c < request.num_init for key, c in zip(request.row_vendor, request.row_container) if key == v.vendor_key]))
         chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
         query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
