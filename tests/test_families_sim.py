@@ -16,7 +16,7 @@ import pytest
 
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import NodeView
-from hami_py.devices.registry import FamilySwitches
+from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.fakeapi.families import BY_KEY, find_device_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -254,3 +254,25 @@ def test_workload_device_errors(tmp_path, capsys, entry, message):
     workload = write(tmp_path, "workload.yaml", f"pods:\n  - name: job\n    {entry}\n")
     assert main(["--cluster", cluster, "--workload", workload, "--no-progress"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_all_families_example_places_a_pod_of_every_family(capsys):
+    """One ``hami-scheduler simulate`` run over examples/all-families: a cluster with every
+    family the scheduler has, and a workload asking for each; every pod is placed, on a device of
+    the family it asked for, and every family module of the registry has pods placed."""
+    from hami_py.devices.registry import _families
+    from hami_py.simulate.runner import SWITCHES
+    report = simulate_json(capsys, "--cluster", str(ROOT / "examples/all-families/cluster.yaml"),
+                           "--workload", str(ROOT / "examples/all-families/workload.yaml"))
+    vendors = build_vendors(DeviceConfig.default(), SWITCHES)
+    summary = report["summary"]
+    assert summary["pending"] == 0 and summary["placed"] == summary["pods"], [
+        p for p in report["pods"] if not p.get("node")]
+    placed_families = set()
+    for pod in report["pods"]:
+        keys = {d["vendor"] for d in pod["devices"]}
+        assert len(keys) == 1, pod
+        placed_families.add(vendors[keys.pop()].__class__.__module__.split(".")[2])
+    every_family = {build.__module__.split(".")[2] for build in _families()}
+    assert len(every_family) == 13
+    assert placed_families == every_family, f"no pod placed for {sorted(every_family - placed_families)}"

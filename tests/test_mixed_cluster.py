@@ -103,6 +103,20 @@ async def test_every_familys_devices_and_pods_are_in_upstreams_gauges(api, app, 
     assert allocated["search"] == 98304 * 2**20         # a whole Kunlun card
 
 
+async def test_metax_devices_and_pods_are_in_upstreams_gauges(api, app, extender):
+    from tests.test_metrics import scrape, series
+    names = await register_nodes(api, app, gpu_node("gpu-0", gpus=1), find_device_model("metax-gpu").node("mgpu-0"),
+                                 find_device_model("metax-sgpu").node("sgpu-0"))
+    for pod in (_pod("whole", {"metax-tech.com/gpu": "1"}),
+                _pod("share", {"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "8", "metax-tech.com/vcore": "30"})):
+        stored, result = await place(api, extender, pod, names)
+        await _bind(app, extender, stored, result["NodeNames"][0])
+    samples = await scrape(app)
+    assert {dict(k)["node"] for k in series(samples, "hami_gpu_memory_limit_bytes")} == {"gpu-0", "mgpu-0", "sgpu-0"}
+    allocated = {dict(k)["pod"]: v for k, v in series(samples, "hami_vgpu_memory_allocated_bytes").items()}
+    assert allocated["whole"] == 65536 * 2**20 and allocated["share"] == 8 * 2**30
+
+
 async def test_mthreads_biren_and_vastai_devices_and_pods_are_in_the_gauges(api, app, extender):
     from tests.test_metrics import scrape, series
     models = {"mt-0": find_device_model("S4000"), "br-0": find_device_model("BR104"),

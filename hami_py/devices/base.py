@@ -12,7 +12,7 @@ templates and NetworkID groups) overrides what it needs. Nothing is read with ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from hami_py._kernel import CODES
 
@@ -170,6 +170,10 @@ class DeviceVendor:
     extra_lock_annotation: str | None = None
     extra_lock_expiry_s: float = 120.0
     kernel_flags: int = 0
+    # Pod annotations the cache keeps with each pod's charge (``PodUsage.marks``) for this
+    # family's chooser, which reads them back of the pods already on a device
+    # (``UsageCache.device_marks``): a device whose mode follows the tasks it hosts.
+    pod_marks: tuple[str, ...] = ()
 
     # -- resources and config --------------------------------------------------------------
 
@@ -240,17 +244,20 @@ class DeviceVendor:
 
     def chooser(self, cache, pod_annotations: dict[str, str]) -> Chooser | None:
         """The per-node choice for FLAG_CHOOSE families (see :data:`Chooser`); ``cache`` gives
-        the node's devices (``cache.devices_at(node_index)``) and usage arrays.
-        ``pod_annotations`` carry the pod's effective GPU policy in ``hami.io/gpu-scheduler-policy``
-        (the pod's own, else the scheduler's default)."""
+        the node's devices (``cache.devices_at(node_index)``) and usage arrays."""
         return None
 
-    def chooser_for(self, cache, pod_annotations: dict[str, str], init_rows: list[bool]) -> Chooser | None:
-        """What the filter asks for: :meth:`chooser`, unless the family's choice depends on the
-        pod's containers. ``init_rows`` says, for each of the family's request rows in order,
-        whether it is an init container's: the kernel calls a node's chooser once per row, in
-        row order, until the node fails, so the k-th call on a node is for row k. (Upstream fits
-        each init container, and the app containers together, from the node as it was.)"""
+    def pod_chooser(self, cache, pod_annotations: dict[str, str], requests: list[ContainerRequest],
+                    node_policy: str, *, gpu_policy: str = "", init_rows: Sequence[bool] = ()) -> Chooser | None:
+        """:meth:`chooser` for families whose choice or node score depends on more than the pod's
+        annotations: ``requests`` are this family's request rows of the pod, in the order the
+        kernel asks the chooser about them on each node (one call per row, the node's rows in
+        order; a node that fails a row is asked nothing more), ``node_policy`` the node policy's
+        name the pod is placed with (``binpack``, ``spread`` or another word, as upstream reads it),
+        ``gpu_policy`` the GPU policy's (the pod's, else the scheduler's: ``mutex``, a chain...),
+        ``init_rows`` whether each of those rows is an init container's (upstream fits each init
+        container, and the app containers together, from the node as it was before the pod).
+        The default is :meth:`chooser`'s."""
         return self.chooser(cache, pod_annotations)
 
     # -- allocation annotations ------------------------------------------------------------

@@ -190,13 +190,12 @@ class VastaiVendor(TemplateVendor):
         return request
 
     def chooser(self, cache, pod_annotations: dict[str, str]):
-        return self.chooser_for(cache, pod_annotations, [])
+        return self.pod_chooser(cache, pod_annotations, [], "",
+                                gpu_policy=pod_annotations.get(GPU_POLICY_ANNOTATION) or "")
 
-    def chooser_for(self, cache, pod_annotations: dict[str, str], init_rows: list[bool]):
-        # The filter passes the pod's effective GPU policy in its annotation (the pod's, else the
-        # scheduler's --gpu-scheduler-policy).
-        policy = pod_annotations.get(GPU_POLICY_ANNOTATION) or ""
-        mutex = "mutex" in {t.strip() for t in policy.split(",")}
+    def pod_chooser(self, cache, pod_annotations, requests, node_policy, *, gpu_policy="", init_rows=()):
+        """Under the ``mutex`` GPU policy (the pod's, else the scheduler's) a card is exclusive."""
+        mutex = "mutex" in {t.strip() for t in gpu_policy.split(",")}
         return vastai_chooser(cache, cache.vendor_ids[VENDOR_KEY], mutex, init_rows)
 
 

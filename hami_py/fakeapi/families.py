@@ -1,4 +1,4 @@
-"""Nodes as the other device families' plugins register them: Ascend, Cambricon, Hygon, Kunlun, Enflame.
+"""Nodes as the other device families' plugins register them: Ascend, Cambricon, Hygon, Iluvatar, Kunlun, Enflame.
 
 Each family's device plugin announces its devices in its own way, and the scheduler reads
 exactly that (see /work/shared/reference/hami-vendors.md and each module under
@@ -23,6 +23,8 @@ Kunlun P800        Whole XPUs: capacity ``kunlunxin.com/xpu`` only.
 Kunlun vXPU        ``hami.io/node-register-xpu`` JSON (type ``XPU``, 98304 MiB, 4 shares a card),
                    ``hami.io/node-handshake-xpu``, capacity ``kunlunxin.com/vxpu``.
 Enflame GCU S60    Whole GCUs: capacity ``enflame.com/gcu`` only.
+Iluvatar MR-V100   ``hami.io/node-MR-V100-register`` in the colon format (9 fields, 4 shares a card),
+                   ``hami.io/node-handshake-MR-V100``, capacity ``iluvatar.ai/MR-V100-vgpu``.
 =================  ==========================================================================
 
 Resource names are read from the device config (the chart's default unless one is given), as the
@@ -319,6 +321,64 @@ def _mthreads_biren_vastai_models() -> list[DeviceModel]:
     ]
 
 
+# -- Iluvatar ---------------------------------------------------------------------------------------
+
+def _iluvatar_entry(common_word: str, config: DeviceConfig | None) -> dict:
+    """The chip's entry of the device config's ``iluvatars`` list (the chart default's if none)."""
+    for entry in _section(config, "iluvatars") or []:
+        if entry.get("commonWord") == common_word:
+            return entry
+    raise KeyError(f"the device config has no iluvatars entry {common_word!r}")
+
+
+def _iluvatar(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    """Iluvatar's vGPU plugin: ``hami.io/node-<cw>-register`` in the colon format (9 fields: the
+    card's index and mode too), its handshake, and the count resource in capacity."""
+    entry = _iluvatar_entry(model.model, o.config)
+    count = o.split if o.split is not None else 4
+    memory = o.memory if o.memory is not None else model.devmem
+    text = "".join(f"GPU-{device_uuid(node, 'ix', i)},{count},{memory},100,{model.model},0,"
+                   f"{'false' if i in o.unhealthy else 'true'},{i},hami-core:" for i in range(o.devices))
+    return NodeParts(annotations={f"hami.io/node-{model.model}-register": text,
+                                  f"hami.io/node-handshake-{model.model}": HANDSHAKE_REPORTED},
+                     labels={"iluvatar": "on"},
+                     capacity={entry["resourceCountName"]: str(o.devices * count)})
+
+
+# -- Metax ------------------------------------------------------------------------------------------
+
+METAX_SGPU_MEMORY = 65536       # MiB of a C500 card
+
+
+def _metax_gpu(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    """Whole cards advertised as capacity, with the topology the plugin publishes: a pod of n
+    cards loses more of the node's MetaLink the more cards it spans beyond a 4-card ring."""
+    section = _section(o.config, "metax") or {}
+    n = o.devices
+    losses = {str(k): (0 if k in (1, 2, 4, 8) else 100 * (k % 4)) for k in range(1, n + 1)}
+    scores = {str(k): 100 * k for k in range(1, n + 1)}
+    return NodeParts(annotations={"metax-tech.com/gpu.topology.losses": orjson.dumps(losses).decode(),
+                                  "metax-tech.com/gpu.topology.scores": orjson.dumps(scores).decode()},
+                     labels={"metax-gpu": "on"},
+                     capacity={section.get("resourceCountName", "metax-tech.com/gpu"): str(n)})
+
+
+def _metax_sgpu(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    """The sGPU plugin's JSON: two MetaLink zones of half the cards each, 16 shares a card."""
+    section = _section(o.config, "metax") or {}
+    count = o.split if o.split is not None else 16
+    memory = o.memory if o.memory is not None else METAX_SGPU_MEMORY
+    half = max(o.devices // 2, 1)
+    entries = [{"uuid": f"GPU-{device_uuid(node, 'metax', i)[:8]}-{device_uuid(node, 'metax', i)[8:12]}",
+                "bdf": f"0000:{0x0f + i * 0x10:02x}:00.0", "model": "MXC500", "totalDevCount": count,
+                "totalCompute": 100, "totalVRam": memory, "availableDevCount": count, "availableCompute": 100,
+                "availableVRam": memory, "numa": 0 if i < half else 1, "healthy": i not in o.unhealthy,
+                "qosPolicy": "best-effort", "linkZone": 1 if i < half else 2}
+               for i in range(o.devices)]
+    return NodeParts(annotations={"metax-tech.com/node-gpu-devices": _go_json(entries)}, labels={"metax-sgpu": "on"},
+                     capacity={section.get("resourceVCountName", "metax-tech.com/sgpu"): str(o.devices * count)})
+
+
 # -- NVIDIA (objects.py's registration, in this table's shape) ---------------------------------------
 
 def _nvidia(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
@@ -387,6 +447,22 @@ def _models() -> list[DeviceModel]:
                     description="Enflame S60 GCU, whole cards (node capacity; the scheduler books 100 units a card)",
                     build=_enflame, aliases=("enflame-s60", "GCU", "s60"),
                     demo_limits=(("gcu-one", {"enflame.com/gcu": "1"}),)),
+        DeviceModel(key="mr-v100", family="iluvatar", model="MR-V100", vendor_key="MR-V100", devmem=32 * GiB,
+                    description="Iluvatar MR-V100 (32 GiB), Iluvatar's vGPU plugin (needs --enable-iluvatar)",
+                    build=_iluvatar, aliases=("iluvatar", "MR-V100"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("ix-quarter", {"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vMem": "32",
+                                                 "iluvatar.ai/MR-V100.vCore": "25"}),)),
+        DeviceModel(key="metax-gpu", family="metax", model="C500", vendor_key="Metax-GPU", devmem=65536,
+                    description="Metax C500 GPU, whole cards (node capacity; topology losses/scores annotations)",
+                    build=_metax_gpu, aliases=("metax", "Metax-GPU", "c500"),
+                    demo_limits=(("metax-one", {"metax-tech.com/gpu": "1"}), ("metax-two", {"metax-tech.com/gpu": "2"}))),
+        DeviceModel(key="metax-sgpu", family="metax-sgpu", model="C500", vendor_key="Metax-SGPU",
+                    devmem=METAX_SGPU_MEMORY,
+                    description="Metax C500 shared as sGPUs (metax-tech.com/node-gpu-devices, two MetaLink zones)",
+                    build=_metax_sgpu, aliases=("Metax-SGPU", "sgpu", "C500-sGPU"),
+                    settable=("splitCount", "memory", "unhealthy"), primary=False,
+                    demo_limits=(("sgpu-8g", {"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "8",
+                                              "metax-tech.com/vcore": "30"}),)),
     ]
     models += _mthreads_biren_vastai_models()
     return models + _nvidia_models()

@@ -18,7 +18,7 @@ from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, Devi
 from hami_py import reasons as R
 from hami_py.scheduling.fit_query import FitQuery
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
-from hami_py.scheduling.policies import GPU_POLICY_ANNOTATION, Policies, pod_policies
+from hami_py.scheduling.policies import Policies, pod_policies
 from hami_py.scheduling.requests import PodRequest
 
 VGPU_TIME_ANNOTATION = "hami.io/vgpu-time"
@@ -31,6 +31,16 @@ LISTED_NODE_SCORES = 20
 def _concerns(node_annotations: dict[str, str], gate_keys: set[str]) -> bool:
     """Whether a node's kept annotations can change the gates of a pod of these families."""
     return any(k in gate_keys or k.startswith("hami.io/device-") for k in node_annotations)
+
+
+def _family_rows(request: PodRequest, key: str) -> list:
+    """One family's request rows of the pod, in row order."""
+    return [request.per_container[c][key] for c, k in zip(request.row_container, request.row_vendor) if k == key]
+
+
+def _family_init_rows(request: PodRequest, key: str) -> list[bool]:
+    """Whether each of one family's request rows of the pod is an init container's, in row order."""
+    return [c < request.num_init for c, k in zip(request.row_container, request.row_vendor) if k == key]
 
 
 class FilterDecision:
@@ -110,13 +120,9 @@ class Filterer:
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
-        # A chooser reads the pod's effective GPU policy (the pod's annotation, else the
-        # scheduler's default) in the policy annotation, as upstream's Fit reads it (mutex).
-        chooser_annotations = annotations if annotations.get(GPU_POLICY_ANNOTATION) == policies.gpu_name \
-            else {**annotations, GPU_POLICY_ANNOTATION: policies.gpu_name}
-        choosers = self._hooks(self._choosing, request, lambda v: v.chooser_for(
-            cache, chooser_annotations,
-            [c < request.num_init for key, c in zip(request.row_vendor, request.row_container) if key == v.vendor_key]))
+        choosers = self._hooks(self._choosing, request, lambda v: v.pod_chooser(
+            cache, annotations, _family_rows(request, v.vendor_key), policies.node_name,
+            gpu_policy=policies.gpu_name, init_rows=_family_init_rows(request, v.vendor_key)))
         chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
         query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
@@ -164,7 +170,8 @@ class Filterer:
             masks = [(i["gpuUUID"], ((1 << i["placement"]["size"]) - 1) << i["placement"]["start"])
                      for instances in mig.values() for i in instances]
             reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
-                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks)
+                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks,
+                                   marks=cache.marks_of(annotations))
             cache.add_pod_usage(reservation)
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
 
