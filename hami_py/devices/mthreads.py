@@ -9,10 +9,11 @@ A container asks with ``mthreads.com/vgpu`` (count), ``mthreads.com/sgpu-memory`
 512 MiB) and ``mthreads.com/sgpu-core``, both **for all its GPUs together**: each GPU is charged
 the total divided by the count. Upstream's webhook sizes a request (1 GPU: 2, 4, 8, 16, 32, 64 or
 96 units, default 96 units and 16 cores; several GPUs: 96 units and 16 cores each, and the pod
-annotation ``mthreads.com/request-gpu-num``). Namespace quotas on ``limits.mthreads.com/sgpu-memory``
-(units of 512 MiB) and ``limits.mthreads.com/sgpu-core`` hold at admission and at filter. Upstream's custom rule: a container may only use
-the device the pod's earlier containers got (all of a pod's shares on one GPU), which
-:func:`same_device_chooser` applies per node. No node lock. The decision writes
+annotation ``mthreads.com/request-gpu-num``). Namespace quotas on
+``limits.mthreads.com/sgpu-memory`` (units of 512 MiB) and ``limits.mthreads.com/sgpu-core`` hold
+at admission and at filter. Upstream's custom rule: a container may only use the device the pod's
+earlier containers got (all of a pod's shares on one GPU), which :func:`same_device_chooser`
+applies per node. No node lock. The decision writes
 ``hami.io/mthreads-vgpu-devices-allocated`` and what Mthreads' device plugin reads:
 ``mthreads.com/gpu-index`` (the device indexes), ``mthreads.com/predicate-time`` (Unix
 nanoseconds) and ``mthreads.com/predicate-node``.
