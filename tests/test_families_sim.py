@@ -32,6 +32,10 @@ EXPECTED = {
     "kunlun": ("kunlun", "kunlun", 8, 98304, "kunlun"),
     "kunlun-vxpu": ("kunlun", "XPU", 8, 98304, "XPU"),
     "gcu": ("enflame", "GCU", 8, 100, "GCU"),
+    "mthreads": ("mthreads", "Mthreads", 8, 49152, "Mthreads"),
+    "biren": ("biren", "Biren", 8, 32768, "Biren"),
+    "vastai": ("vastai", "Vastai", 8, 16384, "Vastai"),
+    "vastai-die": ("vastai", "Vastai", 8, 8192, "Vastai"),
 }
 
 
@@ -96,7 +100,7 @@ def test_model_lookup_by_name_and_family():
 # -- the kind demo's patches ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fake_device", ["ascend910b3", "ascend910b4", "ascend310p", "mlu370", "kunlun",
-                                         "kunlun-vxpu", "z100", "gcu"])
+                                         "kunlun-vxpu", "z100", "gcu", "mthreads", "biren", "vastai", "vastai-die"])
 def test_kind_patch_decodes(fake_device):
     """What hack/kind/fake-gpu-nodes.sh applies for FAKE_DEVICE=<family>, decoded by the family."""
     module, vendor_key, count, devmem, _ = EXPECTED[fake_device]
@@ -114,7 +118,8 @@ def test_kind_patch_decodes(fake_device):
     assert len(devices) == count and {d.devmem for d in devices} == {devmem}
 
 
-@pytest.mark.parametrize("fake_device", ["ascend910b3", "mlu370", "kunlun", "kunlun-vxpu", "z100", "gcu"])
+@pytest.mark.parametrize("fake_device", ["ascend910b3", "mlu370", "kunlun", "kunlun-vxpu", "z100", "gcu",
+                                         "mthreads", "biren", "vastai", "vastai-die"])
 def test_kind_demo_pods_ask_for_the_family(fake_device):
     """The demo pods of each FAKE_DEVICE parse as requests of that family's vendor."""
     from hami_py.devices.registry import build_vendors
@@ -207,6 +212,9 @@ def write(tmp_path, name: str, text: str) -> str:
     ("kunlun-vxpu", "P800", "kunlun", "XPU", "device: XPU\n    gpumem: 24Gi"),
     ("", "S60", "enflame", "GCU", "device: gcu"),
     ("", "Ascend310P", "ascend", "Ascend310P", "device: Ascend310P\n    gpumem: 3Gi"),
+    ("", "S4000", "mthreads", "Mthreads", "device: Mthreads\n    gpumem: 16Gi\n    gpucores: 4"),
+    ("", "BR104", "biren", "Biren", "device: biren"),
+    ("vastai-die", "VA1", "vastai", "Vastai", "device: Vastai\n    gpus: 2"),
 ])
 def test_each_family_simulates(tmp_path, capsys, family, model, module, vendor, request_lines):
     need_families(module)

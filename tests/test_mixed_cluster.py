@@ -117,6 +117,29 @@ async def test_metax_devices_and_pods_are_in_upstreams_gauges(api, app, extender
     assert allocated["whole"] == 65536 * 2**20 and allocated["share"] == 8 * 2**30
 
 
+async def test_mthreads_biren_and_vastai_devices_and_pods_are_in_the_gauges(api, app, extender):
+    from tests.test_metrics import scrape, series
+    models = {"mt-0": find_device_model("S4000"), "br-0": find_device_model("BR104"),
+              "va-0": find_device_model("VA1-die")}
+    names = await register_nodes(api, app, *(m.node(n, devices=2) for n, m in models.items()))
+    for pod in (_pod("sgpu", {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "32", "mthreads.com/sgpu-core": "4"}),
+                _pod("slot", {"birentech.com/gpu": "1"}), _pod("dies", {"vastaitech.com/va": "2"})):
+        stored, result = await place(api, extender, pod, names)
+        await _bind(app, extender, stored, result["NodeNames"][0])
+    samples = await scrape(app)
+    limits = series(samples, "hami_gpu_memory_limit_bytes")
+    assert {dict(k)["node"] for k in limits} == set(models)
+    assert {dict(k)["node"]: v for k, v in limits.items()}["mt-0"] == 49152 * 2**20   # 96 units of 512 MiB
+    allocated = {dict(k)["pod"]: v for k, v in series(samples, "hami_vgpu_memory_allocated_bytes").items()}
+    assert allocated["sgpu"] == 32 * 512 * 2**20
+    assert allocated.get("slot", 0) == 0 and allocated.get("dies", 0) == 0   # slots only: no memory charged
+    shares: dict[str, float] = {}
+    for k, v in series(samples, "hami_gpu_shared_count").items():
+        shares[dict(k)["node"]] = shares.get(dict(k)["node"], 0) + v
+    assert shares == {"mt-0": 1, "br-0": 1, "va-0": 2}
+    assert_books_balance(app)
+
+
 async def test_the_nodes_path_fits_a_familys_pod_against_the_node_objects_sent(api, app, extender):
     """``nodeCacheCapable: false``: the node objects in the request are decoded by each family."""
     from tests.conftest import node_list

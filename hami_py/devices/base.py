@@ -12,7 +12,7 @@ templates and NetworkID groups) overrides what it needs. Nothing is read with ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from hami_py._kernel import CODES
 
@@ -248,12 +248,15 @@ class DeviceVendor:
         return None
 
     def pod_chooser(self, cache, pod_annotations: dict[str, str], requests: list[ContainerRequest],
-                    node_policy: str) -> Chooser | None:
+                    node_policy: str, *, gpu_policy: str = "", init_rows: Sequence[bool] = ()) -> Chooser | None:
         """:meth:`chooser` for families whose choice or node score depends on more than the pod's
         annotations: ``requests`` are this family's request rows of the pod, in the order the
         kernel asks the chooser about them on each node (one call per row, the node's rows in
         order; a node that fails a row is asked nothing more), ``node_policy`` the node policy's
-        name the pod is placed with (``binpack``, ``spread`` or another word, as upstream reads it).
+        name the pod is placed with (``binpack``, ``spread`` or another word, as upstream reads it),
+        ``gpu_policy`` the GPU policy's (the pod's, else the scheduler's: ``mutex``, a chain...),
+        ``init_rows`` whether each of those rows is an init container's (upstream fits each init
+        container, and the app containers together, from the node as it was before the pod).
         The default is :meth:`chooser`'s."""
         return self.chooser(cache, pod_annotations)
 

@@ -237,6 +237,90 @@ def _enflame(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
     return NodeParts(labels={"gcu": "on"}, capacity={section.get("resourceNameGCU", "enflame.com/gcu"): str(o.devices)})
 
 
+# -- Mthreads, Biren, Vastai ------------------------------------------------------------------------
+# Mthreads MTT S4000: no annotation; capacity ``mthreads.com/sgpu-core`` (16 a GPU) and
+# ``mthreads.com/sgpu-memory`` (units of 512 MiB: 96 a 48 GiB GPU), plus ``mthreads.com/vgpu``.
+# Biren BR104: ``hami.io/node-biren-register`` JSON (type ``Biren``, ``count`` shares a GPU),
+# ``hami.io/node-handshake-biren``, capacity ``birentech.com/gpu``.
+# Vastai VA1: ``hami.io/node-va-register`` JSON (type ``Vastai``), ``hami.io/node-handshake-va``,
+# capacity ``vastaitech.com/va``; the die model registers each die (two a card) with
+# ``custominfo`` ``{"DeviceStrategy": "die", "AIC": "<card>"}``.
+
+MTHREADS_MEMORY_UNIT = 512
+MTHREADS_CORES = 16
+
+
+def _mthreads(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "mthreads") or {}
+    memory = o.memory if o.memory is not None else model.devmem
+    return NodeParts(labels={"mthreads": "on"}, capacity={
+        section.get("resourceCountName", "mthreads.com/vgpu"): str(o.devices),
+        section.get("resourceCoreName", "mthreads.com/sgpu-core"): str(o.devices * MTHREADS_CORES),
+        section.get("resourceMemoryName", "mthreads.com/sgpu-memory"): str(o.devices * (memory // MTHREADS_MEMORY_UNIT)),
+    })
+
+
+def _biren(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "biren") or {}
+    count = o.split if o.split is not None else 4
+    memory = o.memory if o.memory is not None else model.devmem
+    entries = [{"id": f"BR-{device_uuid(node, 'biren', i)[:24]}", "index": i, "count": count, "devmem": memory,
+                "devcore": 100, "type": "Biren", "numa": 0, "health": i not in o.unhealthy}
+               for i in range(o.devices)]
+    return NodeParts(annotations={"hami.io/node-biren-register": _go_json(entries),
+                                  "hami.io/node-handshake-biren": HANDSHAKE_REPORTED},
+                     labels={"biren": "on"},
+                     capacity={section.get("resourceCountName", "birentech.com/gpu"): str(o.devices * count)})
+
+
+def _vastai(model: DeviceModel, node: str, o: BuildOptions, *, die: bool) -> NodeParts:
+    section = _section(o.config, "vastai") or {}
+    count = o.split if o.split is not None else 1
+    memory = o.memory if o.memory is not None else model.devmem
+    entries = []
+    for i in range(o.devices):
+        entry = {"id": f"VA-{device_uuid(node, 'vastai', i)[:24]}", "index": i, "count": count, "devmem": memory,
+                 "devcore": 100, "type": "Vastai", "numa": 0, "health": i not in o.unhealthy}
+        if die:
+            entry["custominfo"] = {"DeviceStrategy": "die", "AIC": str(i // 2)}
+        entries.append(entry)
+    return NodeParts(annotations={"hami.io/node-va-register": _go_json(entries),
+                                  "hami.io/node-handshake-va": HANDSHAKE_REPORTED},
+                     labels={"vastai": "on"},
+                     capacity={section.get("resourceCountName", "vastaitech.com/va"): str(o.devices * count)})
+
+
+def _vastai_card(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    return _vastai(model, node, o, die=False)
+
+
+def _vastai_die(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    return _vastai(model, node, o, die=True)
+
+
+def _mthreads_biren_vastai_models() -> list[DeviceModel]:
+    return [
+        DeviceModel(key="mthreads", family="mthreads", model="S4000", vendor_key="Mthreads", devmem=48 * GiB,
+                    description="Moore Threads MTT S4000 (48 GiB) sGPUs, Mthreads' device plugin (node capacity)",
+                    build=_mthreads, aliases=("mtt-s4000", "mthreads-s4000"), settable=("memory",),
+                    demo_limits=(("sgpu-quarter", {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "32",
+                                                   "mthreads.com/sgpu-core": "4"}),
+                                 ("sgpu-whole", {"mthreads.com/vgpu": "1"}))),
+        DeviceModel(key="biren", family="biren", model="BR104", vendor_key="Biren", devmem=32 * GiB,
+                    description="Biren BR104 (32 GiB) shared by slots, HAMi's Biren device plugin", build=_biren,
+                    aliases=("biren-br104", "br104"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("biren-one", {"birentech.com/gpu": "1"}),)),
+        DeviceModel(key="vastai", family="vastai", model="VA1", vendor_key="Vastai", devmem=16 * GiB,
+                    description="Vastai VA1 whole cards, HAMi's Vastai device plugin", build=_vastai_card,
+                    aliases=("vastai-va1", "va1"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("va-one", {"vastaitech.com/va": "1"}),)),
+        DeviceModel(key="vastai-die", family="vastai-die", model="VA1", vendor_key="Vastai", devmem=8 * GiB,
+                    description="Vastai VA1 in die mode (two dies a card, grouped by AIC)", build=_vastai_die,
+                    aliases=("va1-die",), settable=("splitCount", "memory", "unhealthy"), primary=False,
+                    demo_limits=(("va-two-dies", {"vastaitech.com/va": "2"}),)),
+    ]
+
+
 # -- Iluvatar ---------------------------------------------------------------------------------------
 
 def _iluvatar_entry(common_word: str, config: DeviceConfig | None) -> dict:
@@ -380,6 +464,7 @@ def _models() -> list[DeviceModel]:
                     demo_limits=(("sgpu-8g", {"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "8",
                                               "metax-tech.com/vcore": "30"}),)),
     ]
+    models += _mthreads_biren_vastai_models()
     return models + _nvidia_models()
 
 

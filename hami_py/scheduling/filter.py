@@ -38,6 +38,11 @@ def _family_rows(request: PodRequest, key: str) -> list:
     return [request.per_container[c][key] for c, k in zip(request.row_container, request.row_vendor) if k == key]
 
 
+def _family_init_rows(request: PodRequest, key: str) -> list[bool]:
+    """Whether each of one family's request rows of the pod is an init container's, in row order."""
+    return [c < request.num_init for c, k in zip(request.row_container, request.row_vendor) if k == key]
+
+
 class FilterDecision:
     """The outcome of one filter: the winner (or None), why the others failed, the annotations to
     write, the reservation made, and for the FilteringSucceed event the number of nodes that fit
@@ -116,7 +121,8 @@ class Filterer:
         nr = R.N_DEVICE_REASONS
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
         choosers = self._hooks(self._choosing, request, lambda v: v.pod_chooser(
-            cache, annotations, _family_rows(request, v.vendor_key), policies.node_name))
+            cache, annotations, _family_rows(request, v.vendor_key), policies.node_name,
+            gpu_policy=policies.gpu_name, init_rows=_family_init_rows(request, v.vendor_key)))
         chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
         query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,

@@ -114,7 +114,7 @@ class MetaxGPUVendor(CapacityCards, TemplateVendor):
     def device_selector(self, pod_annotations, node_annotations):
         return None     # upstream's Metax GPU selects no card by id or type
 
-    def pod_chooser(self, cache, pod_annotations, requests, node_policy):
+    def pod_chooser(self, cache, pod_annotations, requests, node_policy, *, gpu_policy="", init_rows=()):
         """The first ``nums`` fitting cards (the policy's order); the node score delta makes the
         node's total upstream's topology score of every card the pod gets there."""
         cards_on: dict[int, int] = {}
