@@ -145,6 +145,22 @@ class Charger:
         return None
 
 
+@dataclass(slots=True, frozen=True)
+class ChoiceAsk:
+    """What a family's chooser is built from, once per /filter: the pod's annotations, this
+    family's request rows of the pod in the order the kernel asks the chooser about them on each
+    node (one call per row, the node's rows in order; a node that fails a row is asked nothing
+    more), whether each of those rows is an init container's (upstream fits each init container,
+    and the app containers together, from the node as it was before the pod), and the names of
+    the node and GPU policies the pod is placed with (the pod's, else the scheduler's; as upstream
+    reads them: ``binpack``, ``spread``, ``mutex``, a comma chain ...)."""
+    pod_annotations: dict[str, str]
+    rows: tuple[ContainerRequest, ...] = ()
+    init_rows: tuple[bool, ...] = ()
+    node_policy: str = ""
+    gpu_policy: str = ""
+
+
 class DeviceVendor:
     """One device family. Subclasses set the class attributes and override what they have."""
 
@@ -242,23 +258,12 @@ class DeviceVendor:
         gives each request row's container position (init containers first)."""
         return None
 
-    def chooser(self, cache, pod_annotations: dict[str, str]) -> Chooser | None:
-        """The per-node choice for FLAG_CHOOSE families (see :data:`Chooser`); ``cache`` gives
-        the node's devices (``cache.devices_at(node_index)``) and usage arrays."""
+    def chooser(self, cache, ask: "ChoiceAsk") -> Chooser | None:
+        """The per-node choice for FLAG_CHOOSE families (see :data:`Chooser`), built once per
+        /filter from what the pod asks (:class:`ChoiceAsk`); ``cache`` gives the node's devices
+        (``cache.devices_at(node_index)``), usage arrays and, for the families that keep them, the
+        pods' marks per device (``cache.device_marks(node_index)``, see ``pod_marks``)."""
         return None
-
-    def pod_chooser(self, cache, pod_annotations: dict[str, str], requests: list[ContainerRequest],
-                    node_policy: str, *, gpu_policy: str = "", init_rows: Sequence[bool] = ()) -> Chooser | None:
-        """:meth:`chooser` for families whose choice or node score depends on more than the pod's
-        annotations: ``requests`` are this family's request rows of the pod, in the order the
-        kernel asks the chooser about them on each node (one call per row, the node's rows in
-        order; a node that fails a row is asked nothing more), ``node_policy`` the node policy's
-        name the pod is placed with (``binpack``, ``spread`` or another word, as upstream reads it),
-        ``gpu_policy`` the GPU policy's (the pod's, else the scheduler's: ``mutex``, a chain...),
-        ``init_rows`` whether each of those rows is an init container's (upstream fits each init
-        container, and the app containers together, from the node as it was before the pod).
-        The default is :meth:`chooser`'s."""
-        return self.chooser(cache, pod_annotations)
 
     # -- allocation annotations ------------------------------------------------------------
 

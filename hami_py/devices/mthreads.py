@@ -85,7 +85,7 @@ def same_device_chooser(cache, init_rows: list[bool] = ()):
     given, when it fits, else the node is refused (CardNotFoundCustomFilterRule). As upstream,
     init containers are held to the earlier init containers' devices and app containers to the
     earlier app containers' (``init_rows``: whether each of the family's rows is an init
-    container's; see ``DeviceVendor.pod_chooser``). Constant work beyond one pass over the
+    container's; see ``ChoiceAsk.init_rows``). Constant work beyond one pass over the
     fitting positions."""
     given: dict[tuple[int, bool], set[str]] = {}   # (node index, init?) -> ids the pod got there
     calls: dict[int, int] = {}                     # node index -> rows chosen so far
@@ -221,11 +221,8 @@ class MthreadsVendor(TemplateVendor):
 
     # -- fit -------------------------------------------------------------------------------
 
-    def chooser(self, cache, pod_annotations: dict[str, str]):
-        return same_device_chooser(cache)
-
-    def pod_chooser(self, cache, pod_annotations, requests, node_policy, *, gpu_policy="", init_rows=()):
-        return same_device_chooser(cache, init_rows)
+    def chooser(self, cache, ask):
+        return same_device_chooser(cache, ask.init_rows)
 
     # -- allocation annotations ------------------------------------------------------------
 

@@ -42,7 +42,6 @@ TO_ALLOCATE_ANNOTATION = "hami.io/Vastai-devices-to-allocate"
 ALLOCATED_ANNOTATION = "hami.io/Vastai-devices-allocated"
 USE_UUID_ANNOTATION = "vastaitech.com/use-gpuuuid"
 NOUSE_UUID_ANNOTATION = "vastaitech.com/nouse-gpuuuid"
-GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 
 STRATEGY_KEY = "DeviceStrategy"
 DIE_STRATEGY = "die"
@@ -189,14 +188,10 @@ class VastaiVendor(TemplateVendor):
         request.memreq, request.mempct, request.coresreq = 0, 0, 0
         return request
 
-    def chooser(self, cache, pod_annotations: dict[str, str]):
-        return self.pod_chooser(cache, pod_annotations, [], "",
-                                gpu_policy=pod_annotations.get(GPU_POLICY_ANNOTATION) or "")
-
-    def pod_chooser(self, cache, pod_annotations, requests, node_policy, *, gpu_policy="", init_rows=()):
+    def chooser(self, cache, ask):
         """Under the ``mutex`` GPU policy (the pod's, else the scheduler's) a card is exclusive."""
-        mutex = "mutex" in {t.strip() for t in gpu_policy.split(",")}
-        return vastai_chooser(cache, cache.vendor_ids[VENDOR_KEY], mutex, init_rows)
+        mutex = "mutex" in {t.strip() for t in ask.gpu_policy.split(",")}
+        return vastai_chooser(cache, cache.vendor_ids[VENDOR_KEY], mutex, ask.init_rows)
 
 
 def build_family(config: DeviceConfig, switches) -> list[VastaiVendor]:

@@ -14,7 +14,7 @@ from itertools import compress, repeat
 
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
-from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
+from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ChoiceAsk, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
 from hami_py import reasons as R
 from hami_py.scheduling.fit_query import FitQuery
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
@@ -33,14 +33,12 @@ def _concerns(node_annotations: dict[str, str], gate_keys: set[str]) -> bool:
     return any(k in gate_keys or k.startswith("hami.io/device-") for k in node_annotations)
 
 
-def _family_rows(request: PodRequest, key: str) -> list:
-    """One family's request rows of the pod, in row order."""
-    return [request.per_container[c][key] for c, k in zip(request.row_container, request.row_vendor) if k == key]
-
-
-def _family_init_rows(request: PodRequest, key: str) -> list[bool]:
-    """Whether each of one family's request rows of the pod is an init container's, in row order."""
-    return [c < request.num_init for c, k in zip(request.row_container, request.row_vendor) if k == key]
+def _choice_ask(request: PodRequest, key: str, annotations: dict[str, str], policies: Policies) -> ChoiceAsk:
+    """What one family's chooser is told of the pod: its rows of the pod in row order, which of
+    them are init containers', and the policies' names."""
+    mine = [c for c, k in zip(request.row_container, request.row_vendor) if k == key]
+    return ChoiceAsk(annotations, tuple(request.per_container[c][key] for c in mine),
+                     tuple(c < request.num_init for c in mine), policies.node_name, policies.gpu_name)
 
 
 class FilterDecision:
@@ -120,9 +118,8 @@ class Filterer:
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
-        choosers = self._hooks(self._choosing, request, lambda v: v.pod_chooser(
-            cache, annotations, _family_rows(request, v.vendor_key), policies.node_name,
-            gpu_policy=policies.gpu_name, init_rows=_family_init_rows(request, v.vendor_key)))
+        choosers = self._hooks(self._choosing, request,
+                               lambda v: v.chooser(cache, _choice_ask(request, v.vendor_key, annotations, policies)))
         chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
         query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,

@@ -114,7 +114,7 @@ class MetaxGPUVendor(CapacityCards, TemplateVendor):
     def device_selector(self, pod_annotations, node_annotations):
         return None     # upstream's Metax GPU selects no card by id or type
 
-    def pod_chooser(self, cache, pod_annotations, requests, node_policy, *, gpu_policy="", init_rows=()):
+    def chooser(self, cache, ask):
         """The first ``nums`` fitting cards (the policy's order); the node score delta makes the
         node's total upstream's topology score of every card the pod gets there."""
         cards_on: dict[int, int] = {}
@@ -124,7 +124,7 @@ class MetaxGPUVendor(CapacityCards, TemplateVendor):
             devices = cache.devices_at(node_index)
             cards = cards_on.get(node_index, 0) + nums
             cards_on[node_index] = cards
-            total = topology_score(devices[positions[0]].custom, node_policy, cards)
+            total = topology_score(devices[positions[0]].custom, ask.node_policy, cards)
             delta = total - score_on.get(node_index, 0.0)
             score_on[node_index] = total
             return positions[:nums], delta

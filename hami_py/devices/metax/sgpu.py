@@ -288,8 +288,8 @@ class MetaxSGPUVendor(TemplateVendor):
     def device_selector(self, pod_annotations, node_annotations):
         return uuid_selector(pod_annotations, (USE_UUID,), (NOUSE_UUID,))
 
-    def pod_chooser(self, cache, pod_annotations, requests, node_policy, *, gpu_policy="", init_rows=()):
-        return SGPUChooser(cache, pod_annotations, requests, node_policy, self.topology_aware)
+    def chooser(self, cache, ask):
+        return SGPUChooser(cache, ask.pod_annotations, ask.rows, ask.node_policy, self.topology_aware)
 
     # -- allocation annotations --------------------------------------------------------------
 
