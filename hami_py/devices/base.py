@@ -144,6 +144,17 @@ class Charger:
         container ``container`` (init containers first), or None."""
         return None
 
+    def settle(self, node_index: int, position: int, container: int, device: ContainerDevice) -> None:
+        """The last word on one device of the winning node's decision, before its annotations are
+        encoded and its reservation is charged (both read ``device``). By default its custom data
+        is what :meth:`describe` says. A family whose charge is the device's own rather than the
+        row's (a core mask that depends on which cores are free, a share of the device's compute
+        units) sets ``device.usedmem``/``usedcores``/``type`` here: the annotations and the books
+        then carry the same values. The kernel's checks use the charger's row values, so a family
+        doing this returns values that never exceed the device's real charge, and refines the
+        choice in its chooser."""
+        device.custom = self.describe(node_index, position, container)
+
 
 class DeviceVendor:
     """One device family. Subclasses set the class attributes and override what they have."""

@@ -178,7 +178,7 @@ class Filterer:
         """Per vendor, one device list per container (init first), aligned by container position:
         a container that asks nothing of a vendor keeps an empty slot in that vendor's list.
         Each device carries the slots the kernel charged it, and for a family with a charger what
-        its ``describe`` says of it (the annotations' input).
+        its ``settle`` makes of it (custom data, the annotations' input; a charge of its own).
         Also the MIG instances, per vendor, as upstream's ``hami.io/vgpu-mig-allocations`` lists them."""
         out_row, out_dev, out_mem, out_cores, out_prof, out_place, out_slots = (
             query.out_row, query.out_dev, query.out_mem, query.out_cores, query.out_prof, query.out_place,
@@ -201,8 +201,7 @@ class Filterer:
                     "profile": cache.prof_names[out_prof[i]], "placement": {"start": start, "size": size}})
             device = ContainerDevice(ids[out_dev[i]], key, out_mem[i], out_cores[i], out_slots[i])
             if chargers[vid := cache.vendor_ids[key]] is not None:
-                device.custom = chargers[vid].describe(node_index, out_dev[i] - cache.node_offset[node_index],
-                                                       container)
+                chargers[vid].settle(node_index, out_dev[i] - cache.node_offset[node_index], container, device)
             devices.append(device)
         return allocation, mig
 
