@@ -125,6 +125,13 @@ def core_mask(current: int, need: int) -> int:
     return 3 - current
 
 
+def unix_nanos(now: float) -> int:
+    """``now`` (Unix seconds) in nanoseconds, as Go's ``UnixNano`` prints it (without the float
+    rounding of ``now * 1e9``)."""
+    seconds = int(now)
+    return seconds * 1_000_000_000 + round((now - seconds) * 1e9)
+
+
 def popcount(mask: int) -> int:
     return bin(mask).count("1") if mask > 0 else 0
 
@@ -350,7 +357,7 @@ class AWSNeuronVendor(DeviceVendor):
                     out[RESOURCE_TYPE] = self.core_resource
         if ids:
             out[ASSIGNED_INDEX] = ",".join(ids)
-            out[PREDICATE_TIME] = str(int(now * 1e9))
+            out[PREDICATE_TIME] = str(unix_nanos(now))
             out[NEURON_ALLOCATED] = "false"
             out[ASSIGNED_NODE] = node
         return out
