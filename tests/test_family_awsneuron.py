@@ -14,7 +14,8 @@ from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.families import BY_KEY
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from tests.conftest import (
-    assert_books_balance, bind_placed, decision_annotations, device_pod, place, register_nodes, wait_until,
+    assert_books_balance, bind_placed, create_quota, decision_annotations, device_pod, place, register_nodes,
+    wait_until,
 )
 from tests.test_webhook import admit, container, make_pod
 
@@ -354,4 +355,20 @@ async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, e
     _, result = await place(api, extender, device_pod("next", {CORE: "1"}), names)
     assert result["NodeNames"] == ["n1"], result
     assert decision_annotations(api, app, "next")["AWS_NEURON_IDS"] == "0"
+    assert_books_balance(app)
+
+
+async def test_namespace_quota_tracks_the_core_masks(api, app, extender):
+    """Upstream's quota book counts ``aws.amazon.com/neuroncore`` as the allocations carry it:
+    core masks (core 0 = 1, core 1 = 2, a whole two-core device = 3)."""
+    names = await register_nodes(api, app, neuron_node("n1", devices=2))
+    await create_quota(api, app, {"limits.aws.amazon.com/neuroncore": "4"}, namespace="default")
+    _, result = await place(api, extender, device_pod("whole", {COUNT: "1"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 3
+    _, result = await place(api, extender, device_pod("core", {CORE: "1"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 4
+    _, result = await place(api, extender, device_pod("over", {CORE: "1"}), names)
+    assert result["FailedNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
     assert_books_balance(app)
