@@ -291,3 +291,20 @@ async def test_a_malformed_request_is_refused_at_filter(api, app, extender):
     _, result = await place(api, extender, device_pod("bad", {COUNT: "1", CORES: "250"}), names)
     assert result["Error"] == \
         'pod default/bad: container "main": amd.com/gpucores "250" is out of range: must be between 1 and 100'
+
+
+async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, extender):
+    node = amd_node("a1")
+    [dev] = registered(node)
+    names = await register_nodes(api, app, node)
+    pod = device_pod("legacy", {COUNT: "1", MEM: "1024", CORES: "90"}, annotations={
+        "hami.io/vgpu-node": "a1", "hami.io/amd-devices-allocated": f"{dev['id']},AMD-MI300X,1024,273:;"})
+    pod["spec"]["nodeName"] = "a1"
+    api.create("pods", pod)
+    await wait_until(lambda: usage(app, "a1") == [(1, 1024, 273)], "charged from the annotation")
+    # 31 CUs left: 10 % (30 CUs) fits, 20 % (60) does not.
+    _, result = await place(api, extender, device_pod("big", {COUNT: "1", MEM: "1024", CORES: "20"}), names)
+    assert result["FailedNodes"] == {"a1": "1/1 CardInsufficientCore"}
+    _, result = await place(api, extender, device_pod("small", {COUNT: "1", MEM: "1024", CORES: "10"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    assert_books_balance(app)
