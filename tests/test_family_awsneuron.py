@@ -372,3 +372,16 @@ async def test_namespace_quota_tracks_the_core_masks(api, app, extender):
     _, result = await place(api, extender, device_pod("over", {CORE: "1"}), names)
     assert result["FailedNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
     assert_books_balance(app)
+
+
+async def test_a_device_count_in_requests_only_is_annotated_with_core_indexes(api, app, extender):
+    """upstream's PatchAnnotations names device indexes only for a count in limits: a count in
+    requests alone gets the device's core indexes and NEURON_RESOURCE_TYPE, as upstream writes."""
+    names = await register_nodes(api, app, neuron_node("n1", devices=2))
+    pod = device_pod("req", {}, annotations={"aws.amazon.com/use-neuron-uuid": "n1-AWSNeuron-1"})
+    pod["spec"]["containers"][0]["resources"] = {"requests": {COUNT: "1"}}
+    _, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["n1"], result
+    ann = decision_annotations(api, app, "req")
+    assert (ann["AWS_NEURON_IDS"], ann["NEURON_RESOURCE_TYPE"]) == ("2,3", CORE)
+    assert ann["hami.io/aws-neuron-devices-allocated"] == "n1-AWSNeuron-1,AWSNeuron,0,3:;"
