@@ -228,7 +228,7 @@ def test_each_family_simulates(tmp_path, capsys, family, model, module, vendor, 
 
 
 @pytest.mark.parametrize("group,message", [
-    ("model: P800\n    family: amd", 'unknown family "amd"'),
+    ("model: P800\n    family: tenstorrent", 'unknown family "tenstorrent"'),
     ("model: P800\n    memory: 48Gi", '"memory" does not apply to P800 nodes'),
     ("model: Ascend910B3\n    numaNodes: 2", '"numaNodes" does not apply to Ascend910B3 nodes'),
     ("model: H200\n    family: ascend", 'unknown model "H200" in family ascend'),

@@ -144,6 +144,17 @@ class Charger:
         container ``container`` (init containers first), or None."""
         return None
 
+    def settle(self, node_index: int, position: int, container: int, device: ContainerDevice) -> None:
+        """The last word on one device of the winning node's decision, before its annotations are
+        encoded and its reservation is charged (both read ``device``). By default its custom data
+        is what :meth:`describe` says. A family whose charge is the device's own rather than the
+        row's (a core mask that depends on which cores are free, a share of the device's compute
+        units) sets ``device.usedmem``/``usedcores``/``type`` here: the annotations and the books
+        then carry the same values. The kernel's checks use the charger's row values, so a family
+        doing this returns values that never exceed the device's real charge, and refines the
+        choice in its chooser."""
+        device.custom = self.describe(node_index, position, container)
+
 
 @dataclass(slots=True, frozen=True)
 class ChoiceAsk:
@@ -153,12 +164,14 @@ class ChoiceAsk:
     more), whether each of those rows is an init container's (upstream fits each init container,
     and the app containers together, from the node as it was before the pod), and the names of
     the node and GPU policies the pod is placed with (the pod's, else the scheduler's; as upstream
-    reads them: ``binpack``, ``spread``, ``mutex``, a comma chain ...)."""
+    reads them: ``binpack``, ``spread``, ``mutex``, a comma chain ...), and the charger the family
+    built for the same filter, for a family whose choice and charge are one computation."""
     pod_annotations: dict[str, str]
     rows: tuple[ContainerRequest, ...] = ()
     init_rows: tuple[bool, ...] = ()
     node_policy: str = ""
     gpu_policy: str = ""
+    charger: "Charger | None" = None    # the family's charger of the same filter (FLAG_CHARGE)
 
 
 class DeviceVendor:
@@ -196,6 +209,13 @@ class DeviceVendor:
     def resource_names(self) -> list[str]:
         """Every extended resource name this family manages (for managedResources)."""
         return []
+
+    def request_resources(self) -> tuple[str, str, str, int]:
+        """(count, memory, core resource name, MiB a memory unit) a container asks with, "" where
+        the family has none: how a simple request (n devices, m MiB, c cores) is spelled for
+        this family (the simulator's workload shorthand)."""
+        names = self.resource_names()
+        return (names[0] if names else "", "", "", 1)
 
     def quota_resources(self) -> tuple[str, str, int]:
         """(memory resource, core resource, memory factor) that namespace quotas may limit;

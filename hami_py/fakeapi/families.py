@@ -25,6 +25,11 @@ Kunlun vXPU        ``hami.io/node-register-xpu`` JSON (type ``XPU``, 98304 MiB, 
 Enflame GCU S60    Whole GCUs: capacity ``enflame.com/gcu`` only.
 Iluvatar MR-V100   ``hami.io/node-MR-V100-register`` in the colon format (9 fields, 4 shares a card),
                    ``hami.io/node-handshake-MR-V100``, capacity ``iluvatar.ai/MR-V100-vgpu``.
+AWS Neuron         No annotation: capacity ``aws.amazon.com/neuron`` (devices) and
+(inf2, trn1)       ``aws.amazon.com/neuroncore`` (2 cores a device), and the instance-type label
+                   ``node.kubernetes.io/instance-type`` (``inf2.48xlarge``, ``trn1.32xlarge``).
+AMD MI300X         ``hami.io/node-amd-register``: a JSON list (type ``AMD-MI300X``, 196608 MiB,
+                   ``devcore`` = 304 compute units, 4 shares a GPU), capacity ``amd.com/gpu``.
 =================  ==========================================================================
 
 Resource names are read from the device config (the chart's default unless one is given), as the
@@ -377,6 +382,34 @@ def _metax_sgpu(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
                for i in range(o.devices)]
     return NodeParts(annotations={"metax-tech.com/node-gpu-devices": _go_json(entries)}, labels={"metax-sgpu": "on"},
                      capacity={section.get("resourceVCountName", "metax-tech.com/sgpu"): str(o.devices * count)})
+# -- AWS Neuron -------------------------------------------------------------------------------------
+
+NEURON_CORES_PER_DEVICE = 2
+
+
+def _awsneuron(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "awsneuron") or {}
+    return NodeParts(labels={"node.kubernetes.io/instance-type": model.model, "neuron": "on"}, capacity={
+        section.get("resourceCountName", "aws.amazon.com/neuron"): str(o.devices),
+        section.get("resourceCoreName", "aws.amazon.com/neuroncore"): str(o.devices * NEURON_CORES_PER_DEVICE)})
+
+
+# -- AMD ----------------------------------------------------------------------------------------------
+
+AMD_MI300X_MEMORY = 192 * GiB
+AMD_MI300X_CUS = 304
+
+
+def _amd(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "amd") or {}
+    count = o.split if o.split is not None else 4
+    memory = o.memory if o.memory is not None else model.devmem
+    entries = [{"id": f"GPU-{device_uuid(node, 'amd', i)}", "index": i, "count": count, "devmem": memory,
+                "devcore": AMD_MI300X_CUS, "type": model.model if model.model.startswith("AMD") else f"AMD-{model.model}",
+                "numa": 1 if i >= o.devices // 2 else 0, "health": i not in o.unhealthy}
+               for i in range(o.devices)]
+    return NodeParts(annotations={"hami.io/node-amd-register": _go_json(entries)}, labels={"amd": "on"},
+                     capacity={section.get("resourceCountName", "amd.com/gpu"): str(o.devices)})
 
 
 # -- NVIDIA (objects.py's registration, in this table's shape) ---------------------------------------
@@ -465,6 +498,25 @@ def _models() -> list[DeviceModel]:
                                               "metax-tech.com/vcore": "30"}),)),
     ]
     models += _mthreads_biren_vastai_models()
+    models += [
+        DeviceModel(key="inf2", family="awsneuron", model="inf2.48xlarge", vendor_key="AWSNeuron", devmem=0,
+                    description="AWS Inferentia2 (inf2.48xlarge: 12 devices, 2 NeuronCores each; node capacity)",
+                    build=_awsneuron, aliases=("inferentia2", "inf2-48xlarge"), devices=12,
+                    demo_limits=(("neuron-core", {"aws.amazon.com/neuroncore": "1"}),
+                                 ("neuron-two", {"aws.amazon.com/neuron": "2"}))),
+        DeviceModel(key="trn1", family="awsneuron", model="trn1.32xlarge", vendor_key="AWSNeuron", devmem=0,
+                    description="AWS Trainium (trn1.32xlarge: 16 devices, 2 NeuronCores each; node capacity)",
+                    build=_awsneuron, aliases=("trainium", "trn1-32xlarge"), devices=16,
+                    demo_limits=(("neuron-core", {"aws.amazon.com/neuroncore": "2"}),
+                                 ("neuron-four", {"aws.amazon.com/neuron": "4"}))),
+    ]
+    models += [
+        DeviceModel(key="mi300x", family="amd", model="AMD-MI300X", vendor_key="AMD", devmem=AMD_MI300X_MEMORY,
+                    description="AMD Instinct MI300X (192 GiB, 304 compute units), HAMi's AMD device plugin",
+                    build=_amd, aliases=("MI300X", "amd-mi300x"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("amd-half", {"amd.com/gpu": "1", "amd.com/gpumem": "65536",
+                                               "amd.com/gpucores": "50"}),)),
+    ]
     return models + _nvidia_models()
 
 
