@@ -50,6 +50,8 @@ class PodUsage:
     # The resourceVersion of the pod object that /filter decided for: a relist taken after it
     # that no longer has the pod proves the pod deleted, and the unbound reservation goes.
     filtered_rv: int | None = None
+    # The pod's annotations that device families keep with its charge (DeviceVendor.pod_marks).
+    marks: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
