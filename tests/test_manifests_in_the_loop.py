@@ -120,7 +120,8 @@ def test_kube_scheduler_asks_hami_to_prioritize_and_nothing_else_changes():
     assert isinstance(extender["weight"], int) and extender["weight"] >= 1
     expected = copy.deepcopy(base)
     expected["extenders"][0]["prioritizeVerb"] = "prioritize"
-    assert built == expected, "the overlay's scheduler-config.yaml drifted from manifests/scheduler-config.yaml"
+    assert built == expected, ("the overlay's scheduler-config.yaml drifted from manifests/scheduler-config.yaml: "
+                               "run hack/sync-in-the-loop-overlay.py")
 
 
 @pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl not installed")

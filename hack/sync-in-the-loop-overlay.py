@@ -1,0 +1,27 @@
+#!/usr/bin/env python3
+"""Rewrite overlays/kube-scheduler-in-the-loop/scheduler-config.yaml from manifests/scheduler-config.yaml.
+
+The overlay's KubeSchedulerConfiguration is the base's with ``prioritizeVerb: prioritize`` added
+(kustomize cannot patch inside the ConfigMap's config.yaml string). Run this after changing the
+base (a family's managed resources, a timeout); tests/test_manifests_in_the_loop.py fails until
+they agree. The overlay's own header comment is kept.
+"""
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = ROOT / "manifests" / "scheduler-config.yaml"
+OVERLAY = ROOT / "overlays" / "kube-scheduler-in-the-loop" / "scheduler-config.yaml"
+START = "apiVersion: v1\n"
+FILTER = "        filterVerb: filter\n"
+
+
+def main() -> None:
+    header = OVERLAY.read_text().split(START, 1)[0]
+    body = BASE.read_text().split(START, 1)[1]
+    if body.count(FILTER) != 1:
+        raise SystemExit(f"{BASE}: expected one line {FILTER.strip()!r}")
+    OVERLAY.write_text(header + START + body.replace(FILTER, FILTER + "        prioritizeVerb: prioritize\n"))
+
+
+if __name__ == "__main__":
+    main()
