@@ -440,3 +440,36 @@ def test_all_mode_answers_every_node_best_mode_would_fit_alone_and_ranks_its_cho
             for b in alone:
                 if sign * raw[a] > sign * raw[b]:
                     assert got[a] >= got[b], (a, b, raw, got)
+
+
+# -- every family ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheduler_options", [embedded_options(filter_mode="all", enable_ascend=True,
+                                                                enable_iluvatar=True)])
+async def test_every_familys_pod_is_fitted_again_and_bound_where_kube_scheduler_chose(api, app, extender):
+    """Nothing in all mode is a family's: for one model of every family, a pod asking what the
+    model's demo pod asks is answered both of its family's nodes (and none of the others'), is
+    bound on the second one, the one kube-scheduler chose here, and carries exactly the decision
+    best mode's own fit on that node alone makes (the families' choosers and chargers included;
+    times aside)."""
+    from hami_py.fakeapi.families import MODELS
+    from tests.conftest import device_pod
+    models = {}
+    for model in MODELS:
+        if model.demo_limits and model.vendor_key not in {m.vendor_key for m in models.values()}:
+            models[model.key] = model
+    nodes = [m.node(f"{key}-{i}") for key, m in models.items() for i in (0, 1)]
+    names = await register_nodes(api, app, *nodes)
+    for key, model in models.items():
+        pod = api.create("pods", device_pod(f"{key}-pod", dict(model.demo_limits[0][1])))
+        result = await extender.filter(pod, names)
+        assert result["Error"] == "" and result["NodeNames"] == [f"{key}-0", f"{key}-1"], (key, result)
+        request = parse_pod_requests(pod, app.vendors, app.cache.vendor_ids)
+        expected = app.service.filterer.decide(pod, [f"{key}-1"], request, reserve=False).annotations
+        assert await extender.bind(pod, f"{key}-1") == {"Error": ""}, key
+        stored = api.get("pods", f"{key}-pod", namespace="default")
+        assert stored["spec"]["nodeName"] == f"{key}-1"
+        got = stored["metadata"]["annotations"]
+        timeless = [k for k in expected if not k.lower().endswith(("-time", "_time"))]   # stamps of the moment
+        assert {k: got.get(k) for k in timeless} == {k: expected[k] for k in timeless}, key
+    await wait_books_balance(api, app)
