@@ -473,3 +473,59 @@ async def test_every_familys_pod_is_fitted_again_and_bound_where_kube_scheduler_
         timeless = [k for k in expected if not k.lower().endswith(("-time", "_time"))]   # stamps of the moment
         assert {k: got.get(k) for k in timeless} == {k: expected[k] for k in timeless}, key
     await wait_books_balance(api, app)
+
+
+# -- hostile input -------------------------------------------------------------------------------
+
+def test_all_mode_filter_and_prioritize_answer_any_request_and_never_reserve():
+    """Hypothesis's mutated ExtenderArgs and random bodies (tests/test_fuzz.py's strategies) at
+    /filter and /prioritize in all mode: /filter answers a result naming only nodes it was given,
+    /prioritize HTTP 200 with a list of given nodes scored 0..10 (or []), the server keeps
+    serving, and nothing is ever reserved."""
+    import orjson
+    from hypothesis import given as hgiven
+    from tests.reliability_helpers import LoopCluster
+    from tests.test_fuzz import FILTER_FIELDS, FUZZ, NODES, _json_bytes, base_pod, extender_args, json_value
+
+    async def post(cluster, verb: str, body: bytes):
+        async with cluster.extender.session.post(f"{cluster.app.url}/{verb}", data=body,
+                                                 headers={"Content-Type": "application/json"}) as r:
+            return r.status, await r.read()
+
+    with LoopCluster(options=embedded_options(filter_mode="all")) as cluster:
+        for name in NODES:
+            cluster.api.create("nodes", gpu_node(name, gpus=2))
+        cluster.api.create("pods", base_pod())
+        cluster.run(wait_until(lambda: all(n in cluster.app.cache.nodes for n in NODES), "nodes"))
+
+        @FUZZ
+        @hgiven(body=st.one_of(extender_args().map(_json_bytes), json_value.map(_json_bytes),
+                               st.binary(max_size=200)),
+                verb=st.sampled_from(["filter", "prioritize"]))
+        def check(body, verb):
+            status, raw = cluster.run(post(cluster, verb, body))
+            assert status == 200, raw[:300]
+            answer = orjson.loads(raw)
+            try:
+                args = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                args = None
+            given_names = next((v for k, v in args.items() if k.lower() == "nodenames"), None) \
+                if isinstance(args, dict) else None
+            if verb == "filter":
+                assert set(answer) == FILTER_FIELDS and isinstance(answer["Error"], str), answer
+                if answer["NodeNames"]:
+                    assert all(n in given_names for n in answer["NodeNames"]), (answer, args)
+            else:
+                assert isinstance(answer, list), answer
+                for entry in answer:
+                    assert set(entry) == {"Host", "Score"} and entry["Host"] in given_names, (entry, args)
+                    assert isinstance(entry["Score"], int) and 0 <= entry["Score"] <= MAX_EXTENDER_PRIORITY
+            assert not [p for p in cluster.app.cache.pods.values() if p.reserved and not p.bound], "reserved"
+
+        check()
+
+        async def health():
+            async with cluster.extender.session.get(f"{cluster.app.url}/healthz") as r:
+                return r.status
+        assert cluster.run(health()) == 200
