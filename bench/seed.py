@@ -68,9 +68,12 @@ def _mixed_models() -> tuple[str, ...]:
     """One model key per non-NVIDIA family of the fake registrations (read at import: no vendor
     is built here, so nothing logs before the cluster process has set its logging up)."""
     chosen: dict[str, str] = {}
-    for model in MODELS:
-        if model.family != "nvidia" and model.demo_limits:
-            chosen.setdefault(model.family, model.key)
+    vendors: set[str] = set()
+    for model in MODELS:     # one a family, and one a vendor (Vastai's die mode is its cards' vendor)
+        if model.family != "nvidia" and model.demo_limits and model.family not in chosen \
+                and model.vendor_key not in vendors:
+            chosen[model.family] = model.key
+            vendors.add(model.vendor_key)
     return tuple(chosen.values())
 
 
