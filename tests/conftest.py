@@ -92,6 +92,22 @@ async def register_nodes(api, app, *nodes: dict) -> list[str]:
     return names
 
 
+def container(limits: dict | None = None, requests: dict | None = None, name: str = "main", *,
+              image: str | None = None, env: list | None = None) -> dict:
+    """A pod's container with these resource limits and requests (either may be absent)."""
+    resources = {}
+    if limits is not None:
+        resources["limits"] = limits
+    if requests is not None:
+        resources["requests"] = requests
+    out = {"name": name, "resources": resources}
+    if image is not None:
+        out["image"] = image
+    if env is not None:
+        out["env"] = env
+    return out
+
+
 def device_pod(name: str, limits: dict, annotations: dict | None = None) -> dict:
     """A one-container pod for hami-scheduler asking for ``limits`` (any family's resources)."""
     pod = gpu_pod(name, annotations=annotations)

@@ -15,6 +15,7 @@ from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.families import BY_KEY
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from tests.conftest import (
+    container as ctr,
     assert_books_balance, bind_placed, decision_annotations, device_pod, place, register_nodes, wait_until,
 )
 from tests.test_webhook import admit, container, make_pod
@@ -25,15 +26,6 @@ COUNT, MEM, CORES = "amd.com/gpu", "amd.com/gpumem", "amd.com/gpucores"
 REGISTER = "hami.io/node-amd-register"
 # upstream's device_test.go registration
 UPSTREAM_JSON = '[{"id":"GPU-0","index":0,"count":1,"devmem":8192,"devcore":100,"type":"amd","numa":0,"health":true}]'
-
-
-def ctr(limits=None, requests=None, name="main") -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "resources": resources}
 
 
 def view(text=UPSTREAM_JSON, gpus="1"):

@@ -14,6 +14,7 @@ from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.families import BY_KEY
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from tests.conftest import (
+    container as ctr,
     assert_books_balance, bind_placed, create_quota, decision_annotations, device_pod, place, register_nodes,
     wait_until,
 )
@@ -22,15 +23,6 @@ from tests.test_webhook import admit, container, make_pod
 VENDORS = build_vendors(DeviceConfig.default())
 NEURON = VENDORS["AWSNeuron"]
 COUNT, CORE = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore"
-
-
-def ctr(limits=None, requests=None, name="main") -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "resources": resources}
 
 
 def view(devices, cores, *, instance="inf2.xlarge", name="n1"):

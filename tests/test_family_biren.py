@@ -14,6 +14,7 @@ from hami_py.fakeapi.families import find_device_model
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.reasons import CARD_UUID_MISMATCH, OK
 from tests.conftest import (
+    container as ctr,
     assert_books_balance, bind_placed, decision_annotations, device_pod, place, register_nodes, wait_until,
 )
 from tests.test_webhook import admit, container, make_pod
@@ -26,15 +27,6 @@ REGISTER = "hami.io/node-biren-register"
 
 # upstream's device_test.go registration (devcore absent: forced to 100).
 UPSTREAM = '[{"id":"7-0","count":1,"devmem":32768,"type":"Biren","health":true,"devicepairscore":{}}]'
-
-
-def ctr(limits=None, requests=None, name="main") -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "resources": resources}
 
 
 def test_inventory_is_the_json_registration_with_devcore_forced_to_100():

@@ -19,7 +19,7 @@ from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.reasons import CARD_UUID_MISMATCH, OK
-from tests.conftest import decision_annotations, assert_books_balance, create_quota, place, register_nodes, wait_until
+from tests.conftest import container as any_container, decision_annotations, assert_books_balance, create_quota, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 COUNT = "cambricon.com/vmlu"
@@ -41,14 +41,8 @@ def view(capacity: dict, name: str = "n1") -> NodeView:
     return NodeView.of(name=name, capacity=capacity)
 
 
-def ctr(limits: dict | None = None, requests: dict | None = None, name: str = "main") -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "image": "mlu:latest", "resources": resources}
-
+def ctr(limits=None, requests=None, name="main", env=None) -> dict:
+    return any_container(limits, requests, name, image="mlu:latest", env=env)
 
 def mlu_node(name: str, *, cores: str = "200", memory: str = "100", annotations: dict | None = None,
              extra_capacity: dict | None = None) -> dict:

@@ -17,7 +17,7 @@ from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.embedded import running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
-from tests.conftest import device_pod, assert_books_balance, decision_annotations, place, register_nodes, wait_until
+from tests.conftest import container as ctr, device_pod, assert_books_balance, decision_annotations, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 VENDORS = build_vendors(DeviceConfig.default())
@@ -27,15 +27,6 @@ DRS = VENDORS["Enflame"]
 # The capacity annotation as upstream's docs and device_test.go show it.
 DRS_TEXT = ('{"devices":[{"index":"0","minor":"0","capacity":6},{"index":"1","minor":"1","capacity":"6"}],'
             '"profiles":{"1g.6gb":"0","3g.20gb":"1","6g.40gb":"2"}}')
-
-
-def ctr(limits=None, requests=None, name="main") -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "resources": resources}
 
 
 # -- whole GCU ---------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from hami_py.devices.registry import FamilySwitches
 from hami_py.embedded import embedded_options
 from hami_py.k8s.registration import STAMP_FORMAT, is_requesting
 from hami_py.reasons import CARD_TYPE_MISMATCH, CARD_UUID_MISMATCH, OK
-from tests.conftest import decision_annotations, assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import container as any_container, decision_annotations, assert_books_balance, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 COUNT = "hygon.com/dcunum"
@@ -40,14 +40,8 @@ def vendor(factor: int = 1) -> HygonVendor:
     return build_family(config, FamilySwitches())[0]
 
 
-def ctr(limits: dict | None = None, requests: dict | None = None, name: str = "main") -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "image": "dtk:latest", "resources": resources}
-
+def ctr(limits=None, requests=None, name="main", env=None) -> dict:
+    return any_container(limits, requests, name, image="dtk:latest", env=env)
 
 def dcu_node(name: str, *, registration: str = REGISTRATION, handshake: str | None = "Reported 2026-01-01 00:00:00",
              allocatable: str = "8", annotations: dict | None = None) -> dict:

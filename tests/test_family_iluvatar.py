@@ -19,7 +19,7 @@ from hami_py.devices.iluvatar import IluvatarConfig, IluvatarVendor, build_famil
 from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.embedded import embedded_options
 from hami_py.reasons import CARD_UUID_MISMATCH, OK
-from tests.conftest import decision_annotations, assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import container as any_container, decision_annotations, assert_books_balance, place, register_nodes, wait_until
 from tests.test_webhook import admit, apply_json_patch, container, envelope, make_pod
 
 ON = FamilySwitches(enable_iluvatar=True)
@@ -41,17 +41,8 @@ def mr_v100() -> IluvatarVendor:
     return build_family(DeviceConfig.default(), ON)[0]
 
 
-def ctr(limits: dict | None = None, requests: dict | None = None, name: str = "main", env: list | None = None) -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    c = {"name": name, "image": "corex:latest", "resources": resources}
-    if env is not None:
-        c["env"] = env
-    return c
-
+def ctr(limits=None, requests=None, name="main", env=None) -> dict:
+    return any_container(limits, requests, name, image="corex:latest", env=env)
 
 def iluvatar_node(name: str, annotations: dict) -> dict:
     return {"apiVersion": "v1", "kind": "Node",

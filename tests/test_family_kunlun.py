@@ -25,7 +25,7 @@ from hami_py.devices.kunlun import (
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.reasons import CARD_UUID_MISMATCH, NUMA_NOT_FIT, OK
-from tests.conftest import device_pod, decision_annotations, assert_books_balance, place, register_nodes, wait_until
+from tests.conftest import container as ctr, device_pod, decision_annotations, assert_books_balance, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
 VENDORS = build_vendors(DeviceConfig.default())
@@ -43,15 +43,6 @@ def xpu_view(cards=XPU_CARDS, name="k1") -> NodeView:
 
 def whole_view(cards="8", name="k1") -> NodeView:
     return NodeView.of({}, name=name, capacity={"kunlunxin.com/xpu": cards, "cpu": "96"})
-
-
-def ctr(limits=None, requests=None, name="main") -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "resources": resources}
 
 
 # -- the topology: upstream's documented cases (topo_test.go) -----------------------------------

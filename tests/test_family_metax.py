@@ -23,6 +23,7 @@ from hami_py.fakeapi.families import find_device_model
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.reasons import CARD_UUID_MISMATCH, OK
 from tests.conftest import (
+    container as ctr,
     assert_books_balance, bind_placed, decision_annotations, device_pod, place, register_nodes,
 )
 from tests.test_webhook import admit, container, make_pod
@@ -36,15 +37,6 @@ SGPU_MODEL = find_device_model("metax-sgpu")
 # The registration of upstream's sdevice_test.go (one card of 16 shares, 32 GiB).
 UPSTREAM_CARD = ('[{"uuid": "GPU-123", "model": "sgpu", "totalDevCount": 16, "totalCompute": 100, '
                  '"bdf": "0000:44:00.0", "totalVRam" : 32768, "numa": 1, "healthy": true, "qosPolicy": "fixed-share"}]')
-
-
-def ctr(limits=None, requests=None, name="main") -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "resources": resources}
 
 
 def cards(n=2, **extra) -> str:

@@ -14,6 +14,7 @@ from hami_py.fakeapi.families import find_device_model
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.reasons import CARD_NOT_FOUND_CUSTOM_FILTER_RULE, CARD_UUID_MISMATCH, OK
 from tests.conftest import (
+    container as ctr,
     assert_books_balance, bind_placed, create_quota, decision_annotations, device_pod, place, register_nodes,
     wait_until,
 )
@@ -33,15 +34,6 @@ def view(cores="64", memory="384", name="m1") -> NodeView:
     if memory is not None:
         capacity[MEMORY] = memory
     return NodeView.of({}, name=name, capacity=capacity)
-
-
-def ctr(limits=None, requests=None, name="main") -> dict:
-    resources = {}
-    if limits is not None:
-        resources["limits"] = limits
-    if requests is not None:
-        resources["requests"] = requests
-    return {"name": name, "resources": resources}
 
 
 def request(limits=None, requests=None):

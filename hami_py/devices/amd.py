@@ -26,7 +26,7 @@ from hami_py.devices.base import (
 )
 from hami_py.devices.codec import decode_json_devices, decode_pod_devices, encode_pod_devices
 from hami_py.devices.gates import uuid_selector
-from hami_py.devices.perdevice import DeviceCharge, chooser_of, pod_containers
+from hami_py.devices.perdevice import DeviceCharge, PerDeviceCharging
 from hami_py.devices.template import resource_lists, whole_number
 from hami_py.quantity import INT32_MAX, parse_exact_int
 from hami_py.reasons import CARD_INSUFFICIENT_CORE, CARD_INSUFFICIENT_MEMORY
@@ -115,12 +115,13 @@ class AMDCharge(DeviceCharge):
         device.type = data       # upstream keeps the registered product type in the allocation
 
 
-class AMDVendor(DeviceVendor):
+class AMDVendor(PerDeviceCharging, DeviceVendor):
     vendor_key = AMD_KEY
     register_annotation = REGISTER
     to_allocate_annotation = TO_ALLOCATE
     allocated_annotation = ALLOCATED
     kernel_flags = FLAG_CHARGE | FLAG_CHOOSE
+    charge_type = AMDCharge
 
     def __init__(self, config: AMDConfig):
         self.count_resource = config.resource_count_name
@@ -202,19 +203,6 @@ class AMDVendor(DeviceVendor):
 
     def device_selector(self, pod_annotations, node_annotations):
         return uuid_selector(pod_annotations, (USE_UUID,), (NOUSE_UUID,), use_type=USE_TYPE, nouse_type=NOUSE_TYPE)
-
-    def charger(self, cache, pod: dict, row_container: list[int]) -> AMDCharge:
-        containers, num_init = pod_containers(pod)
-        asks = {}
-        for position in set(row_container):
-            if 0 <= position < len(containers):
-                ask = self.ask(containers[position])
-                if ask is not None:
-                    asks[position] = ask
-        return AMDCharge(cache, asks, row_container, num_init)
-
-    def chooser(self, cache, ask):
-        return chooser_of(ask)
 
     # -- allocation annotations --------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from hami_py.devices.base import (
 )
 from hami_py.devices.codec import decode_pod_devices, encode_pod_devices, go_quote
 from hami_py.devices.gates import uuid_selector
-from hami_py.devices.perdevice import DeviceCharge, chooser_of, pod_containers
+from hami_py.devices.perdevice import DeviceCharge, PerDeviceCharging
 from hami_py.devices.template import MAX_CAPACITY_CARDS, MISSING, lookup, quote_value, resource_lists
 from hami_py.quantity import INT32_MAX, parse_exact_int
 from hami_py.reasons import CARD_INSUFFICIENT_CORE, NUMA_NOT_FIT
@@ -219,11 +219,12 @@ class NeuronCharge(DeviceCharge):
 
 # -- the vendor ---------------------------------------------------------------------------------------
 
-class AWSNeuronVendor(DeviceVendor):
+class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
     vendor_key = NEURON_KEY
     allocated_annotation = ALLOCATED
     uses_node_lock = False
     kernel_flags = FLAG_CHARGE | FLAG_CHOOSE
+    charge_type = NeuronCharge
 
     def __init__(self, config: AWSNeuronConfig):
         self.count_resource = config.resource_count_name
@@ -310,19 +311,6 @@ class AWSNeuronVendor(DeviceVendor):
 
     def device_selector(self, pod_annotations, node_annotations):
         return uuid_selector(pod_annotations, (USE_UUID,), (NOUSE_UUID,))
-
-    def charger(self, cache, pod: dict, row_container: list[int]) -> NeuronCharge:
-        containers, num_init = pod_containers(pod)
-        asks = {}
-        for position in set(row_container):
-            if 0 <= position < len(containers):
-                ask = self.ask(containers[position])
-                if ask is not None:
-                    asks[position] = ask
-        return NeuronCharge(cache, asks, row_container, num_init)
-
-    def chooser(self, cache, ask):
-        return chooser_of(ask)
 
     # -- allocation annotations --------------------------------------------------------------------
 

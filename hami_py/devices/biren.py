@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hami_py.config import DeviceConfig, Section
-from hami_py.devices.base import ContainerRequest, DeviceInfo
-from hami_py.devices.template import TemplateSpec, TemplateVendor
+from hami_py.devices.base import DeviceInfo
+from hami_py.devices.template import SlotsOnly, TemplateSpec, TemplateVendor
 
 VENDOR_KEY = "Biren"
 SECTION = "biren"
@@ -43,7 +43,7 @@ class BirenConfig:
         return cls(section.str("resourceCountName", only_strings=True))
 
 
-class BirenVendor(TemplateVendor):
+class BirenVendor(SlotsOnly, TemplateVendor):
     """Upstream's ``Biren`` vendor: slots only."""
 
     def __init__(self, config: BirenConfig):
@@ -58,17 +58,6 @@ class BirenVendor(TemplateVendor):
             use_uuid=(USE_UUID_ANNOTATION,),
             nouse_uuid=(NOUSE_UUID_ANNOTATION,),
         ))
-
-    def parse_node_devices(self, node) -> list[DeviceInfo]:
-        devices = super().parse_node_devices(node)
-        for device in devices:
-            device.devcore = 100
-        return devices
-
-    def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
-        # A slot and nothing else: memory resolves to 0 MiB (upstream's Usedmem stays 0), 0 cores.
-        request.memreq, request.mempct, request.coresreq = 0, 0, 0
-        return request
 
 
 def build_family(config: DeviceConfig, switches) -> list[BirenVendor]:

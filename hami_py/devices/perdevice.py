@@ -17,7 +17,7 @@ node. ``settle`` finally gives each chosen device its exact charge, so the decis
 and the reservation carry the same values.
 
 The chooser the kernel calls is the :class:`DeviceCharge` the family's charger built for the
-same filter (``ChoiceAsk.charger``, see :func:`chooser_of`).
+same filter (``ChoiceAsk.charger``, see :class:`PerDeviceCharging`).
 """
 from __future__ import annotations
 
@@ -30,13 +30,6 @@ def pod_containers(pod: dict) -> tuple[list[dict], int]:
     init = [c for c in spec.get("initContainers") or [] if isinstance(c, dict)]
     app = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
     return init + app, len(init)
-
-
-def chooser_of(ask: ChoiceAsk):
-    """The chooser of a family whose charge is a :class:`DeviceCharge`: that charge's ``choose``."""
-    if not isinstance(ask.charger, DeviceCharge):
-        raise ValueError(f"a per-device family's chooser needs its filter's DeviceCharge, got {ask.charger!r}")
-    return ask.charger.choose
 
 
 class DeviceCharge(Charger):
@@ -104,3 +97,29 @@ class DeviceCharge(Charger):
 
     def finish(self, node_index: int, position: int, device: ContainerDevice, data) -> None:
         device.custom = data
+
+
+class PerDeviceCharging:
+    """The two kernel hooks of a per-device family (mixed into its DeviceVendor): the charger is
+    a ``charge_type`` built from the family's parsed request (``ask(container)``) of each of the
+    pod's containers, and the chooser is that charger's own ``choose`` (``ChoiceAsk.charger``)."""
+
+    charge_type: type[DeviceCharge]
+
+    def ask(self, container: dict):
+        raise NotImplementedError
+
+    def charger(self, cache, pod: dict, row_container: list[int]) -> DeviceCharge:
+        containers, num_init = pod_containers(pod)
+        asks = {}
+        for position in set(row_container):
+            if 0 <= position < len(containers):
+                ask = self.ask(containers[position])
+                if ask is not None:
+                    asks[position] = ask
+        return self.charge_type(cache, asks, row_container, num_init)
+
+    def chooser(self, cache, ask: ChoiceAsk):
+        if not isinstance(ask.charger, DeviceCharge):
+            raise ValueError(f"a per-device family's chooser needs its filter's DeviceCharge, got {ask.charger!r}")
+        return ask.charger.choose

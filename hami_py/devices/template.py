@@ -264,3 +264,19 @@ class CapacityCards:
         if not 0 <= cards <= MAX_CAPACITY_CARDS:
             raise DeviceDecodeError(f"{resource} {raw!r} is out of range: must be between 0 and {MAX_CAPACITY_CARDS}")
         return cards
+
+
+class SlotsOnly:
+    """For families whose devices are shared by slots alone (Biren, Vastai): whatever the plugin
+    registers, a device has 100 cores, and a request takes a slot and nothing else (memory
+    resolves to 0 MiB, as upstream's ``Usedmem`` stays 0; no cores)."""
+
+    def parse_node_devices(self, node) -> list[DeviceInfo]:
+        devices = super().parse_node_devices(node)
+        for device in devices:
+            device.devcore = 100
+        return devices
+
+    def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
+        request.memreq, request.mempct, request.coresreq = 0, 0, 0
+        return request

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hami_py.config import DeviceConfig, Section
-from hami_py.devices.base import FLAG_CHOOSE, ContainerRequest, DeviceInfo
-from hami_py.devices.template import TemplateSpec, TemplateVendor
+from hami_py.devices.base import FLAG_CHOOSE, DeviceInfo
+from hami_py.devices.template import SlotsOnly, TemplateSpec, TemplateVendor
 from hami_py.reasons import ALLOCATED_CARDS_INSUFFICIENT_REQUEST, EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
 
 VENDOR_KEY = "Vastai"
@@ -159,7 +159,7 @@ def vastai_chooser(cache, vendor_id: int, mutex: bool, init_rows: list[bool] = (
     return choose
 
 
-class VastaiVendor(TemplateVendor):
+class VastaiVendor(SlotsOnly, TemplateVendor):
     """Upstream's ``Vastai`` vendor."""
 
     kernel_flags = FLAG_CHOOSE
@@ -176,17 +176,6 @@ class VastaiVendor(TemplateVendor):
             use_uuid=(USE_UUID_ANNOTATION,),
             nouse_uuid=(NOUSE_UUID_ANNOTATION,),
         ))
-
-    def parse_node_devices(self, node) -> list[DeviceInfo]:
-        devices = super().parse_node_devices(node)
-        for device in devices:
-            device.devcore = 100
-        return devices
-
-    def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
-        # A slot and nothing else: memory resolves to 0 MiB (upstream's Usedmem stays 0), 0 cores.
-        request.memreq, request.mempct, request.coresreq = 0, 0, 0
-        return request
 
     def chooser(self, cache, ask):
         """Under the ``mutex`` GPU policy (the pod's, else the scheduler's) a card is exclusive."""
