@@ -29,16 +29,19 @@ reference to the request's object) so the common bind costs the same two API req
 ``best`` mode (the node lock and the Binding); a pod not remembered any more (evicted, a restart
 between filter and bind) is read from the API server first.
 
-Malformed ``/prioritize`` requests are answered ``[]`` with HTTP 200 and logged: kube-scheduler
-ignores an extender's prioritize failure ("No score given by this extender"), and a list with no
-host gives exactly that, without an error in its log for every pod.
+Malformed ``/prioritize`` requests are answered ``[]`` with HTTP 200 (logged and counted by the
+HTTP layer): kube-scheduler ignores an extender's prioritize failure ("No score given by this
+extender"), and a list with no host gives exactly that, without an error in its log for every pod.
+
+Unlike ``best`` mode, a filter that finds no node does not clear a void decision an older
+scheduler left on the pod (scheduling/stale.py; it is a write, and this mode's filter writes
+nothing): the books do not charge it (the filter releases it as ``decide`` does), and the pod's
+Binding replaces it once it is placed.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any
-
-import structlog
 
 from hami_py import _kernel
 from hami_py.cache.usage import UsageCache
@@ -49,8 +52,6 @@ from hami_py.scheduling.filter import LISTED_NODE_SCORES, Evaluation, FilterDeci
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.requests import parse_pod_requests
-
-log = structlog.get_logger(__name__)
 
 FILTER_MODES = ("best", "all")
 MAX_EXTENDER_PRIORITY = 10      # k8s.io/kube-scheduler/extender/v1 MaxExtenderPriority
