@@ -166,6 +166,34 @@ async def test_prioritize_gives_equal_nodes_the_same_top_score(api, app, extende
     assert scores(await extender.prioritize(pod, names)) == {n: MAX_EXTENDER_PRIORITY for n in names}
 
 
+async def test_prioritize_right_after_the_pods_filter_reuses_its_fit(api, app, extender):
+    """kube-scheduler's /prioritize follows the pod's /filter in the same scheduling cycle, with
+    the nodes the filter let through: no second kernel run, the same scores a fresh fit gives.
+    Other nodes, another pod or a fit older than LAST_FIT_S are fitted again."""
+    from hami_py.scheduling import prioritize as module
+    names = await used_nodes(api, app, extender)
+    filterer = app.service.filterer
+    runs = []
+    kernel = filterer.kernel
+    filterer.kernel = lambda table, query: runs.append(len(query.candidates)) or kernel(table, query)
+    pod, result = await filtered(api, extender, mem_pod("p", 4000), names)
+    assert runs == [5] and result["NodeNames"] == ["n0", "n1", "n2", "n3"]
+    reused = await extender.prioritize(pod, result["NodeNames"])
+    assert runs == [5]                                             # the filter's fit
+    fresh = module.host_priorities(result["NodeNames"], filterer.evaluate(
+        pod, result["NodeNames"], parse_pod_requests(pod, app.vendors, app.cache.vendor_ids)))
+    assert reused == fresh and scores(reused)["n3"] == MAX_EXTENDER_PRIORITY
+    runs.clear()
+    await extender.prioritize(pod, ["n0", "n1"])                   # not the filter's answer
+    assert runs == [2]
+    other = api.create("pods", mem_pod("other", 4000))
+    await extender.prioritize(other, result["NodeNames"])          # not the filtered pod
+    assert runs == [2, 4]
+    uid, when, *rest = app.service.all_nodes._last
+    app.service.all_nodes._last = (uid, when - module.LAST_FIT_S, *rest)
+    await extender.prioritize(pod, result["NodeNames"])            # too old
+    assert runs == [2, 4, 4]
+
 async def test_prioritize_of_a_pod_without_devices_scores_nothing(api, app, extender):
     names = await one_gpu_nodes(api, app, "n1", "n2")
     pod = {"metadata": {"name": "plain", "namespace": "default", "uid": "u-plain"},
