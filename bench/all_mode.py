@@ -191,12 +191,12 @@ def inprocess_costs(shape, *, calls: int = 50) -> dict:
         all_nodes._last = None          # a fit of its own, as for nodes its filter did not answer
         scores, error = all_nodes.prioritize(args, synced=True)
         assert error is None, error
-        return orjson.dumps(scores)
+        return scores.to_json()
 
     def prioritize_after_filter() -> bytes:
         scores, error = all_nodes.prioritize(args, synced=True)    # reuses the filter's fit
         assert error is None, error
-        return orjson.dumps(scores)
+        return scores.to_json()
 
     out = {"nodes": shape.nodes, "pods": shape.pods, "fit_nodes": len(fitting)}
     for key, fn in (("best_filter_us", best), ("all_filter_us", filter_all), ("prioritize_us", prioritize)):

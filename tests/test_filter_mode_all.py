@@ -181,7 +181,7 @@ async def test_prioritize_right_after_the_pods_filter_reuses_its_fit(api, app, e
     reused = await extender.prioritize(pod, result["NodeNames"])
     assert runs == [5]                                             # the filter's fit
     fresh = module.host_priorities(result["NodeNames"], filterer.evaluate(
-        pod, result["NodeNames"], parse_pod_requests(pod, app.vendors, app.cache.vendor_ids)))
+        pod, result["NodeNames"], parse_pod_requests(pod, app.vendors, app.cache.vendor_ids))).as_list()
     assert reused == fresh and scores(reused)["n3"] == MAX_EXTENDER_PRIORITY
     runs.clear()
     await extender.prioritize(pod, ["n0", "n1"])                   # not the filter's answer
@@ -412,6 +412,7 @@ def test_an_unknown_filter_mode_is_refused_at_start(capsys):
 
 # -- the property: all mode agrees with best mode -------------------------------------------------
 
+import orjson  # noqa: E402
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from hami_py.cache.usage import UsageCache  # noqa: E402
@@ -452,8 +453,10 @@ def test_all_mode_answers_every_node_best_mode_would_fit_alone_and_ranks_its_cho
     assert set(failed) == set(names) - set(alone)
     assert "p" not in cache.pods                                  # nothing reserved
 
-    scores, error = all_nodes.prioritize({"Pod": pod, "NodeNames": names}, synced=True)
+    priorities, error = all_nodes.prioritize({"Pod": pod, "NodeNames": names}, synced=True)
     assert error is None
+    assert orjson.loads(priorities.to_json()) == priorities.as_list()
+    scores = priorities.as_list()
     got = {h["Host"]: h["Score"] for h in scores}
     assert [h["Host"] for h in scores] == names
     assert all((1 <= got[n] <= MAX_EXTENDER_PRIORITY) if n in alone else got[n] == 0 for n in names)
@@ -557,3 +560,14 @@ def test_all_mode_filter_and_prioritize_answer_any_request_and_never_reserve():
             async with cluster.extender.session.get(f"{cluster.app.url}/healthz") as r:
                 return r.status
         assert cluster.run(health()) == 200
+
+
+@pytest.mark.parametrize("names", [[], ["n1"], ["a", "b.c", "d-e_f", ""], ['q"uote', "back\\slash", "ü"],
+                                   [f"gpu-node-{i:05}" for i in range(300)]])
+def test_the_priority_list_is_written_as_json_would_write_it(names):
+    from hami_py.scheduling.prioritize import HostPriorities
+    import orjson
+    values = [i % (MAX_EXTENDER_PRIORITY + 1) for i in range(len(names))]
+    priorities = HostPriorities(names, values)
+    assert priorities.to_json() == orjson.dumps(priorities.as_list())
+    assert orjson.loads(priorities.to_json()) == [{"Host": n, "Score": v} for n, v in zip(names, values)]

@@ -128,18 +128,18 @@ def prioritize_handler(service: SchedulerService, metrics: Metrics, body_limit: 
         t0 = time.perf_counter()
         args, error = await read_json(request, body_limit)
         error = error or extender_args_error(args)
-        if error:
-            result = []
-        else:
+        body = b"[]"
+        if not error:
             try:
                 result, error = service.prioritize(args)
+                body = result.to_json()
             except Exception as exc:  # noqa: BLE001 - logged with its traceback, answered []
                 log.exception("extender request failed unexpectedly", verb="prioritize")
-                result, error = [], f"internal error in the extender prioritize: {type(exc).__name__}: {exc}"
+                body, error = b"[]", f"internal error in the extender prioritize: {type(exc).__name__}: {exc}"
         if error:
             metrics.request_errors.labels("prioritize").inc()
             log.warning("prioritize gives no scores", error=error)
-        response = web.Response(body=orjson.dumps(result), content_type=_JSON)   # names and ints only
+        response = web.Response(body=body, content_type=_JSON)
         metrics.request_seconds.labels("prioritize").observe(time.perf_counter() - t0)
         return response
 

@@ -45,11 +45,16 @@ Binding replaces it once it is placed.
 """
 from __future__ import annotations
 
+import re
 import time
+from bisect import bisect_right
 from collections import OrderedDict
-from itertools import compress
-from operator import not_
+from itertools import chain, compress, repeat
+from math import inf
+from operator import neg, not_
 from typing import Any
+
+import orjson
 
 from hami_py import _kernel
 from hami_py.cache.usage import UsageCache
@@ -68,28 +73,63 @@ LAST_FIT_S = 1.0                # a /prioritize this soon after the pod's /filte
 _STR_ONLY = frozenset((str,))
 
 
-def host_priorities(node_names: list[str], fit: Evaluation) -> list[dict]:
+class HostPriorities:
+    """A HostPriorityList: node names and their 0..10 scores, written out as JSON in one pass."""
+
+    __slots__ = ("names", "values")
+
+    def __init__(self, names: list[str], values: list[int]):
+        self.names = names
+        self.values = values
+
+    def as_list(self) -> list[dict]:
+        return [{"Host": name, "Score": value} for name, value in zip(self.names, self.values)]
+
+    def to_json(self) -> bytes:
+        """``[{"Host":"n1","Score":10},...]``. Node names are DNS names, which JSON writes as they
+        are: the names are encoded once, split, and interleaved with a prepared tail per score,
+        at C speed (5 000 dicts took a few ms). Any other name goes through the plain way."""
+        names, values = self.names, self.values
+        if not names:
+            return b"[]"
+        if not _PLAIN_NAMES.fullmatch("".join(names)):
+            return orjson.dumps(self.as_list())
+        parts = orjson.dumps(names)[2:-2].split(b'","')
+        tails = list(map(_NEXT.__getitem__, values))
+        tails[-1] = _LAST[values[-1]]
+        return b'[{"Host":"' + b"".join(chain.from_iterable(zip(parts, tails)))
+
+
+_PLAIN_NAMES = re.compile(r"[A-Za-z0-9._-]*")
+_NEXT = [b'","Score":%d},{"Host":"' % v for v in range(MAX_EXTENDER_PRIORITY + 1)]
+_LAST = [b'","Score":%d}]' % v for v in range(MAX_EXTENDER_PRIORITY + 1)]
+
+
+def host_priorities(node_names: list[str], fit: Evaluation) -> HostPriorities:
     """HostPriorityList for ``node_names`` from one kernel run over them (see the module doc)."""
     return _priorities(node_names, fit.query.out_status.tolist(), fit.query.out_score.tolist(),
                        fit.policies.node == POLICY_SPREAD)
 
 
-def _priorities(node_names: list[str], status: list[int], preference: list[float], spread: bool) -> list[dict]:
-    """The mapping onto 0..10, over plain lists by comprehensions (a loop over the arrays took
-    three times as long at 5 000 nodes)."""
-    if spread:
-        preference = [-p for p in preference]     # spread prefers the lowest score
-    fitting = [p for p, st in zip(preference, status) if not st]
+def _priorities(node_names: list[str], status: list[int], scores: list[float], spread: bool) -> HostPriorities:
+    """The fitting nodes min-max onto 1..10 by preference (the highest score under binpack, the
+    lowest under spread), the others 0. A node's value is 1 + the number of the nine rounding
+    thresholds its preference reaches, counted by ``bisect`` for every node at C speed."""
+    n = len(node_names)
+    preference = list(map(neg, scores)) if spread else scores
+    fitting = list(compress(preference, map(not_, status)))
     if not fitting:
-        values = [0] * len(node_names)
+        return HostPriorities(node_names, [0] * n)
+    lo, hi = min(fitting), max(fitting)
+    if hi <= lo:
+        values = [MAX_EXTENDER_PRIORITY] * n
     else:
-        lo, hi = min(fitting), max(fitting)
-        if hi <= lo:
-            values = [0 if st else MAX_EXTENDER_PRIORITY for st in status]
-        else:
-            scale = (MAX_EXTENDER_PRIORITY - 1) / (hi - lo)
-            values = [0 if st else 1 + int(scale * (p - lo) + 0.5) for p, st in zip(preference, status)]
-    return [{"Host": name, "Score": value} for name, value in zip(node_names, values)]
+        step = (hi - lo) / (MAX_EXTENDER_PRIORITY - 1)
+        thresholds = [-inf] + [lo + (k - 0.5) * step for k in range(1, MAX_EXTENDER_PRIORITY)]
+        values = list(map(bisect_right, repeat(thresholds), preference))
+    for c in compress(range(n), status):
+        values[c] = 0
+    return HostPriorities(node_names, values)
 
 
 class AllNodes:
@@ -149,30 +189,31 @@ class AllNodes:
         self._pods.pop(uid, None)
 
     # ---------------------------------------------------------------- /prioritize
-    def prioritize(self, args: Any, *, synced: bool) -> tuple[list[dict], str | None]:
-        """(HostPriorityList, None), or ([], why) for a request that cannot be scored."""
+    def prioritize(self, args: Any, *, synced: bool) -> tuple[HostPriorities, str | None]:
+        """(HostPriorityList, None), or (an empty one, why) for a request that cannot be scored."""
+        none = HostPriorities([], [])
         if not isinstance(args, dict):
-            return [], "extender args must be a JSON object"
+            return none, "extender args must be a JSON object"
         a = {k.lower(): v for k, v in args.items()}
         pod = a.get("pod")
         if not isinstance(pod, dict) or not pod:
-            return [], "extender args missing pod" if not pod else "extender args pod must be an object"
+            return none, "extender args missing pod" if not pod else "extender args pod must be an object"
         node_names = a.get("nodenames")
         if node_names is None:
-            return [], ("extender args have no NodeNames: prioritize scores from the scheduler's own node "
-                        "cache (nodeCacheCapable: true)")
+            return none, ("extender args have no NodeNames: prioritize scores from the scheduler's own "
+                          "node cache (nodeCacheCapable: true)")
         if not isinstance(node_names, list) or not set(map(type, node_names)) <= _STR_ONLY:
-            return [], "extender args NodeNames must be a list of node names"
+            return none, "extender args NodeNames must be a list of node names"
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
         try:
             request = parse_pod_requests(pod, self.vendors, self.cache.vendor_ids)
         except RequestError as exc:
-            return [], f"pod {key}: {exc}"
+            return none, f"pod {key}: {exc}"
         if request is None:
-            return [{"Host": name, "Score": 0} for name in node_names], None   # not ours: no opinion
+            return HostPriorities(node_names, [0] * len(node_names)), None   # not ours: no opinion
         if not synced:
-            return [], "scheduler cache is not synced yet"
+            return none, "scheduler cache is not synced yet"
         last = self._last
         if last is not None and last[0] == meta.get("uid") and time.monotonic() - last[1] < LAST_FIT_S \
                 and node_names == last[2]:
@@ -183,7 +224,7 @@ class AllNodes:
         try:
             fit = self.filterer.evaluate(pod, node_names, request)
         except PolicyError as exc:
-            return [], f"pod {key}: {exc}"
+            return none, f"pod {key}: {exc}"
         return host_priorities(node_names, fit), None
 
     # ---------------------------------------------------------------- /bind

@@ -20,7 +20,7 @@ from hami_py.scheduling.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.podlocks import PodLocks
 from hami_py.scheduling.policies import PolicyError
-from hami_py.scheduling.prioritize import FILTER_MODES, AllNodes
+from hami_py.scheduling.prioritize import FILTER_MODES, AllNodes, HostPriorities
 from hami_py.scheduling.requests import parse_pod_requests
 from hami_py.scheduling.stale import clear_stale_decision, may_carry_decision
 
@@ -156,10 +156,10 @@ class SchedulerService:
         return filter_result(failed=failed) if names is None else filter_result(node_names=names)
 
     # ------------------------------------------------------------------ prioritize
-    def prioritize(self, args: Any) -> tuple[list[dict], str | None]:
-        """HostPriorityList and None, or ([], the reason it cannot be scored)."""
+    def prioritize(self, args: Any) -> tuple[HostPriorities, str | None]:
+        """HostPriorityList and None, or an empty one and the reason it cannot be scored."""
         if self.all_nodes is None:
-            return [], "prioritize is served with --filter-mode=all only"
+            return HostPriorities([], []), "prioritize is served with --filter-mode=all only"
         return self.all_nodes.prioritize(args, synced=self.synced.is_set())
 
     def _filter_nodes_path(self, pod: dict, nodes: Any, request) -> dict:
