@@ -41,7 +41,12 @@ async def running(api, app, extender, pod: dict, nodes: list[str]) -> dict:
     created = api.create("pods", pod)
     result = await extender.filter(created, nodes)
     assert result["NodeNames"], result
-    return await bind_placed(api, app, extender, created, result)
+    await bind_placed(api, app, extender, created, result)
+    # Its kubelet's part: the pod runs and is Ready (what a disruption budget counts).
+    stored = api.patch("pods", pod["metadata"]["name"], {"status": {
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+    await pod_events_applied(app, stored)
+    return stored
 
 
 def exists(api, name: str) -> bool:
@@ -326,10 +331,10 @@ async def test_fake_eviction_api_rules(api, app):
             b["deleteOptions"] = {"preconditions": {"uid": uid}}
         return b
 
-    bound = {"nodeName": "n1"}
-    a = api.create("pods", {**prio_pod("a", 1, 0, labels={"app": "x"}), "spec": {
-        **prio_pod("a", 1, 0)["spec"], **bound}})
-    api.create("pods", {**prio_pod("b", 1, 0, labels={"app": "x"}), "spec": {**prio_pod("b", 1, 0)["spec"], **bound}})
+    up = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    a = api.create("pods", {**prio_pod("a", 1, 0, labels={"app": "x"}), "status": up})
+    api.create("pods", {**prio_pod("b", 1, 0, labels={"app": "x"}), "status": up})
+    api.create("pods", prio_pod("pending", 1, 0, labels={"app": "x"}))
     api.create("poddisruptionbudgets", pdb("one", {"app": "x"}, minAvailable=1))
     with pytest.raises(KubeApiError) as info:
         await client.post("/api/v1/namespaces/default/pods/a/eviction", body("a", uid="wrong"))
@@ -343,6 +348,8 @@ async def test_fake_eviction_api_rules(api, app):
     with pytest.raises(KubeApiError) as info:
         await client.post("/api/v1/namespaces/default/pods/b/eviction", body("b"))
     assert info.value.status == 429
+    await client.post("/api/v1/namespaces/default/pods/pending/eviction", body("pending"))   # no budget applies
+    assert not exists(api, "pending")
     with pytest.raises(KubeApiError) as info:
         await client.post("/api/v1/namespaces/default/pods/gone/eviction", body("gone"))
     assert info.value.status == 404

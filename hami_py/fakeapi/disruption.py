@@ -5,12 +5,14 @@ What the real API server does, in the parts a scheduler relies on:
 * ``POST /api/v1/namespaces/<ns>/pods/<name>/eviction`` with a ``policy/v1`` ``Eviction`` whose
   ``metadata.name`` is the pod's (else 400); ``deleteOptions.preconditions.uid`` is honoured (409);
   a pod that does not exist is a 404;
-* a pod that is terminal (Succeeded, Failed) or unbound is deleted without consulting any budget;
+* a pod that is Pending, Succeeded or Failed, or already terminating, is deleted without consulting
+  any budget (it disrupts nothing that is running);
 * more than one budget selecting the pod is a 500, as upstream refuses to choose;
 * one budget: its ``desiredHealthy`` from ``minAvailable`` (a number, or a percentage of the
   matching pods rounded up) or ``maxUnavailable`` (the matching pods less that number, or less that
-  percentage rounded up); ``currentHealthy``: its matching pods that are bound, not terminal and not
-  being deleted. ``disruptionsAllowed = currentHealthy - desiredHealthy``; at 0 or less the eviction
+  percentage rounded up); ``currentHealthy``: its matching pods that are Running and Ready and not
+  being deleted. A pod that is not Ready is let go while the budget is met (the default
+  ``IfHealthyBudget``). ``disruptionsAllowed = currentHealthy - desiredHealthy``; at 0 or less the eviction
   is refused with 429 ``Cannot evict pod as it would violate the pod's disruption budget.`` and the
   cause naming the budget. Here the budget's status is computed on each eviction from the pods it
   selects, where the real one is written by kube-controller-manager's disruption controller; a
@@ -25,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-_TERMINAL = ("Succeeded", "Failed")
+_IGNORING = ("Succeeded", "Failed", "Pending")   # the phases whose eviction ignores every budget
 
 
 def selector_matches(selector: Any, labels: dict) -> bool:
@@ -55,9 +57,14 @@ def _scaled(value: Any, total: int) -> int:
     return int(value)
 
 
+def _ready(pod: dict) -> bool:
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])
+
+
 def _healthy(pod: dict) -> bool:
-    return bool((pod.get("spec") or {}).get("nodeName")) and not (pod.get("metadata") or {}).get(
-        "deletionTimestamp") and (pod.get("status") or {}).get("phase") not in _TERMINAL
+    return (not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and (pod.get("status") or {}).get("phase") == "Running" and _ready(pod))
 
 
 def budget_status(pdb: dict, pods: list[dict]) -> dict:
@@ -83,7 +90,7 @@ def budget_status(pdb: dict, pods: list[dict]) -> dict:
 
 def eviction_refusal(pod: dict, budgets: list[dict], pods: list[dict]) -> tuple[int, str, dict | None] | None:
     """Why the eviction of ``pod`` is refused, as (HTTP status, message, details), or None."""
-    if (pod.get("status") or {}).get("phase") in _TERMINAL or not (pod.get("spec") or {}).get("nodeName"):
+    if (pod.get("status") or {}).get("phase") in _IGNORING or (pod.get("metadata") or {}).get("deletionTimestamp"):
         return None
     labels = (pod.get("metadata") or {}).get("labels") or {}
     matching = [b for b in budgets if selector_matches((b.get("spec") or {}).get("selector"), labels)]
@@ -95,6 +102,8 @@ def eviction_refusal(pod: dict, budgets: list[dict], pods: list[dict]) -> tuple[
     status = budget_status(pdb, pods)
     if status["disruptionsAllowed"] > 0:
         return None
+    if not _ready(pod) and status["currentHealthy"] >= status["desiredHealthy"] > 0:
+        return None   # an unhealthy pod takes nothing from a budget that is met (IfHealthyBudget)
     name = (pdb.get("metadata") or {}).get("name", "")
     cause = {"type": "DisruptionBudget", "message": f"The disruption budget {name} needs "
              f"{status['desiredHealthy']} healthy pods and has {status['currentHealthy']} currently"}
