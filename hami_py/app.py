@@ -250,6 +250,8 @@ class SchedulerApp:
         if not leading and self.service is not None:
             # Our unbound decisions live only here (/filter writes nothing): the new leader cannot
             # charge them, so binding one later could hand its devices out twice.
+            if self.service.preemptor is not None:
+                self.service.preemptor.release_all()   # held room: the new leader knows nothing of it
             released = self.cache.release_unbound_reservations()
             if released:
                 log.info("leadership lost: unbound reservations released", reservations=released)

@@ -44,7 +44,8 @@ async def running(api, app, extender, pod: dict, nodes: list[str]) -> dict:
     await bind_placed(api, app, extender, created, result)
     # Its kubelet's part: the pod runs and is Ready (what a disruption budget counts).
     stored = api.patch("pods", pod["metadata"]["name"], {"status": {
-        "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
+        "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}},
+        namespace=pod["metadata"].get("namespace") or "default")
     await pod_events_applied(app, stored)
     return stored
 
@@ -402,3 +403,38 @@ async def test_preempt_verb_passes_non_device_pods_and_refuses_garbage(api, app,
     assert status == 500 and "a victim has no UID" in result["Error"]
     status, result = await extender.post("preempt", {"NodeNameToMetaVictims": {}})
     assert status == 500 and result["Error"] == "extender preemption args missing pod"
+
+
+# ---------------------------------------------------------------------------------------------
+# the kind demo's manifests (manifests/examples/preemption/, hack/kind/preemption-demo.sh)
+# ---------------------------------------------------------------------------------------------
+
+async def test_the_demo_manifests_tell_their_story(api, app, extender):
+    """On a worker as the demo fakes it (4 A10s), the batch pod takes every GPU, and the urgent pod
+    preempts it and lands; priorities resolved from the demo's PriorityClasses as admission does."""
+    import yaml
+    from pathlib import Path
+    from hami_py.fakeapi.objects import registration
+    folder = Path(__file__).resolve().parent.parent / "manifests" / "examples" / "preemption"
+    classes = {d["metadata"]["name"]: d["value"] for d in yaml.safe_load_all((folder / "priority-classes.yaml").read_text())}
+
+    def load(name: str) -> dict:
+        pod = yaml.safe_load((folder / name).read_text())
+        pod["spec"]["priority"] = classes[pod["spec"]["priorityClassName"]]
+        pod.setdefault("status", {})
+        return pod
+
+    a10 = {"type": "NVIDIA A10", "devmem": 23028, "devcore": 100}
+    nodes = await register_nodes(api, app, gpu_node("hami-py-worker", devices=registration(
+        "hami-py-worker", gpus=4, model=a10)))
+    batch = load("batch.yaml")
+    assert batch["metadata"]["namespace"] == "hami-demo"
+    await running(api, app, extender, batch, nodes)
+    urgent = api.create("pods", load("urgent.yaml"))
+    result = await extender.filter(urgent, nodes)
+    assert result["FailedNodes"] == {"hami-py-worker": "preempting 1 pods on node hami-py-worker"}
+    assert api.get("pods", "batch-trainer", namespace="hami-demo")["metadata"]["deletionTimestamp"]
+    api.delete("pods", "batch-trainer", namespace="hami-demo")   # its kubelet, after the 5 s grace period
+    await wait_until(lambda: not any(p.name == "batch-trainer" for p in app.cache.pods.values()), "batch gone")
+    placed = await extender.filter(urgent, nodes)
+    assert placed["NodeNames"] == ["hami-py-worker"]

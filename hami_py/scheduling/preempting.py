@@ -138,6 +138,13 @@ class Preemptor:
         self.holds[usage.uid] = hold
         return hold
 
+    def release_all(self) -> int:
+        """Give back every hold (at the end of leadership); how many there were."""
+        holds = list(self.holds.values())
+        for hold in holds:
+            self._drop(hold, release=True)
+        return len(holds)
+
     def _expire(self, hold: Hold) -> None:
         if self.holds.get(hold.uid) is hold:
             log.info("preemption hold expired", pod=f"{hold.usage.namespace}/{hold.usage.name}", node=hold.node)
