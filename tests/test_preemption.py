@@ -438,3 +438,20 @@ async def test_the_demo_manifests_tell_their_story(api, app, extender):
     await wait_until(lambda: not any(p.name == "batch-trainer" for p in app.cache.pods.values()), "batch gone")
     placed = await extender.filter(urgent, nodes)
     assert placed["NodeNames"] == ["hami-py-worker"]
+
+
+async def test_a_preemption_whose_caller_leaves_still_runs_to_its_end(api, app, extender):
+    """kube-scheduler's httpTimeout runs out while the eviction is slow: the preemption finishes
+    (victim evicted, hold made, pod nominated) and the pod's next filter places it."""
+    from tests.test_bind_invariants import filter_body, post_and_give_up
+    nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
+    batch = await running(api, app, extender, prio_pod("batch", 15000, 1), nodes)
+    urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
+    api.faults.add(method="POST", path=r"/eviction$", delay=0.6)
+    await post_and_give_up(app.url, filter_body(urgent, nodes), timeout=0.2)
+    await wait_until(lambda: (api.get("pods", "urgent")["status"].get("nominatedNodeName") == "n1"),
+                     "the preemption finished without its caller")
+    assert not exists(api, "batch")
+    await wait_gone(app, batch)
+    placed = await extender.filter(urgent, nodes)
+    assert placed["NodeNames"] == ["n1"]

@@ -21,7 +21,7 @@ from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.podlocks import PodLocks
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.preempt_verb import PreemptArgsError, process_preemption
-from hami_py.scheduling.preemption import VictimSearch
+from hami_py.scheduling.preemption import VictimSearch, may_preempt
 from hami_py.scheduling.requests import parse_pod_requests
 from hami_py.scheduling.stale import clear_stale_decision, may_carry_decision
 
@@ -131,7 +131,7 @@ class SchedulerService:
                 # decision of ours can be in flight.
                 await clear_stale_decision(client=self.client, cache=self.cache, vendors=self.vendors,
                                            namespace=namespace, name=name, uid=uid)
-            if self.preemptor is not None:
+            if self.preemptor is not None and may_preempt(pod):
                 return filter_result(failed=await self._preempt(pod, node_names, request, decision.failed))
             return filter_result(failed=decision.failed)
         # Nothing is written here: the reservation keeps the decision's annotations and the bind
