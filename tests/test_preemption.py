@@ -455,3 +455,27 @@ async def test_a_preemption_whose_caller_leaves_still_runs_to_its_end(api, app, 
     await wait_gone(app, batch)
     placed = await extender.filter(urgent, nodes)
     assert placed["NodeNames"] == ["n1"]
+
+
+async def test_mig_slices_count(api, app, extender):
+    """An H200 in MIG mode: small (1g at slice 6, priority 1) and big (3g at slices 0-3, priority 2).
+    A 3g pod fits at 4-7 once small goes, or at 0-3 once big goes: one victim either way, and the
+    lower priority goes; it lands at 4-7. A 7g pod needs both."""
+    from tests.test_mig import _mig_allocations, _mig_node
+    nodes = await register_nodes(api, app, _mig_node())
+    small = await running(api, app, extender, prio_pod("small", 10000, 1), nodes)
+    await running(api, app, extender, prio_pod("big", 60000, 2), nodes)
+    whole = api.create("pods", prio_pod("whole", 140000, 100, policy="Never"))
+    assert "preempting" not in (await extender.filter(whole, nodes))["FailedNodes"]["n1"]
+    urgent = api.create("pods", prio_pod("urgent", 60000, 100))
+    assert (await extender.filter(urgent, nodes))["FailedNodes"] == {"n1": "preempting 1 pods on node n1"}
+    assert evictions(api) == ["small"]
+    await wait_gone(app, small)
+    placed = await extender.filter(urgent, nodes)
+    await bind_placed(api, app, extender, urgent, placed)
+    [inst] = _mig_allocations(api, "urgent")
+    assert inst["profile"] == "3g.71gb" and inst["placement"] == {"start": 4, "size": 4}
+    assert_books_balance(app)
+    bigger = api.create("pods", prio_pod("bigger", 140000, 1000))
+    assert (await extender.filter(bigger, nodes))["FailedNodes"] == {"n1": "preempting 2 pods on node n1"}
+    assert sorted(evictions(api)) == ["big", "small", "urgent"]
