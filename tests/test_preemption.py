@@ -479,3 +479,29 @@ async def test_mig_slices_count(api, app, extender):
     bigger = api.create("pods", prio_pod("bigger", 140000, 1000))
     assert (await extender.filter(bigger, nodes))["FailedNodes"] == {"n1": "preempting 2 pods on node n1"}
     assert sorted(evictions(api)) == ["big", "small", "urgent"]
+
+
+async def test_another_family_with_a_chooser_preempts_the_same_way(api, app, extender):
+    """Kunlun P800 whole cards (the family's topology chooser picks the cards): two 4-card pods
+    fill the board; a 4-card pod of a higher priority evicts the lower of them, an 8-card one both."""
+    from tests.conftest import device_pod
+    from hami_py.fakeapi.families import family_node, find_device_model
+    kunlun = find_device_model("P800")
+    nodes = await register_nodes(api, app, family_node("k1", kunlun.parts("k1")))
+
+    def xpu(name: str, cards: int, priority: int) -> dict:
+        pod = device_pod(name, {"kunlunxin.com/xpu": str(cards)})
+        pod["spec"]["priority"] = priority
+        return pod
+
+    low = await running(api, app, extender, xpu("low", 4, 1), nodes)
+    await running(api, app, extender, xpu("higher", 4, 2), nodes)
+    urgent = api.create("pods", xpu("urgent", 4, 100))
+    assert (await extender.filter(urgent, nodes))["FailedNodes"] == {"k1": "preempting 1 pods on node k1"}
+    assert evictions(api) == ["low"]
+    await wait_gone(app, low)
+    placed = await extender.filter(urgent, nodes)
+    await bind_placed(api, app, extender, urgent, placed)
+    assert_books_balance(app)
+    board = api.create("pods", xpu("board", 8, 1000))
+    assert (await extender.filter(board, nodes))["FailedNodes"] == {"k1": "preempting 2 pods on node k1"}
