@@ -141,3 +141,31 @@ def check(nodes_spec, pods_spec, preemptor, *, bounded: bool) -> None:
                     key = set_key([cache.pods[p["uid"]] for p in combo], NOW)
                     assert (key, n["name"]) >= (chosen_key, choice.node), \
                         f"{[p['uid'] for p in combo]} on {n['name']} is preferable to {choice.uids} on {choice.node}"
+
+
+def test_the_search_is_bounded_on_a_large_full_cluster():
+    """300 nodes × 8 GPUs, each GPU full with a lower-priority pod: the choice takes at most its
+    fits (plus one reprieve pass) and still finds the one victim that makes room."""
+    from hami_py.scheduling.preemption import MAX_CANDIDATES, MAX_TRIALS
+    cache = UsageCache(VENDORS)
+    names, k = [], 0
+    for i in range(300):
+        name = f"n{i}"
+        names.append(name)
+        devices = registration(name, gpus=8, model=MODEL)
+        cache.upsert_node(gpu_node(name, devices=devices))
+        for device in devices:
+            k += 1
+            cache.add_pod_usage(PodUsage(uid=f"u{k}", namespace="default", name=f"p{k}", node=name,
+                                         entries=[UsageEntry("NVIDIA", device["id"], 9000, 0, 1)],
+                                         resource_version=k, bound=True, priority=1, started=NOW - k))
+    pod = gpu_pod("preemptor", gpumem=5000)
+    pod["metadata"]["uid"] = "preemptor-uid"
+    pod["spec"]["priority"] = 10
+    request = parse_pod_requests(pod, VENDORS, cache.vendor_ids)
+    search = VictimSearch(cache, Filterer(cache, VENDORS), clock=lambda: NOW)
+    before = books(cache)
+    choice = search.choose(pod, request, names)
+    assert books(cache) == before
+    assert choice is not None and len(choice.victims) == 1
+    assert search.trials <= MAX_TRIALS + MAX_CANDIDATES + 1
