@@ -221,7 +221,7 @@ class SchedulerApp:
         if not self.options.device_preemption:
             return None
         return Preemptor(cache=self.cache, filterer=filterer, client=self.client, events=self.events.on_preempt,
-                         hold_s=self.options.device_preemption_hold_s)
+                         hold_s=self.options.device_preemption_hold_s, metrics=self.metrics)
 
     async def _mark_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers), self.leadership.synced.wait())

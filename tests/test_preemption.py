@@ -86,6 +86,9 @@ async def test_a_high_priority_pod_evicts_the_batch_pod_then_lands_on_its_node(a
     assert stored["spec"]["nodeName"] == "n1"
     assert_books_balance(app)
     assert not app.service.preemptor.holds
+    sample = app.metrics.registry.get_sample_value
+    assert sample("hami_device_preemptions_total", {"outcome": "preempting"}) == 1
+    assert sample("hami_device_preemption_evictions_total", {"result": "evicted"}) == 1
 
 
 async def test_preempted_events_on_each_victim_and_on_the_preemptor(api, app, extender):
@@ -293,6 +296,9 @@ async def test_a_budget_that_allows_no_disruption_blocks_the_eviction(api, app, 
     assert "nominatedNodeName" not in api.get("pods", "urgent")["status"]
     assert not app.service.preemptor.holds and urgent["metadata"]["uid"] not in app.cache.pods
     assert_books_balance(app)
+    sample = app.metrics.registry.get_sample_value
+    assert sample("hami_device_preemptions_total", {"outcome": "gave_up"}) == 1
+    assert sample("hami_device_preemption_evictions_total", {"result": "refused"}) == 1
 
 
 async def test_a_refused_eviction_chooses_again_without_that_pod(api, app, extender):

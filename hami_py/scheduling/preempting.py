@@ -66,8 +66,11 @@ class Hold:
 
 class Preemptor:
     def __init__(self, *, cache: UsageCache, filterer: Filterer, client: KubeClient, events=None,
-                 hold_s: float = DEFAULT_HOLD_S, search: VictimSearch | None = None, clock=time.monotonic):
-        """``events(pod_or_ref, type, reason, message)`` queues an event (EventRecorder.on_preempt)."""
+                 hold_s: float = DEFAULT_HOLD_S, search: VictimSearch | None = None, clock=time.monotonic,
+                 metrics=None):
+        """``events(pod, reason, message)`` queues an event (EventRecorder.on_preempt); ``metrics``:
+        hami_py.metrics.Metrics (its preemption counters), or None."""
+        self.metrics = metrics
         self.cache = cache
         self.filterer = filterer
         self.client = client
@@ -186,6 +189,7 @@ class Preemptor:
                                  + ", ".join(hold.victims.values()))
                 answer = dict(failed)
                 answer[choice.node] = preempting_reason(len(choice.victims), choice.node)
+                self._count("preempting")
                 return answer
             victim_uid, message = error
             refused[victim_uid] = message
@@ -195,6 +199,7 @@ class Preemptor:
         if not refused:
             return None
         log.info("preemption given up", pod=key, reason=last_error)
+        self._count("gave_up")
         answer = dict(failed)
         answer[last_node] = f"{answer.get(last_node, '')}; preemption gave up: {last_error}".lstrip("; ")
         return answer
@@ -211,7 +216,9 @@ class Preemptor:
             except KubeApiError as exc:
                 if exc.status in (404, 409):
                     continue     # gone already (or replaced by another pod of that name)
+                self._count_eviction("refused")
                 return victim.uid, f"{exc.status} {exc.message}" if exc.status else exc.message
+            self._count_eviction("evicted")
             self._event({"metadata": {"name": victim.name, "namespace": victim.namespace, "uid": victim.uid}},
                         f"Preempted by pod {preemptor.get('uid')} on node {choice.node}")
         return None
@@ -224,6 +231,14 @@ class Preemptor:
         except KubeApiError as exc:
             log.warning("nominatedNodeName not written", pod=f"{meta.get('namespace')}/{meta.get('name')}",
                         node=node, error=str(exc))
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.preemptions.labels(outcome).inc()
+
+    def _count_eviction(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.preemption_evictions.labels(result).inc()
 
     def _event(self, pod: dict, message: str) -> None:
         if self.events is not None:
