@@ -87,7 +87,7 @@ class Preemptor:
         if hold is None:
             return None
         if self.cache.pods.get(uid) is not hold.usage or hold.expires <= self.clock():
-            self._drop(hold)
+            self._drop(hold, release=True)   # releases only a charge that is still the hold's
             return None
         return hold
 
