@@ -511,3 +511,16 @@ async def test_another_family_with_a_chooser_preempts_the_same_way(api, app, ext
     assert_books_balance(app)
     board = api.create("pods", xpu("board", 8, 1000))
     assert (await extender.filter(board, nodes))["FailedNodes"] == {"k1": "preempting 2 pods on node k1"}
+
+
+async def test_holds_go_with_leadership(api, app, extender):
+    nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
+    await running(api, app, extender, prio_pod("batch", 15000, 1, grace=30), nodes)
+    urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
+    await extender.filter(urgent, nodes)
+    assert urgent["metadata"]["uid"] in app.service.preemptor.holds
+    app._on_leadership(False)      # what the Lease watch calls when another replica takes over
+    try:
+        assert not app.service.preemptor.holds and urgent["metadata"]["uid"] not in app.cache.pods
+    finally:
+        app._on_leadership(True)
