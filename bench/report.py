@@ -325,8 +325,8 @@ def render_mixed(results: dict) -> list[str]:
                      + (f" ({cpu:.2f}×)" if cpu is not None and math.isfinite(cpu) else ""),
                      f"{r['outcomes'].get('placed', 0)}/{r['n']}",
                      f"≤ {target:g}× {_verdict(q['p50'] <= target and q['p99'] <= target)}"])
-    out = [f"**mixed cluster /filter** (ms, p50 / p99; N={m['nodes']:,}, P={m['pods']:,}: 50 % NVIDIA, 30 % "
-           "Ascend 910B3, 20 % Kunlun P800, 8 devices a node; the pod stream cycles "
+    out = [f"**mixed cluster /filter** (ms, p50 / p99; N={m['nodes']:,}, P={m['pods']:,}: "
+           + (f"{m['layout']}, " if m.get("layout") else "") + "8 devices a node; the pod stream cycles "
            f"{', '.join(m['families'])}; the all-NVIDIA cluster of the same N and P measured in the same run"
            + (", the two clusters' rounds alternating" if m.get("interleaved") else "") + ")", ""]
     out += _table(["conc", "all NVIDIA", "mixed", "ratio", "server CPU ms/req (NVIDIA / mixed)", "placed (mixed)",

@@ -40,7 +40,8 @@ from bench.procs import BenchError, ClusterProcess, SchedulerProcess, parse_prom
 from bench.profiling import Profiler
 
 from bench.seed import (
-    BENCH_NAMESPACE, FAMILY_VENDOR, ClusterShape, blocker_name, mixed_unavailable, node_name, node_names,
+    BENCH_NAMESPACE, FAMILY_VENDOR, MIXED_MODELS, ClusterShape, blocker_name, mixed_layout_text, mixed_unavailable,
+    node_name, node_names,
 )
 
 PHASES = ("filter", "requests", "schedule", "burst", "lag", "contention", "write-delay")
@@ -146,12 +147,13 @@ FULL = Plan(
         # per allocation: time to all bound, and how many binds met a held node lock.
         ClusterPlan("contention", ClusterShape(3, 8, probe_nodes=1), concurrencies=(),
                     contention=ContentionPlan(pods=50, allocation_delay_s=0.1)),
-        # 1 000 nodes: 500 NVIDIA, 300 Ascend 910B3, 200 Kunlun P800, 8 devices each, 8 000 pods;
-        # /filter for a stream of each family's pods, beside an all-NVIDIA 1 000-node cluster
-        # measured in the same run (MIXED_RATIO_TARGET).
+        # 1 000 nodes: 40 % NVIDIA, the rest shared equally by one model of every other family
+        # (bench.seed.MIXED_MODELS), 8 devices each, 8 000 pods; /filter for a stream of each
+        # family's pods, beside an all-NVIDIA 1 000-node cluster measured in the same run
+        # (MIXED_RATIO_TARGET).
         ClusterPlan("mixed", ClusterShape(1000, 8000, probe_nodes=2, layout="mixed"), 1000,
-                    phase_time_limit_s=40.0, filter_rounds=3, filter_families=(None, "ascend910b3", "kunlun"),
-                    scheduler_args=("--enable-ascend=true",), compare_with_nvidia=True),
+                    phase_time_limit_s=40.0, filter_rounds=3, filter_families=(None, *MIXED_MODELS),
+                    scheduler_args=("--enable-ascend=true", "--enable-iluvatar=true"), compare_with_nvidia=True),
     ),
 )
 
@@ -165,8 +167,8 @@ QUICK = Plan(
                                replay_seconds=0.5),
                     phase_time_limit_s=5.0),
         ClusterPlan("mixed", ClusterShape(100, 800, probe_nodes=2, layout="mixed"), 60, concurrencies=(1,),
-                    phase_time_limit_s=5.0, filter_families=(None, "ascend910b3", "kunlun"),
-                    scheduler_args=("--enable-ascend=true",), compare_with_nvidia=True),
+                    phase_time_limit_s=5.0, filter_families=(None, *MIXED_MODELS),
+                    scheduler_args=("--enable-ascend=true", "--enable-iluvatar=true"), compare_with_nvidia=True),
     ),
 )
 
@@ -714,7 +716,7 @@ async def run_mixed(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdi
     mixed_plan = replace(plan, compare_with_nvidia=False)
     out: dict = {"name": plan.name, "nodes": plan.shape.nodes, "pods": plan.shape.pods,
                  "families": [FAMILY_VENDOR.get(f, "NVIDIA") for f in plan.filter_families],
-                 "target_ratio": MIXED_RATIO_TARGET, "interleaved": True}
+                 "layout": mixed_layout_text(plan.shape), "target_ratio": MIXED_RATIO_TARGET, "interleaved": True}
     async with started_cluster(baseline_plan, session=session, workdir=workdir / baseline_plan.name, say=say,
                                **kwargs) as (base_ctx, base_result), \
             started_cluster(mixed_plan, session=session, workdir=workdir / mixed_plan.name, say=say,

@@ -28,7 +28,7 @@ from hami_py.config import DeviceConfig
 from hami_py.devices.base import ContainerDevice, NodeView
 from hami_py.devices.codec import encode_pod_devices
 from hami_py.devices.registry import FamilySwitches, build_vendors
-from hami_py.fakeapi.families import BY_KEY
+from hami_py.fakeapi.families import BY_KEY, MODELS
 from hami_py.fakeapi.objects import H200, gpu_node, gpu_pod, gpu_uuid
 
 A100_80 = {"type": "NVIDIA A100-SXM4-80GB", "devmem": 81920, "devcore": 100}
@@ -45,28 +45,43 @@ TARGET_FILL = 0.5        # seeded memory per GPU, as a fraction of the GPU (on a
 TARGET_CORE_FILL = 0.4   # seeded cores per GPU, as a fraction of 100
 MAX_PODS_PER_NODE = 64   # beyond this the 10 slots per GPU cannot hold every pod
 
-# The mixed layout (``layout="mixed"``): the first 30 % of the nodes are Ascend 910B3 × 8, the next
-# 20 % Kunlun P800 × 8 (whole XPUs), the rest (probe nodes included) NVIDIA as in the plain layout.
-# Seeded pods: MIXED_PODS_PER_NODE on each family node, the rest spread over the NVIDIA nodes.
-MIXED_SHARES = (("ascend910b3", 0.3), ("kunlun", 0.2))
-MIXED_PODS_PER_NODE = {"ascend910b3": 8, "kunlun": 4}
-# What a pending (or seeded) pod of each family asks for: one device, as an inference pod would.
-FAMILY_LIMITS = {
-    "ascend910b3": {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16384"},
-    "kunlun": {"kunlunxin.com/xpu": "1"},
-}
-FAMILY_VENDOR = {"ascend910b3": "Ascend910B3", "kunlun": "kunlun"}
+# The mixed layout (``layout="mixed"``): every device family the scheduler has, on one cluster.
+# One model of each non-NVIDIA family of the fake registrations (hami_py.fakeapi.families: the
+# first one listed, as its device plugin registers it) takes an equal share of MIXED_OTHERS_SHARE
+# of the nodes, in the table's order from node 0; the rest (probe nodes included) are NVIDIA as
+# in the plain layout. Seeded pods: MIXED_PODS_PER_NODE on each family node (Ascend 16 GiB shares,
+# spread over the NPUs; the others whole devices, no two on one device), the rest spread over the
+# NVIDIA nodes. A pending pod of a family asks for what its model's first demo pod asks for.
+MIXED_OTHERS_SHARE = 0.6
+MIXED_PODS_PER_NODE = 4
+ASCEND_PODS_PER_NODE = 8
 LAYOUTS = ("nvidia", "mixed")
 
 
 @lru_cache(maxsize=1)
 def family_vendors() -> dict:
-    """The scheduler's vendors with Ascend switched on (as the bench starts it for mixed)."""
-    return build_vendors(DeviceConfig.default(), FamilySwitches(enable_ascend=True))
+    """The scheduler's vendors with Ascend and Iluvatar switched on (as the bench starts it for mixed)."""
+    return build_vendors(DeviceConfig.default(), FamilySwitches(enable_ascend=True, enable_iluvatar=True))
+
+
+def _mixed_models() -> tuple[str, ...]:
+    """One model key per non-NVIDIA family of the fake registrations (read at import: no vendor
+    is built here, so nothing logs before the cluster process has set its logging up)."""
+    chosen: dict[str, str] = {}
+    for model in MODELS:
+        if model.family != "nvidia" and model.demo_limits:
+            chosen.setdefault(model.family, model.key)
+    return tuple(chosen.values())
+
+
+MIXED_MODELS: tuple[str, ...] = _mixed_models()
+# What a pending (or seeded) pod of each family asks for: one device, as an inference pod would.
+FAMILY_LIMITS = {key: dict(BY_KEY[key].demo_limits[0][1]) for key in MIXED_MODELS}
+FAMILY_VENDOR = {key: BY_KEY[key].vendor_key for key in MIXED_MODELS}
 
 
 def mixed_unavailable() -> str | None:
-    """Why the mixed layout cannot run (a family module not landed yet), or None."""
+    """Why the mixed layout cannot run (a family's module not landed yet), or None."""
     vendors = family_vendors()
     missing = [v for v in FAMILY_VENDOR.values() if v not in vendors]
     if missing:
@@ -81,7 +96,7 @@ class ClusterShape:
     pods: int
     probe_nodes: int = 0
     seed: int = 1
-    layout: str = "nvidia"     # or "mixed" (MIXED_SHARES)
+    layout: str = "nvidia"     # or "mixed" (MIXED_MODELS)
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -123,11 +138,19 @@ def family_ranges(shape: ClusterShape) -> list[tuple[str, int, int]]:
     if shape.layout != "mixed":
         return []
     out, start = [], 0
-    for key, share in MIXED_SHARES:
+    share = MIXED_OTHERS_SHARE / len(MIXED_MODELS)
+    for key in MIXED_MODELS:
         end = min(start + round(share * shape.nodes), shape.nodes - shape.probe_nodes)
         out.append((key, start, end))
         start = end
     return out
+
+
+def mixed_layout_text(shape: ClusterShape) -> str:
+    """``"400 NVIDIA, 86 ascend910b3, …"``: the nodes of each family in a mixed layout."""
+    ranges = family_ranges(shape)
+    nvidia = shape.nodes - sum(end - start for _, start, end in ranges)
+    return ", ".join([f"{nvidia} NVIDIA"] + [f"{end - start} {key}" for key, start, end in ranges])
 
 
 def node_family(shape: ClusterShape, index: int) -> str | None:
@@ -227,7 +250,8 @@ def _pods_per_node(shape: ClusterShape) -> list[int]:
     fixed = {}
     for key, start, end in family_ranges(shape):
         for i in range(start, end):
-            fixed[i] = min(MIXED_PODS_PER_NODE[key], max(spread - sum(fixed.values()), 0))
+            wanted = ASCEND_PODS_PER_NODE if BY_KEY[key].family == "ascend" else MIXED_PODS_PER_NODE
+            fixed[i] = min(wanted, max(spread - sum(fixed.values()), 0))
     spread -= sum(fixed.values())
     nvidia = regular - len(fixed)
     base, extra = divmod(spread, nvidia) if nvidia else (0, 0)
@@ -243,17 +267,15 @@ def _pods_per_node(shape: ClusterShape) -> list[int]:
 
 def _placed_on_family_node(rng: random.Random, *, node: str, index: int, family: str, count: int) -> list[dict]:
     """``count`` one-device pods on a family node: Ascend shares of 16 GiB spread over the NPUs,
-    Kunlun whole cards picked at random (no two on one card)."""
+    the other families' whole devices picked at random (no two on one device)."""
     vendor = family_vendors()[FAMILY_VENDOR[family]]
     registered = vendor.parse_node_devices(NodeView.from_node(BY_KEY[family].node(node, devices=GPUS_PER_NODE)))
-    cards = rng.sample(range(len(registered)), min(count, len(registered))) if family == "kunlun" else None
+    shares = BY_KEY[family].family == "ascend"
+    cards = None if shares else rng.sample(range(len(registered)), min(count, len(registered)))
     pods = []
-    for j in range(count):
-        dev = registered[cards[j]] if cards is not None else registered[j % len(registered)]
-        if family == "kunlun":
-            given = ContainerDevice(dev.id, vendor.vendor_key, dev.devmem, dev.devcore)
-        else:
-            given = ContainerDevice(dev.id, vendor.vendor_key, 16384, 0)
+    for j in range(count if shares else len(cards)):
+        dev = registered[j % len(registered)] if shares else registered[cards[j]]
+        given = ContainerDevice(dev.id, vendor.vendor_key, 16384 if shares else dev.devmem, 0 if shares else dev.devcore)
         namespace = NAMESPACES[(index + j) % len(NAMESPACES)]
         pod = family_pod(f"job-{index:05d}-{j:02d}", family=family, namespace=namespace, app="trainer")
         pods.append(place_family(pod, node=node, family=family, devices=[given]))

@@ -391,7 +391,7 @@ def filter_nodes(table, query):
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
     cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused, slots
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
-    cdef bint better, any_mig, revisit, exclusive, equal_share, choosing, collect_all
+    cdef bint better, any_mig, revisit, free_cores, exclusive, equal_share, choosing, collect_all
     cdef list errors = []
     with nogil:
         for c in range(n_cand):
@@ -483,6 +483,11 @@ def filter_nodes(table, query):
                         out_total[c] = <int> ncands
                         break
                     mempct = 0
+                # A negative core request takes no cores and skips every core check (a Metax
+                # online sGPU task: its share is enforced on the device, not booked here).
+                free_cores = cores < 0
+                if free_cores:
+                    cores = 0
                 for i in range(ncands):
                     k = cand[i]
                     j = off + k
@@ -582,7 +587,7 @@ def filter_nodes(table, query):
                     if total_mem[j] - s_mem[k] < mem:
                         counts[CARD_INSUFFICIENT_MEMORY] += 1
                         continue
-                    if total_cores[j] - s_cores[k] < cores:
+                    if not free_cores and total_cores[j] - s_cores[k] < cores:
                         counts[CARD_INSUFFICIENT_CORE] += 1
                         continue
                     if equal_share and s_used[k] > 0 and s_mem[k] != s_used[k] * mem:
@@ -591,7 +596,7 @@ def filter_nodes(table, query):
                     if total_cores[j] == 100 and cores == 100 and s_used[k] > 0:
                         counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                         continue
-                    if total_cores[j] != 0 and s_cores[k] == total_cores[j] and cores == 0:
+                    if not free_cores and total_cores[j] != 0 and s_cores[k] == total_cores[j] and cores == 0:
                         counts[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
                         continue
                     prof = -1

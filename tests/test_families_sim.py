@@ -16,7 +16,7 @@ import pytest
 
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import NodeView
-from hami_py.devices.registry import FamilySwitches
+from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.fakeapi.families import BY_KEY, find_device_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,6 +32,10 @@ EXPECTED = {
     "kunlun": ("kunlun", "kunlun", 8, 98304, "kunlun"),
     "kunlun-vxpu": ("kunlun", "XPU", 8, 98304, "XPU"),
     "gcu": ("enflame", "GCU", 8, 100, "GCU"),
+    "mthreads": ("mthreads", "Mthreads", 8, 49152, "Mthreads"),
+    "biren": ("biren", "Biren", 8, 32768, "Biren"),
+    "vastai": ("vastai", "Vastai", 8, 16384, "Vastai"),
+    "vastai-die": ("vastai", "Vastai", 8, 8192, "Vastai"),
 }
 
 
@@ -96,7 +100,7 @@ def test_model_lookup_by_name_and_family():
 # -- the kind demo's patches ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("fake_device", ["ascend910b3", "ascend910b4", "ascend310p", "mlu370", "kunlun",
-                                         "kunlun-vxpu", "z100", "gcu"])
+                                         "kunlun-vxpu", "z100", "gcu", "mthreads", "biren", "vastai", "vastai-die"])
 def test_kind_patch_decodes(fake_device):
     """What hack/kind/fake-gpu-nodes.sh applies for FAKE_DEVICE=<family>, decoded by the family."""
     module, vendor_key, count, devmem, _ = EXPECTED[fake_device]
@@ -114,7 +118,8 @@ def test_kind_patch_decodes(fake_device):
     assert len(devices) == count and {d.devmem for d in devices} == {devmem}
 
 
-@pytest.mark.parametrize("fake_device", ["ascend910b3", "mlu370", "kunlun", "kunlun-vxpu", "z100", "gcu"])
+@pytest.mark.parametrize("fake_device", ["ascend910b3", "mlu370", "kunlun", "kunlun-vxpu", "z100", "gcu",
+                                         "mthreads", "biren", "vastai", "vastai-die"])
 def test_kind_demo_pods_ask_for_the_family(fake_device):
     """The demo pods of each FAKE_DEVICE parse as requests of that family's vendor."""
     from hami_py.devices.registry import build_vendors
@@ -207,6 +212,9 @@ def write(tmp_path, name: str, text: str) -> str:
     ("kunlun-vxpu", "P800", "kunlun", "XPU", "device: XPU\n    gpumem: 24Gi"),
     ("", "S60", "enflame", "GCU", "device: gcu"),
     ("", "Ascend310P", "ascend", "Ascend310P", "device: Ascend310P\n    gpumem: 3Gi"),
+    ("", "S4000", "mthreads", "Mthreads", "device: Mthreads\n    gpumem: 16Gi\n    gpucores: 4"),
+    ("", "BR104", "biren", "Biren", "device: biren"),
+    ("vastai-die", "VA1", "vastai", "Vastai", "device: Vastai\n    gpus: 2"),
 ])
 def test_each_family_simulates(tmp_path, capsys, family, model, module, vendor, request_lines):
     need_families(module)
@@ -220,7 +228,7 @@ def test_each_family_simulates(tmp_path, capsys, family, model, module, vendor, 
 
 
 @pytest.mark.parametrize("group,message", [
-    ("model: P800\n    family: amd", 'unknown family "amd"'),
+    ("model: P800\n    family: tenstorrent", 'unknown family "tenstorrent"'),
     ("model: P800\n    memory: 48Gi", '"memory" does not apply to P800 nodes'),
     ("model: Ascend910B3\n    numaNodes: 2", '"numaNodes" does not apply to Ascend910B3 nodes'),
     ("model: H200\n    family: ascend", 'unknown model "H200" in family ascend'),
@@ -246,3 +254,25 @@ def test_workload_device_errors(tmp_path, capsys, entry, message):
     workload = write(tmp_path, "workload.yaml", f"pods:\n  - name: job\n    {entry}\n")
     assert main(["--cluster", cluster, "--workload", workload, "--no-progress"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_all_families_example_places_a_pod_of_every_family(capsys):
+    """One ``hami-scheduler simulate`` run over examples/all-families: a cluster with every
+    family the scheduler has, and a workload asking for each; every pod is placed, on a device of
+    the family it asked for, and every family module of the registry has pods placed."""
+    from hami_py.devices.registry import _families
+    from hami_py.simulate.runner import SWITCHES
+    report = simulate_json(capsys, "--cluster", str(ROOT / "examples/all-families/cluster.yaml"),
+                           "--workload", str(ROOT / "examples/all-families/workload.yaml"))
+    vendors = build_vendors(DeviceConfig.default(), SWITCHES)
+    summary = report["summary"]
+    assert summary["pending"] == 0 and summary["placed"] == summary["pods"], [
+        p for p in report["pods"] if not p.get("node")]
+    placed_families = set()
+    for pod in report["pods"]:
+        keys = {d["vendor"] for d in pod["devices"]}
+        assert len(keys) == 1, pod
+        placed_families.add(vendors[keys.pop()].__class__.__module__.split(".")[2])
+    every_family = {build.__module__.split(".")[2] for build in _families()}
+    assert len(every_family) == 13
+    assert placed_families == every_family, f"no pod placed for {sorted(every_family - placed_families)}"

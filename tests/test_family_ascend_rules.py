@@ -16,7 +16,7 @@ from hypothesis import given, settings, strategies as st
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.ascend import topology
-from hami_py.devices.base import FLAG_CHOOSE
+from hami_py.devices.base import FLAG_CHOOSE, ChoiceAsk
 from hami_py.devices.registry import build_vendors
 from hami_py.embedded import embedded_options
 from hami_py.fakeapi.objects import gpu_node
@@ -141,8 +141,8 @@ def test_chooser_groups_by_network_and_scores_the_node():
     cache, vendors = _cache_with(npu_node("ascend-1", {"Ascend910B3": 8}))
     v = vendors["Ascend910B3"]
     assert v.kernel_flags & FLAG_CHOOSE and not vendors["Ascend310P"].kernel_flags & FLAG_CHOOSE
-    assert vendors["Ascend310P"].chooser(cache, {}) is None
-    choose = v.chooser(cache, {})
+    assert vendors["Ascend310P"].chooser(cache, ChoiceAsk({})) is None
+    choose = v.chooser(cache, ChoiceAsk({}))
     node = cache.node_index_of["ascend-1"]
     assert choose(node, [1, 2, 3, 4, 5, 6, 7], 4) == ([4, 5, 6, 7], 10.0)
     assert choose(node, [2, 3, 4, 5, 6], 4) == ([4, 5, 6, 2], 7.5)
@@ -154,7 +154,7 @@ def test_chooser_without_network_ids_is_first_fit_and_scores_nothing():
     node = npu_node("old-plugin", registrations={"Ascend910B3": npu_registration("old-plugin", "Ascend910B3", 4,
                                                                                  network=False)})
     cache, vendors = _cache_with(node)
-    choose = vendors["Ascend910B3"].chooser(cache, {})
+    choose = vendors["Ascend910B3"].chooser(cache, ChoiceAsk({}))
     assert choose(cache.node_index_of["old-plugin"], [3, 0, 1], 2) == ([3, 0], 0.0)
 
 
@@ -167,7 +167,7 @@ def test_topology_mode_needs_every_npu_of_the_kind_on_the_node():
     node = npu_node("n", registrations={"Ascend910B3": devices},
                     annotations={k: v for k, v in gpus["metadata"]["annotations"].items()})
     cache, vendors = _cache_with(node)
-    choose = vendors["Ascend910B3"].chooser(cache, {})
+    choose = vendors["Ascend910B3"].chooser(cache, ChoiceAsk({}))
     index = cache.node_index_of["n"]
     kinds = [d.type for d in cache.devices_at(index)]
     first = kinds.index("Ascend910B3")
@@ -180,14 +180,14 @@ def test_topology_mode_needs_every_npu_of_the_kind_on_the_node():
     index = cache.node_index_of["m"]
     kinds = [d.type for d in cache.devices_at(index)]
     first = kinds.index("Ascend910B3")
-    choose = vendors["Ascend910B3"].chooser(cache, {})
+    choose = vendors["Ascend910B3"].chooser(cache, ChoiceAsk({}))
     p = list(range(first, first + 8))
     assert choose(index, [p[0], p[4], p[5]], 2) == ([p[4], p[5]], 10.0)
 
 
 def test_chooser_pairs_910c_modules_by_registered_index():
     cache, vendors = _cache_with(npu_node("super-1", {"Ascend910C": 8}))
-    choose = vendors["Ascend910C"].chooser(cache, {})
+    choose = vendors["Ascend910C"].chooser(cache, ChoiceAsk({}))
     node = cache.node_index_of["super-1"]
     assert choose(node, [0, 2, 3, 4, 5, 6, 7], 4) == ([2, 3, 4, 5], 10.0)
     assert choose(node, [0, 1, 2, 4, 6], 4) == ALLOCATED_CARDS_INSUFFICIENT_REQUEST

@@ -127,10 +127,10 @@ def pods(draw):
     # Most pods ask for modest shares; the others for anything (whole GPUs, more than a GPU has...).
     modest = draw(st.sampled_from([True, True, False]))
     if modest:
-        nums, memreqs, mempcts, cores = [1, 1, 2], [0, 1000, 4096], [101, 101, 10], [0, 10, 30]
+        nums, memreqs, mempcts, cores = [1, 1, 2], [0, 1000, 4096], [101, 101, 10], [0, 10, 30, -1]
     else:
         nums, memreqs = [1, 2, 3, 4], [0, 1000, 4096, 20000, 90000]
-        mempcts, cores = [101, 10, 50, 100], [0, 10, 30, 100, 150]
+        mempcts, cores = [101, 10, 50, 100], [0, 10, 30, 100, 150, -1]   # -1: takes no cores, no core checks
     rows = []
     for c in range(n_init + n_app):
         # The first app container always asks for a device (a pod that asks for nothing fits

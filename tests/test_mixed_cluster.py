@@ -88,19 +88,64 @@ async def test_a_pod_asking_for_two_families_gets_one_allocation_per_family_on_a
 async def test_every_familys_devices_and_pods_are_in_upstreams_gauges(api, app, extender):
     """Upstream's ``hami_*`` gauges cover every family's devices and allocations, not NVIDIA's alone."""
     from tests.test_metrics import scrape, series
-    names = await register_nodes(api, app, gpu_node("gpu-0", gpus=1), ASCEND.node("npu-0"), KUNLUN.node("xpu-0"))
+    names = await register_nodes(api, app, gpu_node("gpu-0", gpus=1), ASCEND.node("npu-0"), KUNLUN.node("xpu-0"),
+                                 find_device_model("inf2").node("inf-0", devices=2),
+                                 find_device_model("MI300X").node("amd-0", devices=1))
     pods = [gpu_pod("train", gpus=1, gpumem=20000),
             _pod("infer", {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16384"}),
-            _pod("search", {"kunlunxin.com/xpu": "1"})]
+            _pod("search", {"kunlunxin.com/xpu": "1"}),
+            _pod("neuron", {"aws.amazon.com/neuroncore": "1"}),
+            _pod("rocm", {"amd.com/gpu": "1", "amd.com/gpumem": "8192", "amd.com/gpucores": "50"})]
     for pod in pods:
         stored, result = await place(api, extender, pod, names)
         await _bind(app, extender, stored, result["NodeNames"][0])
     samples = await scrape(app)
     limits = series(samples, "hami_gpu_memory_limit_bytes")
-    assert {dict(k)["node"] for k in limits} == {"gpu-0", "npu-0", "xpu-0"}
+    assert {dict(k)["node"] for k in limits} == {"gpu-0", "npu-0", "xpu-0", "inf-0", "amd-0"}
     allocated = {dict(k)["pod"]: v for k, v in series(samples, "hami_vgpu_memory_allocated_bytes").items()}
     assert allocated["train"] == 20000 * 2**20 and allocated["infer"] == 16384 * 2**20
     assert allocated["search"] == 98304 * 2**20         # a whole Kunlun card
+    assert allocated["neuron"] == 0 and allocated["rocm"] == 8192 * 2**20
+    cores = {dict(k)["pod"]: v for k, v in series(samples, "hami_vgpu_core_allocated_ratio").items()}
+    assert cores["neuron"] == 1                          # core 0's mask
+    assert cores["rocm"] == 50                           # 152 of the MI300X's 304 compute units, in percent
+
+
+async def test_metax_devices_and_pods_are_in_upstreams_gauges(api, app, extender):
+    from tests.test_metrics import scrape, series
+    names = await register_nodes(api, app, gpu_node("gpu-0", gpus=1), find_device_model("metax-gpu").node("mgpu-0"),
+                                 find_device_model("metax-sgpu").node("sgpu-0"))
+    for pod in (_pod("whole", {"metax-tech.com/gpu": "1"}),
+                _pod("share", {"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "8", "metax-tech.com/vcore": "30"})):
+        stored, result = await place(api, extender, pod, names)
+        await _bind(app, extender, stored, result["NodeNames"][0])
+    samples = await scrape(app)
+    assert {dict(k)["node"] for k in series(samples, "hami_gpu_memory_limit_bytes")} == {"gpu-0", "mgpu-0", "sgpu-0"}
+    allocated = {dict(k)["pod"]: v for k, v in series(samples, "hami_vgpu_memory_allocated_bytes").items()}
+    assert allocated["whole"] == 65536 * 2**20 and allocated["share"] == 8 * 2**30
+
+
+async def test_mthreads_biren_and_vastai_devices_and_pods_are_in_the_gauges(api, app, extender):
+    from tests.test_metrics import scrape, series
+    models = {"mt-0": find_device_model("S4000"), "br-0": find_device_model("BR104"),
+              "va-0": find_device_model("VA1-die")}
+    names = await register_nodes(api, app, *(m.node(n, devices=2) for n, m in models.items()))
+    for pod in (_pod("sgpu", {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "32", "mthreads.com/sgpu-core": "4"}),
+                _pod("slot", {"birentech.com/gpu": "1"}), _pod("dies", {"vastaitech.com/va": "2"})):
+        stored, result = await place(api, extender, pod, names)
+        await _bind(app, extender, stored, result["NodeNames"][0])
+    samples = await scrape(app)
+    limits = series(samples, "hami_gpu_memory_limit_bytes")
+    assert {dict(k)["node"] for k in limits} == set(models)
+    assert {dict(k)["node"]: v for k, v in limits.items()}["mt-0"] == 49152 * 2**20   # 96 units of 512 MiB
+    allocated = {dict(k)["pod"]: v for k, v in series(samples, "hami_vgpu_memory_allocated_bytes").items()}
+    assert allocated["sgpu"] == 32 * 512 * 2**20
+    assert allocated.get("slot", 0) == 0 and allocated.get("dies", 0) == 0   # slots only: no memory charged
+    shares: dict[str, float] = {}
+    for k, v in series(samples, "hami_gpu_shared_count").items():
+        shares[dict(k)["node"]] = shares.get(dict(k)["node"], 0) + v
+    assert shares == {"mt-0": 1, "br-0": 1, "va-0": 2}
+    assert_books_balance(app)
 
 
 async def test_the_nodes_path_fits_a_familys_pod_against_the_node_objects_sent(api, app, extender):

@@ -147,6 +147,10 @@ class DeviceTable:
         # this index) must not write over the blocks behind it.
         self.node_pair_offset[entry.index] = -1
 
+    def entry_at(self, node_index: int) -> NodeEntry | None:
+        """The node entry holding ``node_index``, if any."""
+        return self._owners.get(node_index)
+
     def devices_at(self, node_index: int) -> list[DeviceInfo]:
         """The devices of the node at ``node_index`` (the kernel's node numbering), in the order
         of its slice of the device columns: what a vendor's chooser reads."""

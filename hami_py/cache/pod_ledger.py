@@ -120,6 +120,9 @@ class PodLedger:
         # Every annotation a pod's charge is decoded from.
         self._allocation_keys = [VGPU_NODE_ANNOTATION, *dict.fromkeys(
             k for v in vendors.values() for k in (v.allocated_annotation, *v.decision_annotations()) if k)]
+        # The pod annotations kept with a charge for the families' choosers (DeviceVendor.pod_marks).
+        self._mark_keys = tuple(dict.fromkeys(k for v in vendors.values() for k in v.pod_marks))
+        self._allocation_keys.extend(k for k in self._mark_keys if k not in self._allocation_keys)
         self.pods_synced = False
         self._relist_pods_seen: set[str] = set()
 
@@ -145,6 +148,22 @@ class PodLedger:
             if pod.name == name and pod.namespace == namespace:
                 return uid
         return ""
+
+    def marks_of(self, annotations: dict[str, str]) -> dict[str, str]:
+        """The pod annotations kept with its charge (every family's ``pod_marks`` it carries)."""
+        return {k: annotations[k] for k in self._mark_keys if k in annotations} if self._mark_keys else {}
+
+    def device_marks(self, entry: NodeEntry) -> list[list[tuple[dict[str, str], UsageEntry]]]:
+        """Per device of the node (its slice order), each pod charged to it: (its marks, its
+        charge there)."""
+        out: list[list[tuple[dict[str, str], UsageEntry]]] = [[] for _ in range(entry.length)]
+        offset = entry.offset
+        for uid in self.node_pods.get(entry.name, ()):
+            pod = self.pods[uid]
+            for e, j in zip(pod.entries, pod.resolved):
+                if offset <= j < offset + entry.length:
+                    out[j - offset].append((pod.marks, e))
+        return out
 
     def pods_on_node(self, node: str, except_uid: str = "") -> Iterator[PodUsage]:
         for uid in self.node_pods.get(node, ()):
@@ -190,7 +209,8 @@ class PodLedger:
             self.released.pop(pod.uid, None)
         old = self.pods.get(pod.uid)
         if old is not None:
-            if old.node == pod.node and old.entries == pod.entries and old.mig == pod.mig:
+            if old.node == pod.node and old.entries == pod.entries and old.mig == pod.mig \
+                    and old.marks == pod.marks:
                 old.resource_version = pod.resource_version or old.resource_version
                 old.reserved = pod.reserved
                 old.decided = old.decided or pod.decided
@@ -275,8 +295,8 @@ class PodLedger:
                     mig.append(record)
         return PodUsage(uid=meta.get("uid", ""), namespace=meta.get("namespace", ""),
                         name=meta.get("name", ""), node=node, entries=entries,
-                        resource_version=_rv(pod), mig=mig, priority=pod_priority(pod),
-                        started=_started(pod))
+                        resource_version=_rv(pod), mig=mig, marks=self.marks_of(annotations),
+                        priority=pod_priority(pod), started=_started(pod))
 
     def on_pod_event(self, event_type: str, pod: dict) -> None:
         meta = pod.get("metadata") or {}

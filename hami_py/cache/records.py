@@ -50,6 +50,8 @@ class PodUsage:
     # The resourceVersion of the pod object that /filter decided for: a relist taken after it
     # that no longer has the pod proves the pod deleted, and the unbound reservation goes.
     filtered_rv: int | None = None
+    # The pod's annotations that device families keep with its charge (DeviceVendor.pod_marks).
+    marks: dict[str, str] = field(default_factory=dict)
     # spec.priority and when the pod started (status.startTime, else its creation), seconds since
     # the epoch: what device preemption orders its victims by (scheduling/preemption.py).
     priority: int = 0

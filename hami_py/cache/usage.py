@@ -42,7 +42,7 @@ _PARTITION_ATTRIBUTES = ("prof_names", "place_spans", "mig_doubts")
 _LEDGER_ATTRIBUTES = (
     "pods", "node_pods", "released", "deleted",
     "live_reservation", "bound_node", "uid_of", "add_pod_usage", "release_pod", "release_unbound_reservations",
-    "forget_decision", "remove_pod",
+    "forget_decision", "remove_pod", "marks_of",
     "pod_usage_from_object", "on_pod_event", "replace_pods", "begin_pod_relist", "relist_pods_page",
     "finish_pod_relist", "recount",
 )
@@ -93,6 +93,13 @@ class UsageCache:
         """A readable snapshot of one node's devices (for tests, the demo and metrics)."""
         entry = self.nodes.get(node)
         return [] if entry is None else self.table.snapshot(entry)
+
+    def device_marks(self, node_index: int) -> list[list[tuple[dict[str, str], UsageEntry]]]:
+        """Per device of the node at ``node_index`` (as :meth:`devices_at` orders them), each pod
+        charged to it: (its marks, ``DeviceVendor.pod_marks``, and its charge there). For the
+        choosers of families whose devices take a mode from the tasks they host."""
+        entry = self.table.entry_at(node_index)
+        return [] if entry is None else self.ledger.device_marks(entry)
 
     def devices_at(self, node_index: int) -> list[DeviceInfo]:
         """The devices of the node at ``node_index`` (the kernel's node numbering), in the order

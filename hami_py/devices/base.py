@@ -12,7 +12,7 @@ templates and NetworkID groups) overrides what it needs. Nothing is read with ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from hami_py._kernel import CODES
 
@@ -144,6 +144,35 @@ class Charger:
         container ``container`` (init containers first), or None."""
         return None
 
+    def settle(self, node_index: int, position: int, container: int, device: ContainerDevice) -> None:
+        """The last word on one device of the winning node's decision, before its annotations are
+        encoded and its reservation is charged (both read ``device``). By default its custom data
+        is what :meth:`describe` says. A family whose charge is the device's own rather than the
+        row's (a core mask that depends on which cores are free, a share of the device's compute
+        units) sets ``device.usedmem``/``usedcores``/``type`` here: the annotations and the books
+        then carry the same values. The kernel's checks use the charger's row values, so a family
+        doing this returns values that never exceed the device's real charge, and refines the
+        choice in its chooser."""
+        device.custom = self.describe(node_index, position, container)
+
+
+@dataclass(slots=True, frozen=True)
+class ChoiceAsk:
+    """What a family's chooser is built from, once per /filter: the pod's annotations, this
+    family's request rows of the pod in the order the kernel asks the chooser about them on each
+    node (one call per row, the node's rows in order; a node that fails a row is asked nothing
+    more), whether each of those rows is an init container's (upstream fits each init container,
+    and the app containers together, from the node as it was before the pod), and the names of
+    the node and GPU policies the pod is placed with (the pod's, else the scheduler's; as upstream
+    reads them: ``binpack``, ``spread``, ``mutex``, a comma chain ...), and the charger the family
+    built for the same filter, for a family whose choice and charge are one computation."""
+    pod_annotations: dict[str, str]
+    rows: tuple[ContainerRequest, ...] = ()
+    init_rows: tuple[bool, ...] = ()
+    node_policy: str = ""
+    gpu_policy: str = ""
+    charger: "Charger | None" = None    # the family's charger of the same filter (FLAG_CHARGE)
+
 
 class DeviceVendor:
     """One device family. Subclasses set the class attributes and override what they have."""
@@ -170,12 +199,23 @@ class DeviceVendor:
     extra_lock_annotation: str | None = None
     extra_lock_expiry_s: float = 120.0
     kernel_flags: int = 0
+    # Pod annotations the cache keeps with each pod's charge (``PodUsage.marks``) for this
+    # family's chooser, which reads them back of the pods already on a device
+    # (``UsageCache.device_marks``): a device whose mode follows the tasks it hosts.
+    pod_marks: tuple[str, ...] = ()
 
     # -- resources and config --------------------------------------------------------------
 
     def resource_names(self) -> list[str]:
         """Every extended resource name this family manages (for managedResources)."""
         return []
+
+    def request_resources(self) -> tuple[str, str, str, int]:
+        """(count, memory, core resource name, MiB a memory unit) a container asks with, "" where
+        the family has none: how a simple request (n devices, m MiB, c cores) is spelled for
+        this family (the simulator's workload shorthand)."""
+        names = self.resource_names()
+        return (names[0] if names else "", "", "", 1)
 
     def quota_resources(self) -> tuple[str, str, int]:
         """(memory resource, core resource, memory factor) that namespace quotas may limit;
@@ -238,9 +278,11 @@ class DeviceVendor:
         gives each request row's container position (init containers first)."""
         return None
 
-    def chooser(self, cache, pod_annotations: dict[str, str]) -> Chooser | None:
-        """The per-node choice for FLAG_CHOOSE families (see :data:`Chooser`); ``cache`` gives
-        the node's devices (``cache.devices_at(node_index)``) and usage arrays."""
+    def chooser(self, cache, ask: "ChoiceAsk") -> Chooser | None:
+        """The per-node choice for FLAG_CHOOSE families (see :data:`Chooser`), built once per
+        /filter from what the pod asks (:class:`ChoiceAsk`); ``cache`` gives the node's devices
+        (``cache.devices_at(node_index)``), usage arrays and, for the families that keep them, the
+        pods' marks per device (``cache.device_marks(node_index)``, see ``pod_marks``)."""
         return None
 
     # -- allocation annotations ------------------------------------------------------------

@@ -279,7 +279,7 @@ class KunlunVendor(CapacityCards, TemplateVendor):
         request.memreq, request.mempct, request.coresreq = 0, 100, 100
         return request
 
-    def chooser(self, cache, pod_annotations: dict[str, str]):
+    def chooser(self, cache, ask):
         return topology_chooser(cache, score=True)
 
     def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0,
@@ -353,7 +353,7 @@ class VXPUVendor(TemplateVendor):
             resources["requests"][spec.memory_resource] = rounded
         return True
 
-    def chooser(self, cache, pod_annotations: dict[str, str]):
+    def chooser(self, cache, ask):
         return topology_chooser(cache, score=False)
 
 

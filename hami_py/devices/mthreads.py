@@ -1,9 +1,248 @@
-"""Placeholder: this family is being built (issue 15)."""
+"""Moore Threads (Mthreads) sGPUs: shares of MTT GPUs, from the node's capacity.
+
+Mthreads' device plugin registers no annotation: it advertises ``mthreads.com/sgpu-core`` (16
+cores a GPU) and ``mthreads.com/sgpu-memory`` (units of 512 MiB, the whole node) as node
+capacity, and the scheduler synthesises one device per 16 cores: ``<node>-mthreads-<i>``, 100
+shares, ``memory × 512 × 16 / cores`` MiB, 16 cores, type ``Mthreads``, always healthy.
+
+A container asks with ``mthreads.com/vgpu`` (count), ``mthreads.com/sgpu-memory`` (units of
+512 MiB) and ``mthreads.com/sgpu-core``, both **for all its GPUs together**: each GPU is charged
+the total divided by the count. Upstream's webhook sizes a request (1 GPU: 2, 4, 8, 16, 32, 64 or
+96 units, default 96 units and 16 cores; several GPUs: 96 units and 16 cores each, and the pod
+annotation ``mthreads.com/request-gpu-num``). Namespace quotas on
+``limits.mthreads.com/sgpu-memory`` (units of 512 MiB) and ``limits.mthreads.com/sgpu-core`` hold
+at admission and at filter. Upstream's custom rule: a container may only use the device the pod's
+earlier containers got (all of a pod's shares on one GPU), which :func:`same_device_chooser`
+applies per node. No node lock. The decision writes
+``hami.io/mthreads-vgpu-devices-allocated`` and what Mthreads' device plugin reads:
+``mthreads.com/gpu-index`` (the device indexes), ``mthreads.com/predicate-time`` (Unix
+nanoseconds) and ``mthreads.com/predicate-node``.
+
+Deliberate differences (docs/devices/mthreads.md): a malformed count, memory or core value
+refuses the pod naming container, resource and value (upstream drops the request, or reads cores
+as 0); a capacity that is not a whole number is refused (upstream reads it as 0 or no devices).
+"""
 from __future__ import annotations
 
-from hami_py.config import DeviceConfig
-from hami_py.devices.base import DeviceVendor
+from dataclasses import dataclass
+
+from hami_py.config import DeviceConfig, Section
+from hami_py.devices.base import FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices
+from hami_py.devices.codec import encode_pod_devices
+from hami_py.devices.template import (
+    MISSING, MAX_CAPACITY_CARDS, TemplateSpec, TemplateVendor, ensure_limits, lookup, request_error, resource_lists,
+    rounded_quantity, whole_number,
+)
+from hami_py.quantity import INT32_MAX, parse_exact_int
+from hami_py.reasons import CARD_NOT_FOUND_CUSTOM_FILTER_RULE
+
+VENDOR_KEY = "Mthreads"
+SECTION = "mthreads"
+
+ALLOCATED_ANNOTATION = "hami.io/mthreads-vgpu-devices-allocated"
+# Registered by upstream as the family's in-request key, but never written: not ours either.
+TO_ALLOCATE_ANNOTATION = "hami.io/mthreads-vgpu-devices-to-allocate"
+GPU_INDEX_ANNOTATION = "mthreads.com/gpu-index"
+PREDICATE_TIME_ANNOTATION = "mthreads.com/predicate-time"
+PREDICATE_NODE_ANNOTATION = "mthreads.com/predicate-node"
+REQUEST_GPU_NUM_ANNOTATION = "mthreads.com/request-gpu-num"
+USE_UUID_ANNOTATION = "mthreads.ai/use-gpuuuid"
+NOUSE_UUID_ANNOTATION = "mthreads.ai/nouse-gpuuuid"
+
+MEMORY_UNIT = 512              # MiB per unit of mthreads.com/sgpu-memory
+CORES_PER_GPU = 16
+MEMORY_PER_GPU = 96            # units of 512 MiB: what the webhook gives each GPU by default
+LEGAL_MEMORY = (2, 4, 8, 16, 32, 64, 96)
+SHARES_PER_GPU = 100
 
 
-def build_family(config: DeviceConfig, switches) -> list[DeviceVendor]:
-    return []
+@dataclass(slots=True, frozen=True)
+class MthreadsConfig:
+    """The ``mthreads`` section (upstream's ``MthreadsConfig``); a missing key is Go's zero value."""
+    resource_count_name: str = ""
+    resource_memory_name: str = ""
+    resource_core_name: str = ""
+
+    @classmethod
+    def from_section(cls, section: Section) -> MthreadsConfig:
+        return cls(section.str("resourceCountName", only_strings=True),
+                   section.str("resourceMemoryName", only_strings=True),
+                   section.str("resourceCoreName", only_strings=True))
+
+
+def device_index(uuid: str) -> int | None:
+    """The index of a synthesised id ``<node>-mthreads-<i>``."""
+    head, sep, tail = uuid.rpartition("-mthreads-")
+    if not sep or not tail.isdigit():
+        return None
+    return int(tail)
+
+
+def same_device_chooser(cache, init_rows: list[bool] = ()):
+    """Upstream's custom rule, per node: a device fits a container only when every device the
+    pod's earlier containers got there is that same device. The first container takes the first
+    ``nums`` fitting devices (the generic fit's choice); a later one the one device already
+    given, when it fits, else the node is refused (CardNotFoundCustomFilterRule). As upstream,
+    init containers are held to the earlier init containers' devices and app containers to the
+    earlier app containers' (``init_rows``: whether each of the family's rows is an init
+    container's; see ``ChoiceAsk.init_rows``). Constant work beyond one pass over the
+    fitting positions."""
+    given: dict[tuple[int, bool], set[str]] = {}   # (node index, init?) -> ids the pod got there
+    calls: dict[int, int] = {}                     # node index -> rows chosen so far
+
+    def choose(node_index: int, positions: list[int], nums: int):
+        row = calls.get(node_index, 0)
+        calls[node_index] = row + 1
+        group = (node_index, row < len(init_rows) and bool(init_rows[row]))
+        earlier = given.get(group)
+        devices = cache.devices_at(node_index)
+        if not earlier:
+            chosen = positions[:nums]
+        elif len(earlier) > 1:
+            return CARD_NOT_FOUND_CUSTOM_FILTER_RULE   # no device equals two others
+        else:
+            chosen = [p for p in positions if devices[p].id in earlier][:nums]
+            if len(chosen) < nums:
+                return CARD_NOT_FOUND_CUSTOM_FILTER_RULE
+        given.setdefault(group, set()).update(devices[p].id for p in chosen)
+        return chosen, 0.0
+
+    return choose
+
+
+class MthreadsVendor(TemplateVendor):
+    """Upstream's ``Mthreads`` vendor."""
+
+    kernel_flags = FLAG_CHOOSE
+    uses_node_lock = False
+
+    def __init__(self, config: MthreadsConfig):
+        self.config = config
+        super().__init__(TemplateSpec(
+            vendor_key=VENDOR_KEY,
+            count_resource=config.resource_count_name,
+            memory_resource=config.resource_memory_name,
+            core_resource=config.resource_core_name,
+            memory_unit=MEMORY_UNIT,
+            allocated_annotation=ALLOCATED_ANNOTATION,
+            use_uuid=(USE_UUID_ANNOTATION,),
+            nouse_uuid=(NOUSE_UUID_ANNOTATION,),
+            # Upstream accounts namespace quota on the memory (x 512) and core names and checks
+            # it at admission; as for Ascend, the filter checks it too.
+            quota=True,
+        ))
+
+    # -- inventory -------------------------------------------------------------------------
+
+    def registration_inputs(self, node) -> object:
+        spec = self.spec
+        capacity = node.capacity
+        return (capacity.get(spec.core_resource) if spec.core_resource else None,
+                capacity.get(spec.memory_resource) if spec.memory_resource else None)
+
+    def registration_source(self) -> str:
+        return f"{self.spec.core_resource} capacity"
+
+    def _capacity(self, node, resource: str, high: int) -> int:
+        raw = node.capacity.get(resource, 0) if resource else 0
+        number = parse_exact_int(raw)
+        if number is None:
+            raise DeviceDecodeError(f"{resource} {raw!r} is not a whole number")
+        if not 0 <= number <= high:
+            raise DeviceDecodeError(f"{resource} {raw!r} is out of range: must be between 0 and {high}")
+        return number
+
+    def parse_node_devices(self, node) -> list[DeviceInfo]:
+        """One device per 16 cores of capacity (the last one also for a remainder), as upstream."""
+        spec = self.spec
+        if not spec.core_resource or spec.core_resource not in node.capacity:
+            return []
+        cores = self._capacity(node, spec.core_resource, CORES_PER_GPU * MAX_CAPACITY_CARDS)
+        if cores == 0:
+            return []
+        memory = self._capacity(node, spec.memory_resource, INT32_MAX)
+        devmem = memory * MEMORY_UNIT * CORES_PER_GPU // cores
+        if devmem > INT32_MAX:
+            raise DeviceDecodeError(f"{spec.memory_resource} {node.capacity.get(spec.memory_resource)!r} gives "
+                                    f"{devmem} MiB a device over {cores} cores, beyond int32")
+        gpus = -(-cores // CORES_PER_GPU)
+        return [DeviceInfo(id=f"{node.name}-mthreads-{i}", index=i, count=SHARES_PER_GPU, devmem=devmem,
+                           devcore=CORES_PER_GPU, type=VENDOR_KEY, health=True) for i in range(gpus)]
+
+    # -- requests --------------------------------------------------------------------------
+
+    def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
+        # Memory and cores are the container's total: each of its devices gets an equal part.
+        request.memreq //= request.nums
+        request.coresreq //= request.nums
+        return request
+
+    # -- admission -------------------------------------------------------------------------
+
+    def mutate_admission(self, container: dict, pod: dict) -> bool:
+        """Upstream's webhook: the count from limits, else requests; a multi-GPU container gets 16
+        cores and 96 memory units a GPU (and the pod ``mthreads.com/request-gpu-num``), a one-GPU
+        container without memory 16 and 96, and a one-GPU memory must be a legal size."""
+        spec = self.spec
+        limits, requests = resource_lists(container)
+        raw = lookup(limits, requests, spec.count_resource)
+        if raw is MISSING:
+            return False
+        name = str(container.get("name") or "")
+        count = rounded_quantity(name, spec.count_resource, raw)
+        if count <= 0:
+            raise request_error(name, spec.count_resource, raw, "must be greater than 0")
+        limits = ensure_limits(container)
+        if count > 1:
+            self._set_defaults(limits, count)
+            meta = pod.get("metadata")
+            if not isinstance(meta, dict):
+                meta = pod["metadata"] = {}
+            if not isinstance(meta.get("annotations"), dict):
+                meta["annotations"] = {}
+            meta["annotations"][REQUEST_GPU_NUM_ANNOTATION] = str(count)
+            return True
+        if not spec.memory_resource or spec.memory_resource not in limits:
+            self._set_defaults(limits, count)
+            return True
+        memory = limits[spec.memory_resource]
+        if parse_exact_int(memory) not in LEGAL_MEMORY:
+            raise request_error(name, spec.memory_resource, memory,
+                                "is invalid: sGPU memory request value is invalid, valid values are "
+                                "[2, 4, 8, 16, 32, 64, 96]")
+        return True
+
+    def _set_defaults(self, limits: dict, count: int) -> None:
+        spec = self.spec
+        if spec.core_resource:
+            limits[spec.core_resource] = str(count * CORES_PER_GPU)
+        if spec.memory_resource:
+            limits[spec.memory_resource] = str(count * MEMORY_PER_GPU)
+
+    # -- fit -------------------------------------------------------------------------------
+
+    def chooser(self, cache, ask):
+        return same_device_chooser(cache, ask.init_rows)
+
+    # -- allocation annotations ------------------------------------------------------------
+
+    def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0,
+                          pod_annotations=None) -> dict[str, str]:
+        if not any(pod_devices):
+            return {}
+        out = {ALLOCATED_ANNOTATION: encode_pod_devices(pod_devices)}
+        for container in pod_devices:      # the last container with devices wins, as upstream
+            if container:
+                indexes = [device_index(d.uuid) for d in container]
+                out[GPU_INDEX_ANNOTATION] = ",".join("" if i is None else str(i) for i in indexes)
+                out[PREDICATE_TIME_ANNOTATION] = str(round(now * 1_000_000) * 1000)   # Unix ns (a float has µs)
+                out[PREDICATE_NODE_ANNOTATION] = node
+        return out
+
+    def decision_annotations(self) -> tuple[str, ...]:
+        return (ALLOCATED_ANNOTATION, GPU_INDEX_ANNOTATION, PREDICATE_TIME_ANNOTATION, PREDICATE_NODE_ANNOTATION)
+
+
+def build_family(config: DeviceConfig, switches) -> list[MthreadsVendor]:
+    """Always built, as upstream always initialises it."""
+    return [MthreadsVendor(MthreadsConfig.from_section(config.section(SECTION)))]

@@ -139,6 +139,10 @@ class TemplateVendor(DeviceVendor):
         spec = self.spec
         return [n for n in (spec.count_resource, spec.memory_resource, spec.core_resource) if n]
 
+    def request_resources(self) -> tuple[str, str, str, int]:
+        spec = self.spec
+        return spec.count_resource, spec.memory_resource, spec.core_resource, max(spec.memory_unit, 1)
+
     def quota_resources(self) -> tuple[str, str, int]:
         spec = self.spec
         if not spec.quota:

@@ -1,4 +1,4 @@
-"""Nodes as the other device families' plugins register them: Ascend, Cambricon, Hygon, Kunlun, Enflame.
+"""Nodes as the other device families' plugins register them: Ascend, Cambricon, Hygon, Iluvatar, Kunlun, Enflame.
 
 Each family's device plugin announces its devices in its own way, and the scheduler reads
 exactly that (see /work/shared/reference/hami-vendors.md and each module under
@@ -23,6 +23,13 @@ Kunlun P800        Whole XPUs: capacity ``kunlunxin.com/xpu`` only.
 Kunlun vXPU        ``hami.io/node-register-xpu`` JSON (type ``XPU``, 98304 MiB, 4 shares a card),
                    ``hami.io/node-handshake-xpu``, capacity ``kunlunxin.com/vxpu``.
 Enflame GCU S60    Whole GCUs: capacity ``enflame.com/gcu`` only.
+Iluvatar MR-V100   ``hami.io/node-MR-V100-register`` in the colon format (9 fields, 4 shares a card),
+                   ``hami.io/node-handshake-MR-V100``, capacity ``iluvatar.ai/MR-V100-vgpu``.
+AWS Neuron         No annotation: capacity ``aws.amazon.com/neuron`` (devices) and
+(inf2, trn1)       ``aws.amazon.com/neuroncore`` (2 cores a device), and the instance-type label
+                   ``node.kubernetes.io/instance-type`` (``inf2.48xlarge``, ``trn1.32xlarge``).
+AMD MI300X         ``hami.io/node-amd-register``: a JSON list (type ``AMD-MI300X``, 196608 MiB,
+                   ``devcore`` = 304 compute units, 4 shares a GPU), capacity ``amd.com/gpu``.
 =================  ==========================================================================
 
 Resource names are read from the device config (the chart's default unless one is given), as the
@@ -235,6 +242,176 @@ def _enflame(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
     return NodeParts(labels={"gcu": "on"}, capacity={section.get("resourceNameGCU", "enflame.com/gcu"): str(o.devices)})
 
 
+# -- Mthreads, Biren, Vastai ------------------------------------------------------------------------
+# Mthreads MTT S4000: no annotation; capacity ``mthreads.com/sgpu-core`` (16 a GPU) and
+# ``mthreads.com/sgpu-memory`` (units of 512 MiB: 96 a 48 GiB GPU), plus ``mthreads.com/vgpu``.
+# Biren BR104: ``hami.io/node-biren-register`` JSON (type ``Biren``, ``count`` shares a GPU),
+# ``hami.io/node-handshake-biren``, capacity ``birentech.com/gpu``.
+# Vastai VA1: ``hami.io/node-va-register`` JSON (type ``Vastai``), ``hami.io/node-handshake-va``,
+# capacity ``vastaitech.com/va``; the die model registers each die (two a card) with
+# ``custominfo`` ``{"DeviceStrategy": "die", "AIC": "<card>"}``.
+
+MTHREADS_MEMORY_UNIT = 512
+MTHREADS_CORES = 16
+
+
+def _mthreads(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "mthreads") or {}
+    memory = o.memory if o.memory is not None else model.devmem
+    return NodeParts(labels={"mthreads": "on"}, capacity={
+        section.get("resourceCountName", "mthreads.com/vgpu"): str(o.devices),
+        section.get("resourceCoreName", "mthreads.com/sgpu-core"): str(o.devices * MTHREADS_CORES),
+        section.get("resourceMemoryName", "mthreads.com/sgpu-memory"): str(o.devices * (memory // MTHREADS_MEMORY_UNIT)),
+    })
+
+
+def _biren(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "biren") or {}
+    count = o.split if o.split is not None else 4
+    memory = o.memory if o.memory is not None else model.devmem
+    entries = [{"id": f"BR-{device_uuid(node, 'biren', i)[:24]}", "index": i, "count": count, "devmem": memory,
+                "devcore": 100, "type": "Biren", "numa": 0, "health": i not in o.unhealthy}
+               for i in range(o.devices)]
+    return NodeParts(annotations={"hami.io/node-biren-register": _go_json(entries),
+                                  "hami.io/node-handshake-biren": HANDSHAKE_REPORTED},
+                     labels={"biren": "on"},
+                     capacity={section.get("resourceCountName", "birentech.com/gpu"): str(o.devices * count)})
+
+
+def _vastai(model: DeviceModel, node: str, o: BuildOptions, *, die: bool) -> NodeParts:
+    section = _section(o.config, "vastai") or {}
+    count = o.split if o.split is not None else 1
+    memory = o.memory if o.memory is not None else model.devmem
+    entries = []
+    for i in range(o.devices):
+        entry = {"id": f"VA-{device_uuid(node, 'vastai', i)[:24]}", "index": i, "count": count, "devmem": memory,
+                 "devcore": 100, "type": "Vastai", "numa": 0, "health": i not in o.unhealthy}
+        if die:
+            entry["custominfo"] = {"DeviceStrategy": "die", "AIC": str(i // 2)}
+        entries.append(entry)
+    return NodeParts(annotations={"hami.io/node-va-register": _go_json(entries),
+                                  "hami.io/node-handshake-va": HANDSHAKE_REPORTED},
+                     labels={"vastai": "on"},
+                     capacity={section.get("resourceCountName", "vastaitech.com/va"): str(o.devices * count)})
+
+
+def _vastai_card(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    return _vastai(model, node, o, die=False)
+
+
+def _vastai_die(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    return _vastai(model, node, o, die=True)
+
+
+def _mthreads_biren_vastai_models() -> list[DeviceModel]:
+    return [
+        DeviceModel(key="mthreads", family="mthreads", model="S4000", vendor_key="Mthreads", devmem=48 * GiB,
+                    description="Moore Threads MTT S4000 (48 GiB) sGPUs, Mthreads' device plugin (node capacity)",
+                    build=_mthreads, aliases=("mtt-s4000", "mthreads-s4000"), settable=("memory",),
+                    demo_limits=(("sgpu-quarter", {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "32",
+                                                   "mthreads.com/sgpu-core": "4"}),
+                                 ("sgpu-whole", {"mthreads.com/vgpu": "1"}))),
+        DeviceModel(key="biren", family="biren", model="BR104", vendor_key="Biren", devmem=32 * GiB,
+                    description="Biren BR104 (32 GiB) shared by slots, HAMi's Biren device plugin", build=_biren,
+                    aliases=("biren-br104", "br104"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("biren-one", {"birentech.com/gpu": "1"}),)),
+        DeviceModel(key="vastai", family="vastai", model="VA1", vendor_key="Vastai", devmem=16 * GiB,
+                    description="Vastai VA1 whole cards, HAMi's Vastai device plugin", build=_vastai_card,
+                    aliases=("vastai-va1", "va1"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("va-one", {"vastaitech.com/va": "1"}),)),
+        DeviceModel(key="vastai-die", family="vastai-die", model="VA1", vendor_key="Vastai", devmem=8 * GiB,
+                    description="Vastai VA1 in die mode (two dies a card, grouped by AIC)", build=_vastai_die,
+                    aliases=("va1-die",), settable=("splitCount", "memory", "unhealthy"), primary=False,
+                    demo_limits=(("va-two-dies", {"vastaitech.com/va": "2"}),)),
+    ]
+
+
+# -- Iluvatar ---------------------------------------------------------------------------------------
+
+def _iluvatar_entry(common_word: str, config: DeviceConfig | None) -> dict:
+    """The chip's entry of the device config's ``iluvatars`` list (the chart default's if none)."""
+    for entry in _section(config, "iluvatars") or []:
+        if entry.get("commonWord") == common_word:
+            return entry
+    raise KeyError(f"the device config has no iluvatars entry {common_word!r}")
+
+
+def _iluvatar(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    """Iluvatar's vGPU plugin: ``hami.io/node-<cw>-register`` in the colon format (9 fields: the
+    card's index and mode too), its handshake, and the count resource in capacity."""
+    entry = _iluvatar_entry(model.model, o.config)
+    count = o.split if o.split is not None else 4
+    memory = o.memory if o.memory is not None else model.devmem
+    text = "".join(f"GPU-{device_uuid(node, 'ix', i)},{count},{memory},100,{model.model},0,"
+                   f"{'false' if i in o.unhealthy else 'true'},{i},hami-core:" for i in range(o.devices))
+    return NodeParts(annotations={f"hami.io/node-{model.model}-register": text,
+                                  f"hami.io/node-handshake-{model.model}": HANDSHAKE_REPORTED},
+                     labels={"iluvatar": "on"},
+                     capacity={entry["resourceCountName"]: str(o.devices * count)})
+
+
+# -- Metax ------------------------------------------------------------------------------------------
+
+METAX_SGPU_MEMORY = 65536       # MiB of a C500 card
+
+
+def _metax_gpu(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    """Whole cards advertised as capacity, with the topology the plugin publishes: a pod of n
+    cards loses more of the node's MetaLink the more cards it spans beyond a 4-card ring."""
+    section = _section(o.config, "metax") or {}
+    n = o.devices
+    losses = {str(k): (0 if k in (1, 2, 4, 8) else 100 * (k % 4)) for k in range(1, n + 1)}
+    scores = {str(k): 100 * k for k in range(1, n + 1)}
+    return NodeParts(annotations={"metax-tech.com/gpu.topology.losses": orjson.dumps(losses).decode(),
+                                  "metax-tech.com/gpu.topology.scores": orjson.dumps(scores).decode()},
+                     labels={"metax-gpu": "on"},
+                     capacity={section.get("resourceCountName", "metax-tech.com/gpu"): str(n)})
+
+
+def _metax_sgpu(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    """The sGPU plugin's JSON: two MetaLink zones of half the cards each, 16 shares a card."""
+    section = _section(o.config, "metax") or {}
+    count = o.split if o.split is not None else 16
+    memory = o.memory if o.memory is not None else METAX_SGPU_MEMORY
+    half = max(o.devices // 2, 1)
+    entries = [{"uuid": f"GPU-{device_uuid(node, 'metax', i)[:8]}-{device_uuid(node, 'metax', i)[8:12]}",
+                "bdf": f"0000:{0x0f + i * 0x10:02x}:00.0", "model": "MXC500", "totalDevCount": count,
+                "totalCompute": 100, "totalVRam": memory, "availableDevCount": count, "availableCompute": 100,
+                "availableVRam": memory, "numa": 0 if i < half else 1, "healthy": i not in o.unhealthy,
+                "qosPolicy": "best-effort", "linkZone": 1 if i < half else 2}
+               for i in range(o.devices)]
+    return NodeParts(annotations={"metax-tech.com/node-gpu-devices": _go_json(entries)}, labels={"metax-sgpu": "on"},
+                     capacity={section.get("resourceVCountName", "metax-tech.com/sgpu"): str(o.devices * count)})
+# -- AWS Neuron -------------------------------------------------------------------------------------
+
+NEURON_CORES_PER_DEVICE = 2
+
+
+def _awsneuron(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "awsneuron") or {}
+    return NodeParts(labels={"node.kubernetes.io/instance-type": model.model, "neuron": "on"}, capacity={
+        section.get("resourceCountName", "aws.amazon.com/neuron"): str(o.devices),
+        section.get("resourceCoreName", "aws.amazon.com/neuroncore"): str(o.devices * NEURON_CORES_PER_DEVICE)})
+
+
+# -- AMD ----------------------------------------------------------------------------------------------
+
+AMD_MI300X_MEMORY = 192 * GiB
+AMD_MI300X_CUS = 304
+
+
+def _amd(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    section = _section(o.config, "amd") or {}
+    count = o.split if o.split is not None else 4
+    memory = o.memory if o.memory is not None else model.devmem
+    entries = [{"id": f"GPU-{device_uuid(node, 'amd', i)}", "index": i, "count": count, "devmem": memory,
+                "devcore": AMD_MI300X_CUS, "type": model.model if model.model.startswith("AMD") else f"AMD-{model.model}",
+                "numa": 1 if i >= o.devices // 2 else 0, "health": i not in o.unhealthy}
+               for i in range(o.devices)]
+    return NodeParts(annotations={"hami.io/node-amd-register": _go_json(entries)}, labels={"amd": "on"},
+                     capacity={section.get("resourceCountName", "amd.com/gpu"): str(o.devices)})
+
+
 # -- NVIDIA (objects.py's registration, in this table's shape) ---------------------------------------
 
 def _nvidia(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
@@ -303,6 +480,42 @@ def _models() -> list[DeviceModel]:
                     description="Enflame S60 GCU, whole cards (node capacity; the scheduler books 100 units a card)",
                     build=_enflame, aliases=("enflame-s60", "GCU", "s60"),
                     demo_limits=(("gcu-one", {"enflame.com/gcu": "1"}),)),
+        DeviceModel(key="mr-v100", family="iluvatar", model="MR-V100", vendor_key="MR-V100", devmem=32 * GiB,
+                    description="Iluvatar MR-V100 (32 GiB), Iluvatar's vGPU plugin (needs --enable-iluvatar)",
+                    build=_iluvatar, aliases=("iluvatar", "MR-V100"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("ix-quarter", {"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vMem": "32",
+                                                 "iluvatar.ai/MR-V100.vCore": "25"}),)),
+        DeviceModel(key="metax-gpu", family="metax", model="C500", vendor_key="Metax-GPU", devmem=65536,
+                    description="Metax C500 GPU, whole cards (node capacity; topology losses/scores annotations)",
+                    build=_metax_gpu, aliases=("metax", "Metax-GPU", "c500"),
+                    demo_limits=(("metax-one", {"metax-tech.com/gpu": "1"}), ("metax-two", {"metax-tech.com/gpu": "2"}))),
+        DeviceModel(key="metax-sgpu", family="metax-sgpu", model="C500", vendor_key="Metax-SGPU",
+                    devmem=METAX_SGPU_MEMORY,
+                    description="Metax C500 shared as sGPUs (metax-tech.com/node-gpu-devices, two MetaLink zones)",
+                    build=_metax_sgpu, aliases=("Metax-SGPU", "sgpu", "C500-sGPU"),
+                    settable=("splitCount", "memory", "unhealthy"), primary=False,
+                    demo_limits=(("sgpu-8g", {"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "8",
+                                              "metax-tech.com/vcore": "30"}),)),
+    ]
+    models += _mthreads_biren_vastai_models()
+    models += [
+        DeviceModel(key="inf2", family="awsneuron", model="inf2.48xlarge", vendor_key="AWSNeuron", devmem=0,
+                    description="AWS Inferentia2 (inf2.48xlarge: 12 devices, 2 NeuronCores each; node capacity)",
+                    build=_awsneuron, aliases=("inferentia2", "inf2-48xlarge"), devices=12,
+                    demo_limits=(("neuron-core", {"aws.amazon.com/neuroncore": "1"}),
+                                 ("neuron-two", {"aws.amazon.com/neuron": "2"}))),
+        DeviceModel(key="trn1", family="awsneuron", model="trn1.32xlarge", vendor_key="AWSNeuron", devmem=0,
+                    description="AWS Trainium (trn1.32xlarge: 16 devices, 2 NeuronCores each; node capacity)",
+                    build=_awsneuron, aliases=("trainium", "trn1-32xlarge"), devices=16,
+                    demo_limits=(("neuron-core", {"aws.amazon.com/neuroncore": "2"}),
+                                 ("neuron-four", {"aws.amazon.com/neuron": "4"}))),
+    ]
+    models += [
+        DeviceModel(key="mi300x", family="amd", model="AMD-MI300X", vendor_key="AMD", devmem=AMD_MI300X_MEMORY,
+                    description="AMD Instinct MI300X (192 GiB, 304 compute units), HAMi's AMD device plugin",
+                    build=_amd, aliases=("MI300X", "amd-mi300x"), settable=("splitCount", "memory", "unhealthy"),
+                    demo_limits=(("amd-half", {"amd.com/gpu": "1", "amd.com/gpumem": "65536",
+                                               "amd.com/gpucores": "50"}),)),
     ]
     return models + _nvidia_models()
 

@@ -14,7 +14,7 @@ from itertools import compress, repeat
 
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
-from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
+from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ChoiceAsk, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
 from hami_py import reasons as R
 from hami_py.scheduling.fit_query import FitQuery
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
@@ -31,6 +31,15 @@ LISTED_NODE_SCORES = 20
 def _concerns(node_annotations: dict[str, str], gate_keys: set[str]) -> bool:
     """Whether a node's kept annotations can change the gates of a pod of these families."""
     return any(k in gate_keys or k.startswith("hami.io/device-") for k in node_annotations)
+
+
+def _choice_ask(request: PodRequest, key: str, annotations: dict[str, str], policies: Policies,
+                charger) -> ChoiceAsk:
+    """What one family's chooser is told of the pod: its rows of the pod in row order, which of
+    them are init containers', the policies' names, and the charger built for the same filter."""
+    mine = [c for c, k in zip(request.row_container, request.row_vendor) if k == key]
+    return ChoiceAsk(annotations, tuple(request.per_container[c][key] for c in mine),
+                     tuple(c < request.num_init for c in mine), policies.node_name, policies.gpu_name, charger)
 
 
 class FilterDecision:
@@ -110,8 +119,9 @@ class Filterer:
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
-        choosers = self._hooks(self._choosing, request, lambda v: v.chooser(cache, annotations))
         chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
+        choosers = self._hooks(self._choosing, request, lambda v: v.chooser(cache, _choice_ask(
+            request, v.vendor_key, annotations, policies, chargers[cache.vendor_ids[v.vendor_key]])))
         query = FitQuery(cand_idx, request.rows, request.total_nums, mask=mask, node_policy=policies.node,
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
                          weights=policies.weights, quota_mem=quota_mem, quota_cores=quota_cores,
@@ -158,7 +168,8 @@ class Filterer:
             masks = [(i["gpuUUID"], ((1 << i["placement"]["size"]) - 1) << i["placement"]["start"])
                      for instances in mig.values() for i in instances]
             reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
-                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks)
+                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks,
+                                   marks=cache.marks_of(annotations))
             cache.add_pod_usage(reservation)
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
 
@@ -178,7 +189,7 @@ class Filterer:
         """Per vendor, one device list per container (init first), aligned by container position:
         a container that asks nothing of a vendor keeps an empty slot in that vendor's list.
         Each device carries the slots the kernel charged it, and for a family with a charger what
-        its ``describe`` says of it (the annotations' input).
+        its ``settle`` makes of it (custom data, the annotations' input; a charge of its own).
         Also the MIG instances, per vendor, as upstream's ``hami.io/vgpu-mig-allocations`` lists them."""
         out_row, out_dev, out_mem, out_cores, out_prof, out_place, out_slots = (
             query.out_row, query.out_dev, query.out_mem, query.out_cores, query.out_prof, query.out_place,
@@ -201,8 +212,7 @@ class Filterer:
                     "profile": cache.prof_names[out_prof[i]], "placement": {"start": start, "size": size}})
             device = ContainerDevice(ids[out_dev[i]], key, out_mem[i], out_cores[i], out_slots[i])
             if chargers[vid := cache.vendor_ids[key]] is not None:
-                device.custom = chargers[vid].describe(node_index, out_dev[i] - cache.node_offset[node_index],
-                                                       container)
+                chargers[vid].settle(node_index, out_dev[i] - cache.node_offset[node_index], container, device)
             devices.append(device)
         return allocation, mig
 

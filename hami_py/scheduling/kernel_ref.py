@@ -236,6 +236,10 @@ def filter_nodes(table, query):
                     break
                 memreq, cores, slots = answer
                 mempct = 0
+            # A negative core request takes no cores and skips every core check.
+            free_cores = cores < 0
+            if free_cores:
+                cores = 0
             exclusive = flags & FLAG_EXCLUSIVE
             equal_share = flags & FLAG_EQUAL_SHARE
             choose = flags & FLAG_CHOOSE
@@ -307,7 +311,7 @@ def filter_nodes(table, query):
                 if total_mem[j] - s_mem_l[k] < mem:
                     counts[R.CARD_INSUFFICIENT_MEMORY] += 1
                     continue
-                if total_cores[j] - s_cores_l[k] < cores:
+                if not free_cores and total_cores[j] - s_cores_l[k] < cores:
                     counts[R.CARD_INSUFFICIENT_CORE] += 1
                     continue
                 if equal_share and s_used_l[k] > 0 and s_mem_l[k] != s_used_l[k] * mem:
@@ -317,7 +321,7 @@ def filter_nodes(table, query):
                 if total_cores[j] == 100 and cores == 100 and s_used_l[k] > 0:
                     counts[R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                     continue
-                if total_cores[j] != 0 and s_cores_l[k] == total_cores[j] and cores == 0:
+                if not free_cores and total_cores[j] != 0 and s_cores_l[k] == total_cores[j] and cores == 0:
                     counts[R.CARD_COMPUTE_UNITS_EXHAUSTED] += 1
                     continue
                 prof = place = -1

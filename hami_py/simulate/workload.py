@@ -40,7 +40,6 @@ import orjson
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.devices.nvidia import USE_TYPE_ANNOTATION, VENDOR_KEY as NVIDIA, nvidia_config
-from hami_py.devices.template import TemplateVendor
 from hami_py.fakeapi.families import find_device_model
 from hami_py.scheduling.bind import BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION
 from hami_py.scheduling.filter import VGPU_NODE_LABEL
@@ -225,11 +224,7 @@ def _family_limits(where: Where, entry: dict, vendor: DeviceVendor) -> dict[str,
     for field_name in ("gpumemPercentage", "gpuType"):
         if entry.get(field_name) is not None:
             raise where.at(entry, field_name).error(f'"{field_name}" is NVIDIA\'s; {key} devices have no such request')
-    if isinstance(vendor, TemplateVendor):
-        count, memory, core, unit = (vendor.spec.count_resource, vendor.spec.memory_resource,
-                                     vendor.spec.core_resource, max(vendor.spec.memory_unit, 1))
-    else:
-        count, memory, core, unit = vendor.resource_names()[0], "", "", 1
+    count, memory, core, unit = vendor.request_resources()
     limits = {count: str(optional(where, entry, "gpus", read_int, 1, minimum=1))}
     mib = optional(where, entry, "gpumem", read_mib)
     if mib is not None:

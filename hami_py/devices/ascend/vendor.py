@@ -256,7 +256,7 @@ class AscendVendor(TemplateVendor):
             return uuids if uuids is not None else _always(OK)
         return _then(_always(MODE_NOT_FIT), uuids)
 
-    def chooser(self, cache, pod_annotations: dict[str, str]) -> Chooser | None:
+    def chooser(self, cache, ask) -> Chooser | None:
         """The per-node choice of :mod:`.topology` (910 kinds only). Per node, once per filter:
         each position's registered index and NetworkID, and whether every NPU of this kind on the
         node has one (topology mode)."""

@@ -1,0 +1,310 @@
+"""AMD GPUs: the JSON registration, health from capacity, compute-unit shares, type and UUID gates,
+upstream's annotations, the webhook, metrics in percent."""
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from hami_py.config import DeviceConfig, Section
+from hami_py.devices import amd
+from hami_py.devices.amd import AMDConfig, compute_units
+from hami_py.devices.base import (
+    FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, ContainerRequest, DeviceDecodeError, NodeView, RequestError,
+)
+from hami_py.devices.registry import build_vendors
+from hami_py.fakeapi.families import BY_KEY
+from hami_py.fakeapi.objects import gpu_node, gpu_pod
+from tests.conftest import (
+    assert_books_balance, bind_placed, decision_annotations, device_pod, place, register_nodes, wait_until,
+)
+from tests.test_webhook import admit, container, make_pod
+
+VENDORS = build_vendors(DeviceConfig.default())
+AMD = VENDORS["AMD"]
+COUNT, MEM, CORES = "amd.com/gpu", "amd.com/gpumem", "amd.com/gpucores"
+REGISTER = "hami.io/node-amd-register"
+# upstream's device_test.go registration
+UPSTREAM_JSON = '[{"id":"GPU-0","index":0,"count":1,"devmem":8192,"devcore":100,"type":"amd","numa":0,"health":true}]'
+
+
+def ctr(limits=None, requests=None, name="main") -> dict:
+    resources = {}
+    if limits is not None:
+        resources["limits"] = limits
+    if requests is not None:
+        resources["requests"] = requests
+    return {"name": name, "resources": resources}
+
+
+def view(text=UPSTREAM_JSON, gpus="1"):
+    capacity = {COUNT: gpus} if gpus is not None else {}
+    return NodeView.of({REGISTER: text} if text is not None else {}, name="a1", capacity=capacity)
+
+
+# -- inventory ----------------------------------------------------------------------------------------
+
+def test_inventory_is_the_json_registration_while_capacity_advertises_gpus():
+    [dev] = AMD.parse_node_devices(view())
+    assert (dev.id, dev.index, dev.count, dev.devmem, dev.devcore, dev.type, dev.health) == \
+        ("GPU-0", 0, 1, 8192, 100, "amd", True)
+    # upstream's CheckHealth: amd.com/gpu must be a whole number above 0, else the devices go.
+    assert AMD.parse_node_devices(view(gpus="0")) == []
+    assert AMD.parse_node_devices(view(gpus=None)) == []
+    assert AMD.parse_node_devices(view(gpus="x")) == []
+    assert AMD.parse_node_devices(view(text=None)) == []
+    # The count resource is part of the inputs: the inventory is decoded again when it changes.
+    assert AMD.registration_inputs(view()) != AMD.registration_inputs(view(gpus="0"))
+    no_count = amd.AMDVendor(AMDConfig("", MEM, CORES))
+    assert len(no_count.parse_node_devices(view(gpus=None))) == 1      # no count name: always healthy
+    assert AMD.kernel_flags == FLAG_CHARGE | FLAG_CHOOSE and AMD.uses_node_lock
+    assert (AMD.to_allocate_annotation, AMD.allocated_annotation) == (
+        "hami.io/amd-devices-to-allocate", "hami.io/amd-devices-allocated")
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[", "invalid JSON"),
+    ("[]", "the registration lists no device"),
+    ('[{"id":"GPU-0","devcore":"lots"}]', 'device 0: field "devcore"'),
+])
+def test_a_garbled_registration_is_refused_precisely(text, message):
+    with pytest.raises(DeviceDecodeError) as err:
+        AMD.parse_node_devices(view(text))
+    assert message in str(err.value)
+
+
+# -- requests and webhook ------------------------------------------------------------------------------
+
+def test_requests_are_read_from_limits_only():
+    assert AMD.container_request(ctr({COUNT: "1"}), pod_annotations={}) == ContainerRequest("AMD", 1, 0, 100, 100)
+    assert AMD.container_request(ctr({COUNT: "2", MEM: "4096", CORES: "25"}), pod_annotations={}) == \
+        ContainerRequest("AMD", 2, 4096, 0, 25)
+    assert AMD.container_request(ctr(requests={COUNT: "1"}), pod_annotations={}) is None
+    assert AMD.container_request(ctr({COUNT: "1"}, {CORES: "5"}), pod_annotations={}).coresreq == 100
+    assert AMD.container_request(ctr({COUNT: "0"}), pod_annotations={}) is None
+    assert AMD.container_request(ctr({MEM: "1024"}), pod_annotations={}) is None      # the count is needed
+
+
+@pytest.mark.parametrize("limits, message", [
+    ({COUNT: "1.5"}, 'amd.com/gpu "1.5" is not a whole number'),
+    ({COUNT: "-1"}, 'amd.com/gpu "-1" is out of range: must be between 0 and 2147483647'),
+    ({COUNT: "1", MEM: "4Gi"}, 'amd.com/gpumem "4Gi" is out of range: must be between 0 and 2147483647 MiB'),
+    ({COUNT: "1", CORES: "0"}, 'amd.com/gpucores "0" is out of range: must be between 1 and 100'),
+    ({COUNT: "1", CORES: "150"}, 'amd.com/gpucores "150" is out of range: must be between 1 and 100'),
+])
+def test_a_malformed_request_is_refused_naming_container_and_value(limits, message):
+    with pytest.raises(RequestError) as err:
+        AMD.container_request(ctr(limits), pod_annotations={})
+    assert str(err.value) == f'container "main": {message}'
+
+
+def test_the_webhook_checks_the_percentage_as_upstream():
+    assert AMD.mutate_admission(ctr({COUNT: "1", CORES: "50"}), {}) is True
+    assert AMD.mutate_admission(ctr({MEM: "1024"}), {}) is True      # memory alone counts, as upstream
+    assert AMD.mutate_admission(ctr({CORES: "500"}), {}) is True     # not checked without the count
+    assert AMD.mutate_admission(ctr(requests={COUNT: "1"}), {}) is False
+    for bad in ("0", "101", "1.5"):
+        with pytest.raises(RequestError) as err:
+            AMD.mutate_admission(ctr({COUNT: "1", CORES: bad}), {})
+        assert str(err.value) == "amd.com/gpucores must be an integer percentage between 1 and 100"
+    response, patched = admit(make_pod(container(limits={COUNT: "1", CORES: "30"})))
+    assert response["allowed"] and patched["spec"]["schedulerName"] == "hami-scheduler"
+    response, _ = admit(make_pod(container(limits={COUNT: "1", CORES: "130"})))
+    assert not response["allowed"]
+    assert response["status"]["message"] == "amd.com/gpucores must be an integer percentage between 1 and 100"
+
+
+def test_config_and_resource_names():
+    assert AMDConfig.from_section(Section.of("amd", {"resourceCountName": "amd.com/gpu"})) == \
+        AMDConfig("amd.com/gpu", "", "")
+    assert AMD.resource_names() == [COUNT, MEM, CORES]
+    assert AMD.quota_resources() == ("", "", 1)
+    assert amd.build_family(DeviceConfig(sections={}), None)[0].resource_names() == []
+
+
+def test_a_percentage_is_a_share_of_each_devices_compute_units():
+    assert compute_units(304, 50) == 152 and compute_units(304, 100) == 304
+    assert compute_units(304, 1) == 3 and compute_units(50, 1) == 1      # at least one CU
+    assert compute_units(0, 50) == 0
+
+
+def test_core_metrics_are_percent_of_the_compute_units():
+    assert AMD.core_metrics(304, 100) == (100, 33)      # ceil(100 / 304 * 100)
+    assert AMD.core_metrics(304, 0) == (100, 0)
+    assert AMD.core_metrics(0, 0) == (0, 0)
+
+
+def test_annotations_are_upstreams():
+    devices = [[ContainerDevice("test1", "AMD-MI300X", 100, 3), ContainerDevice("test2", "AMD-MI300X", 200, 4)]]
+    out = AMD.encode_allocation(devices)
+    text = "test1,AMD-MI300X,100,3:test2,AMD-MI300X,200,4:;"
+    assert out == {"hami.io/amd-devices-to-allocate": text, "hami.io/amd-devices-allocated": text}
+    assert AMD.decode_allocation(out) == devices
+    assert AMD.encode_allocation([[]]) == {}
+
+
+# -- end to end ---------------------------------------------------------------------------------------
+
+def amd_node(name, *, devices=1, gpus=0, split=None, register=None, **build):
+    node = BY_KEY["mi300x"].node(name, devices=devices, split=split, **build)
+    if register is not None:
+        node["metadata"]["annotations"][REGISTER] = register
+    if gpus:
+        gpu = gpu_node(name, gpus=gpus)
+        node["metadata"]["annotations"].update(gpu["metadata"]["annotations"])
+        for part in ("capacity", "allocatable"):
+            node["status"][part]["nvidia.com/gpu"] = gpu["status"]["capacity"]["nvidia.com/gpu"]
+    return node
+
+
+def registered(node):
+    return orjson.loads(node["metadata"]["annotations"][REGISTER])
+
+
+def usage(app, node):
+    return [(d["used"], d["usedmem"], d["usedcores"]) for d in app.cache.device_usage(node)]
+
+
+async def test_a_share_of_memory_and_compute_units_is_filtered_bound_and_annotated(api, app, extender):
+    node = amd_node("a1")
+    [dev] = registered(node)
+    names = await register_nodes(api, app, node)
+    pod, result = await place(api, extender, device_pod("half", {COUNT: "1", MEM: "65536", CORES: "50"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    ann = decision_annotations(api, app, "half")
+    text = f"{dev['id']},AMD-MI300X,65536,152:;"
+    assert ann["hami.io/amd-devices-allocated"] == ann["hami.io/amd-devices-to-allocate"] == text
+    bound = await bind_placed(api, app, extender, pod, result)
+    assert bound["metadata"]["annotations"]["hami.io/amd-devices-allocated"] == text
+    assert usage(app, "a1") == [(1, 65536, 152)]
+    # Another half fits; a third share finds no compute units left (upstream's CardInsufficientCore).
+    _, result = await place(api, extender, device_pod("half2", {COUNT: "1", MEM: "65536", CORES: "50"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    _, result = await place(api, extender, device_pod("one", {COUNT: "1", MEM: "1024", CORES: "1"}), names)
+    assert result["FailedNodes"] == {"a1": "1/1 CardInsufficientCore"}
+    assert_books_balance(app)
+    api.delete("pods", "half", namespace="default")
+    await wait_until(lambda: usage(app, "a1") == [(1, 65536, 152)], "half released")
+    assert_books_balance(app)
+
+
+async def test_no_memory_limit_takes_the_whole_devices_memory(api, app, extender):
+    names = await register_nodes(api, app, amd_node("a1"))
+    _, result = await place(api, extender, device_pod("whole", {COUNT: "1", CORES: "10"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    assert usage(app, "a1") == [(1, 196608, 30)]
+    _, result = await place(api, extender, device_pod("small", {COUNT: "1", MEM: "1", CORES: "1"}), names)
+    assert result["FailedNodes"] == {"a1": "1/1 CardInsufficientMemory"}
+    assert_books_balance(app)
+
+
+async def test_each_device_is_charged_its_own_compute_units(api, app, extender):
+    """A node with two models: the percentage is of each device's CUs (304 and 104 here), and a
+    device whose free CUs are short of its own need is passed over."""
+    entries = [{"id": "GPU-big", "index": 0, "count": 4, "devmem": 196608, "devcore": 304, "type": "AMD-MI300X",
+                "health": True},
+               {"id": "GPU-small", "index": 1, "count": 4, "devmem": 65536, "devcore": 104, "type": "AMD-MI210",
+                "health": True}]
+    names = await register_nodes(api, app, amd_node("a1", register=orjson.dumps(entries).decode()))
+    _, result = await place(api, extender, device_pod("both", {COUNT: "2", MEM: "1024", CORES: "60"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    text = decision_annotations(api, app, "both")["hami.io/amd-devices-allocated"]
+    assert sorted(text.rstrip(";").split(":")[:2]) == ["GPU-big,AMD-MI300X,1024,182", "GPU-small,AMD-MI210,1024,62"]
+    # 50 % more: the MI300X has 122 CUs free of the 152 needed, the MI210 42 of 52.
+    _, result = await place(api, extender, device_pod("more", {COUNT: "1", MEM: "1024", CORES: "50"}), names)
+    assert result["NodeNames"] is None and "CardInsufficientCore" in result["FailedNodes"]["a1"], result
+    # 40 %: 121 of the MI300X's 122 free CUs; the MI210's 41 of 42.
+    _, result = await place(api, extender, device_pod("fits", {COUNT: "2", MEM: "1024", CORES: "40"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    assert sorted(u[2] for u in usage(app, "a1")) == [62 + 41, 182 + 121]
+    assert_books_balance(app)
+
+
+async def test_pods_pick_devices_by_type_and_uuid(api, app, extender):
+    node = amd_node("a1", devices=2)
+    ids = [d["id"] for d in registered(node)]
+    names = await register_nodes(api, app, node)
+    _, result = await place(api, extender, device_pod("mi250", {COUNT: "1"},
+                                                      annotations={"amd.com/use-gputype": "MI250"}), names)
+    assert result["FailedNodes"] == {"a1": "2/2 CardTypeMismatch"}
+    _, result = await place(api, extender, device_pod("not300", {COUNT: "1"},
+                                                      annotations={"amd.com/nouse-gputype": "mi300x"}), names)
+    assert result["FailedNodes"] == {"a1": "2/2 CardTypeMismatch"}
+    _, result = await place(api, extender, device_pod("pick", {COUNT: "1", CORES: "10", MEM: "10"},
+                                                      annotations={"amd.com/use-gputype": "MI300",
+                                                                   "amd.com/use-gpu-uuid": ids[1]}), names)
+    assert result["NodeNames"] == ["a1"], result
+    assert decision_annotations(api, app, "pick")["hami.io/amd-devices-allocated"].startswith(f"{ids[1]},")
+    _, result = await place(api, extender, device_pod("avoid", {COUNT: "1"},
+                                                      annotations={"amd.com/nouse-gpu-uuid": ",".join(ids)}), names)
+    assert result["FailedNodes"] == {"a1": "2/2 CardUuidMismatch"}
+    assert_books_balance(app)
+
+
+async def test_two_containers_share_a_device_by_compute_units(api, app, extender):
+    names = await register_nodes(api, app, amd_node("a1"))
+    pod = device_pod("pair", {COUNT: "1", MEM: "1024", CORES: "60"})
+    pod["spec"]["containers"].append({"name": "b", "image": "x",
+                                      "resources": {"limits": {COUNT: "1", MEM: "1024", CORES: "40"}}})
+    _, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["a1"], result
+    assert usage(app, "a1") == [(2, 2048, 182 + 121)]
+    pod = device_pod("over", {COUNT: "1", MEM: "1024", CORES: "60"})
+    pod["spec"]["containers"].append({"name": "b", "image": "x",
+                                      "resources": {"limits": {COUNT: "1", MEM: "1024", CORES: "41"}}})
+    api.delete("pods", "pair", namespace="default")
+    await wait_until(lambda: usage(app, "a1") == [(0, 0, 0)], "pair released")
+    _, result = await place(api, extender, pod, names)     # 182 + 124 CUs > 304
+    assert result["NodeNames"] is None, result
+    assert_books_balance(app)
+
+
+async def test_a_node_without_gpu_capacity_has_no_amd_devices(api, app, extender):
+    node = amd_node("a1", gpus=1)
+    for part in ("capacity", "allocatable"):
+        node["status"][part][COUNT] = "0"
+    names = await register_nodes(api, app, node)
+    assert [d["id"] for d in app.cache.device_usage("a1")] == [d["id"] for d in orjson.loads(
+        node["metadata"]["annotations"]["hami.io/node-nvidia-register"])]      # the GPU only
+    _, result = await place(api, extender, device_pod("amd", {COUNT: "1"}), names)
+    assert result["NodeNames"] is None
+    # The plugin advertises its GPUs again: the registration counts.
+    node = api.get("nodes", "a1")
+    node["status"]["capacity"][COUNT] = node["status"]["allocatable"][COUNT] = "1"
+    api.update("nodes", node)
+    await wait_until(lambda: any(d["type"] == "AMD-MI300X" for d in app.cache.device_usage("a1")), "AMD back")
+    _, result = await place(api, extender, device_pod("amd2", {COUNT: "1"}), names)
+    assert result["NodeNames"] == ["a1"], result
+
+
+async def test_a_garbled_registration_is_refused_while_the_nodes_gpus_work(api, app, extender):
+    names = await register_nodes(api, app, amd_node("mixed", gpus=2, register='[{"id":"x","count":"one"}]'))
+    assert app.cache.nodes["mixed"].decode_error.startswith('hami.io/node-amd-register: device 0: field "count"')
+    _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000, gpucores=10), names)
+    assert result["NodeNames"] == ["mixed"], result
+    _, result = await place(api, extender, device_pod("amd", {COUNT: "1"}), names)
+    assert result["NodeNames"] is None
+    assert_books_balance(app)
+
+
+async def test_a_malformed_request_is_refused_at_filter(api, app, extender):
+    names = await register_nodes(api, app, amd_node("a1"))
+    _, result = await place(api, extender, device_pod("bad", {COUNT: "1", CORES: "250"}), names)
+    assert result["Error"] == \
+        'pod default/bad: container "main": amd.com/gpucores "250" is out of range: must be between 1 and 100'
+
+
+async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, extender):
+    node = amd_node("a1")
+    [dev] = registered(node)
+    names = await register_nodes(api, app, node)
+    pod = device_pod("legacy", {COUNT: "1", MEM: "1024", CORES: "90"}, annotations={
+        "hami.io/vgpu-node": "a1", "hami.io/amd-devices-allocated": f"{dev['id']},AMD-MI300X,1024,273:;"})
+    pod["spec"]["nodeName"] = "a1"
+    api.create("pods", pod)
+    await wait_until(lambda: usage(app, "a1") == [(1, 1024, 273)], "charged from the annotation")
+    # 31 CUs left: 10 % (30 CUs) fits, 20 % (60) does not.
+    _, result = await place(api, extender, device_pod("big", {COUNT: "1", MEM: "1024", CORES: "20"}), names)
+    assert result["FailedNodes"] == {"a1": "1/1 CardInsufficientCore"}
+    _, result = await place(api, extender, device_pod("small", {COUNT: "1", MEM: "1024", CORES: "10"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    assert_books_balance(app)

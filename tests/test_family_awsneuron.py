@@ -1,0 +1,387 @@
+"""AWS Neuron: devices and cores from the node's capacity, core masks, device windows, upstream's
+annotations, the webhook."""
+from __future__ import annotations
+
+import pytest
+
+from hami_py.config import ConfigError, DeviceConfig, Section
+from hami_py.devices import awsneuron
+from hami_py.devices.awsneuron import AWSNeuronConfig, choose_window, core_mask
+from hami_py.devices.base import (
+    FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, ContainerRequest, DeviceDecodeError, NodeView, RequestError,
+)
+from hami_py.devices.registry import build_vendors
+from hami_py.fakeapi.families import BY_KEY
+from hami_py.fakeapi.objects import gpu_node, gpu_pod
+from tests.conftest import (
+    assert_books_balance, bind_placed, create_quota, decision_annotations, device_pod, place, register_nodes,
+    wait_until,
+)
+from tests.test_webhook import admit, container, make_pod
+
+VENDORS = build_vendors(DeviceConfig.default())
+NEURON = VENDORS["AWSNeuron"]
+COUNT, CORE = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore"
+
+
+def ctr(limits=None, requests=None, name="main") -> dict:
+    resources = {}
+    if limits is not None:
+        resources["limits"] = limits
+    if requests is not None:
+        resources["requests"] = requests
+    return {"name": name, "resources": resources}
+
+
+def view(devices, cores, *, instance="inf2.xlarge", name="n1"):
+    labels = {"node.kubernetes.io/instance-type": instance} if instance is not None else {}
+    return NodeView.of({}, name=name, labels=labels, capacity={COUNT: devices, CORE: cores})
+
+
+# -- inventory ----------------------------------------------------------------------------------------
+
+def test_devices_and_their_core_masks_come_from_the_capacity_and_the_instance_type():
+    # upstream's Test_GetNodeDevices: one device, two cores.
+    [dev] = NEURON.parse_node_devices(view("1", "2", instance="inf2", name="test"))
+    assert (dev.id, dev.index, dev.count, dev.devmem, dev.devcore, dev.type, dev.health, dev.custom) == \
+        ("test-AWSNeuron-0", 0, 2, 0, 3, "AWSNeuron", True, {"AWSNodeType": "inf2"})
+    devices = NEURON.parse_node_devices(view("12", "24", instance="inf2.48xlarge"))
+    assert [d.id for d in devices][-1] == "n1-AWSNeuron-11" and {d.devcore for d in devices} == {3}
+    # Cores per device are the node's own (upstream keeps the first node's for every node).
+    [one] = NEURON.parse_node_devices(view("1", "4", instance="inf1.xlarge"))
+    assert (one.count, one.devcore) == (4, 15)
+    # No instance-type label: an empty type (aligned windows only).
+    assert NEURON.parse_node_devices(view("1", "2", instance=None))[0].custom == {"AWSNodeType": ""}
+    assert NEURON.parse_node_devices(view("0", "0")) == []
+    assert NEURON.parse_node_devices(NodeView.of({}, name="n1", capacity={"cpu": "8"})) == []
+    assert NEURON.registration_source() == "aws.amazon.com/neuron capacity"
+    assert NEURON.kernel_flags == FLAG_CHARGE | FLAG_CHOOSE and not NEURON.uses_node_lock
+
+
+@pytest.mark.parametrize("devices, cores, message", [
+    ("two", "4", "aws.amazon.com/neuron 'two' is not a whole number of devices"),
+    ("2", "x", "aws.amazon.com/neuroncore 'x' is not a whole number of cores"),
+    ("2", "1", "aws.amazon.com/neuroncore '1' over aws.amazon.com/neuron '2' gives 0 cores a device: "
+               "must be between 1 and 30"),
+    ("5000", "10000", "aws.amazon.com/neuron '5000' is out of range: must be between 0 and 1024"),
+])
+def test_a_garbled_capacity_is_refused_precisely(devices, cores, message):
+    with pytest.raises(DeviceDecodeError) as err:
+        NEURON.parse_node_devices(view(devices, cores))
+    assert str(err.value) == message
+
+
+# -- requests and webhook ------------------------------------------------------------------------------
+
+def test_requests_are_devices_or_cores_as_upstream_splits_them():
+    assert NEURON.container_request(ctr({COUNT: "1"}, {COUNT: "1"}), pod_annotations={}) == \
+        ContainerRequest("AWSNeuron", 1, 0, 0, 2)
+    assert NEURON.container_request(ctr(requests={COUNT: "2"}), pod_annotations={}).nums == 2
+    for cores, nums, each in (("1", 1, 1), ("2", 1, 2), ("6", 3, 2)):
+        assert NEURON.container_request(ctr({CORE: cores}), pod_annotations={}) == \
+            ContainerRequest("AWSNeuron", nums, 0, 0, each)
+    assert NEURON.container_request(ctr({"cpu": "1"}), pod_annotations={}) is None
+    # The count wins over cores, as upstream reads them.
+    assert NEURON.container_request(ctr({COUNT: "1", CORE: "1"}), pod_annotations={}).coresreq == 2
+
+
+@pytest.mark.parametrize("limits, message", [
+    ({CORE: "3"}, 'aws.amazon.com/neuroncore "3" must be 1 or a multiple of 2, got 3'),
+    ({CORE: "0"}, 'aws.amazon.com/neuroncore "0" must be greater than 0'),
+    ({CORE: "-2"}, 'aws.amazon.com/neuroncore "-2" must be greater than 0'),
+    ({COUNT: "1.5"}, 'aws.amazon.com/neuron "1.5" must be an integer'),
+    ({COUNT: str(2**31)}, 'aws.amazon.com/neuron "2147483648" must not exceed 2147483647'),
+    ({CORE: str(2**32)}, 'aws.amazon.com/neuroncore "4294967296" must not exceed 4294967294'),
+])
+def test_a_malformed_request_is_refused_naming_container_and_value(limits, message):
+    with pytest.raises(RequestError) as err:
+        NEURON.container_request(ctr(limits), pod_annotations={})
+    assert str(err.value) == f'container "main": {message}'
+
+
+def test_the_webhook_validates_with_upstreams_messages():
+    assert NEURON.mutate_admission(ctr({COUNT: "2"}), {}) is True
+    assert NEURON.mutate_admission(ctr(requests={COUNT: "2"}), {}) is True
+    assert NEURON.mutate_admission(ctr({CORE: "2"}), {}) is True
+    assert NEURON.mutate_admission(ctr({}), {}) is False
+    for limits, message in (({COUNT: str(2**31)}, "aws.amazon.com/neuron must not exceed 2147483647"),
+                            ({CORE: "3"}, "aws.amazon.com/neuroncore must be 1 or a multiple of 2, got 3"),
+                            ({CORE: "0"}, "aws.amazon.com/neuroncore must be greater than 0"),
+                            ({CORE: str(2**32)}, "aws.amazon.com/neuroncore must not exceed 4294967294")):
+        with pytest.raises(RequestError) as err:
+            NEURON.mutate_admission(ctr(requests=limits), {})
+        assert str(err.value) == message
+    response, patched = admit(make_pod(container(limits={CORE: "1"})))
+    assert response["allowed"] and patched["spec"]["schedulerName"] == "hami-scheduler"
+    response, _ = admit(make_pod(container(limits={CORE: "3"})))
+    assert not response["allowed"]
+    assert response["status"]["message"] == "aws.amazon.com/neuroncore must be 1 or a multiple of 2, got 3"
+
+
+def test_config_section_and_quota_names():
+    assert AWSNeuronConfig.from_section(Section.of("awsneuron", None)) == AWSNeuronConfig("", "")
+    with pytest.raises(ConfigError) as err:
+        AWSNeuronConfig.from_section(Section.of("awsneuron", {"resourceCoreName": 5}))
+    assert str(err.value) == "device config: awsneuron.resourceCoreName: expected a string, got integer \"5\""
+    assert NEURON.resource_names() == [COUNT, CORE]
+    assert NEURON.quota_resources() == ("", CORE, 1)
+    assert awsneuron.build_family(DeviceConfig(sections={}), None)[0].resource_names() == []
+
+
+# -- the rules ------------------------------------------------------------------------------------------
+
+def test_core_masks_group_cores_on_one_device():
+    assert core_mask(0, 2) == 3 and core_mask(0, 1) == 1
+    assert core_mask(1, 1) == 2 and core_mask(2, 1) == 1
+
+
+def test_device_windows_follow_the_instance_type():
+    # upstream's Test_graphSelect
+    assert choose_window(set(range(16)), 16, 16, "inf2") == 0
+    assert choose_window(set(range(16)) - {7, 13}, 16, 8, "trn") is None
+    assert choose_window(set(range(16)) - {7}, 16, 8, "trn") == 8
+    assert choose_window(set(range(16)) - {5, 14}, 16, 8, "inf") == 6
+    assert choose_window(set(range(16)), 16, 3, "trn1.32xlarge") is None      # only 1, 4, 8, 16 off inf
+    assert choose_window(set(range(16)) - {0}, 16, 3, "inf2.48xlarge") == 1
+    assert choose_window(set(range(16)) - {1}, 16, 4, "trn1.32xlarge") == 4   # aligned on 4
+
+
+def test_annotations_are_upstreams():
+    """upstream's Test_PatchAnnotations: device indexes for a device count in limits, core
+    indexes (cores per device x index, +1 for the second core) otherwise."""
+    def dev(uuid, index, mask, count):
+        return ContainerDevice(uuid, "AWSNeuron", 0, mask,
+                               custom={"index": index, "coresPerDevice": 2, "countInLimits": count})
+    out = NEURON.encode_allocation([[dev("test1", 0, 3, True), dev("test2", 1, 3, True)]], node="n1",
+                                   now=1700000000.25)
+    assert out == {"hami.io/aws-neuron-devices-allocated": "test1,AWSNeuron,0,3:test2,AWSNeuron,0,3:;",
+                   "AWS_NEURON_IDS": "0,1", "NEURON_ALLOC_TIME": "1700000000250000000",
+                   "NEURON_ALLOCATED": "false", "aws.amazon.com/predicate-node": "n1"}
+    out = NEURON.encode_allocation([[dev("test1", 0, 3, False)]], node="n1")
+    assert (out["AWS_NEURON_IDS"], out["NEURON_RESOURCE_TYPE"]) == ("0,1", CORE)
+    out = NEURON.encode_allocation([[dev("d", 3, 2, False)], [], [dev("e", 1, 1, False)]], node="n1")
+    assert out["AWS_NEURON_IDS"] == "7,2"            # accumulated over the containers
+    assert out["hami.io/aws-neuron-devices-allocated"] == "d,AWSNeuron,0,2:;;e,AWSNeuron,0,1:;"
+    assert set(out) <= set(NEURON.decision_annotations())
+    assert NEURON.decode_allocation(out)[0][0] == ContainerDevice("d", "AWSNeuron", 0, 2)
+    assert NEURON.encode_allocation([[], []]) == {}
+
+
+# -- end to end ---------------------------------------------------------------------------------------
+
+def neuron_node(name, *, model="inf2", devices=None, gpus=0, **capacity):
+    node = BY_KEY[model].node(name, devices=devices)
+    if gpus:
+        gpu = gpu_node(name, gpus=gpus)
+        node["metadata"]["annotations"].update(gpu["metadata"]["annotations"])
+        for part in ("capacity", "allocatable"):
+            node["status"][part]["nvidia.com/gpu"] = gpu["status"]["capacity"]["nvidia.com/gpu"]
+    for key, value in capacity.items():
+        for part in ("capacity", "allocatable"):
+            node["status"][part][key.replace("_", ".").replace("aws.amazon.com.", "aws.amazon.com/")] = value
+    return node
+
+
+def usage(app, node):
+    return [(d["used"], d["usedcores"]) for d in app.cache.device_usage(node)]
+
+
+async def test_one_core_pods_share_a_device_core_by_core(api, app, extender):
+    names = await register_nodes(api, app, neuron_node("n1", devices=1))
+    pod, result = await place(api, extender, device_pod("a", {CORE: "1"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    ann = decision_annotations(api, app, "a")
+    assert ann["hami.io/aws-neuron-devices-allocated"] == "n1-AWSNeuron-0,AWSNeuron,0,1:;"
+    assert (ann["AWS_NEURON_IDS"], ann["NEURON_RESOURCE_TYPE"], ann["NEURON_ALLOCATED"],
+            ann["aws.amazon.com/predicate-node"]) == ("0", CORE, "false", "n1")
+    assert int(ann["NEURON_ALLOC_TIME"]) > 10**18
+    await bind_placed(api, app, extender, pod, result)
+    # The second core of the same device (upstream's addCoreUsage: 3 - 1).
+    pod_b, result = await place(api, extender, device_pod("b", {CORE: "1"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    ann = decision_annotations(api, app, "b")
+    assert ann["hami.io/aws-neuron-devices-allocated"] == "n1-AWSNeuron-0,AWSNeuron,0,2:;"
+    assert ann["AWS_NEURON_IDS"] == "1"
+    assert usage(app, "n1") == [(2, 3)]
+    _, result = await place(api, extender, device_pod("c", {CORE: "1"}), names)
+    # Both slots taken: upstream checks the device's slots (2, its cores) before its cores.
+    assert result["NodeNames"] is None and result["FailedNodes"] == {"n1": "1/1 CardTimeSlicingExhausted"}
+    await bind_placed(api, app, extender, pod_b, {"NodeNames": ["n1"]})
+    assert_books_balance(app)
+    # Core 0 freed: the next one-core pod gets it back, while b keeps core 1.
+    api.delete("pods", "a", namespace="default")
+    await wait_until(lambda: usage(app, "n1") == [(1, 2)], "a's core released")
+    _, result = await place(api, extender, device_pod("d", {CORE: "1"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    assert decision_annotations(api, app, "d")["AWS_NEURON_IDS"] == "0"
+    assert usage(app, "n1") == [(2, 3)]
+    assert_books_balance(app)
+
+
+async def test_a_two_core_request_takes_both_cores_of_an_unused_device(api, app, extender):
+    names = await register_nodes(api, app, neuron_node("n1", devices=2))
+    pod, result = await place(api, extender, device_pod("one", {CORE: "1"},
+                                                        annotations={"aws.amazon.com/use-neuron-uuid": "n1-AWSNeuron-1"}),
+                              names)
+    assert result["NodeNames"] == ["n1"], result
+    assert decision_annotations(api, app, "one")["AWS_NEURON_IDS"] == "2"      # 2 cores x device 1
+    # Two cores: device 1 has only one left, device 0 gives both (mask 3).
+    _, result = await place(api, extender, device_pod("two", {CORE: "2"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    ann = decision_annotations(api, app, "two")
+    assert ann["hami.io/aws-neuron-devices-allocated"] == "n1-AWSNeuron-0,AWSNeuron,0,3:;"
+    assert ann["AWS_NEURON_IDS"] == "0,1"
+    _, result = await place(api, extender, device_pod("more", {CORE: "2"}), names)
+    assert result["FailedNodes"] == {"n1": "2/2 CardInsufficientCore"}       # one core free on device 1
+    assert_books_balance(app)
+
+
+async def test_a_device_count_gives_whole_devices_and_their_indexes(api, app, extender):
+    names = await register_nodes(api, app, neuron_node("n1", devices=1))
+    pod, result = await place(api, extender, device_pod("w", {COUNT: "1"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    ann = decision_annotations(api, app, "w")
+    assert ann["hami.io/aws-neuron-devices-allocated"] == "n1-AWSNeuron-0,AWSNeuron,0,3:;"
+    assert ann["AWS_NEURON_IDS"] == "0" and "NEURON_RESOURCE_TYPE" not in ann
+    bound = await bind_placed(api, app, extender, pod, result)
+    assert bound["spec"]["nodeName"] == "n1"
+    assert bound["metadata"]["annotations"]["AWS_NEURON_IDS"] == "0"
+    _, result = await place(api, extender, device_pod("x", {CORE: "1"}), names)
+    assert result["FailedNodes"] == {"n1": "1/1 CardInsufficientCore"}
+    assert_books_balance(app)
+
+
+async def test_several_devices_come_in_aligned_windows_off_inf_instances(api, app, extender):
+    names = await register_nodes(api, app, neuron_node("t1", model="trn1", devices=8))
+    _, result = await place(api, extender, device_pod("busy", {CORE: "1"},
+                                                      annotations={"aws.amazon.com/use-neuron-uuid": "t1-AWSNeuron-5"}),
+                            names)
+    assert result["NodeNames"] == ["t1"], result
+    _, result = await place(api, extender, device_pod("four", {COUNT: "4"}), names)
+    assert result["NodeNames"] == ["t1"], result
+    ann = decision_annotations(api, app, "four")
+    assert ann["AWS_NEURON_IDS"] == "0,1,2,3"
+    assert ann["hami.io/aws-neuron-devices-allocated"] == "".join(
+        f"t1-AWSNeuron-{i},AWSNeuron,0,3:" for i in range(4)) + ";"
+    # 4-7 hold device 5's pod: fewer unused devices than asked (the kernel's reasons), and 3
+    # unused devices are no window size on trn1 (upstream's NumaNotFit).
+    _, result = await place(api, extender, device_pod("again", {COUNT: "4"}), names)
+    assert result["FailedNodes"] == {"t1": "3/8 AllocatedCardsInsufficientRequest, 5/8 CardInsufficientCore"}
+    _, result = await place(api, extender, device_pod("three", {COUNT: "3"}), names)
+    assert result["FailedNodes"] == {"t1": "1/8 NumaNotFit, 5/8 CardInsufficientCore"}
+    # 4 cores are 2 whole devices: no window size on trn1 either.
+    _, result = await place(api, extender, device_pod("cores", {CORE: "4"}), names)
+    assert result["FailedNodes"] == {"t1": "1/8 NumaNotFit, 5/8 CardInsufficientCore"}
+    assert_books_balance(app)
+
+
+async def test_inf_instances_take_any_window_of_unused_devices(api, app, extender):
+    names = await register_nodes(api, app, neuron_node("i1", model="inf2", devices=6))
+    _, result = await place(api, extender, device_pod("busy", {CORE: "1"},
+                                                      annotations={"aws.amazon.com/use-neuron-uuid": "i1-AWSNeuron-1"}),
+                            names)
+    assert result["NodeNames"] == ["i1"], result
+    _, result = await place(api, extender, device_pod("three", {COUNT: "3"}), names)
+    assert result["NodeNames"] == ["i1"], result
+    assert decision_annotations(api, app, "three")["AWS_NEURON_IDS"] == "2,3,4"
+    # A core request of 4 cores is 2 whole devices: their 4 core indexes.
+    _, result = await place(api, extender, device_pod("cores", {CORE: "4"}), names)
+    assert result["NodeNames"] is None and "NumaNotFit" in result["FailedNodes"]["i1"], result   # only 0 and 5
+    _, result = await place(api, extender, device_pod("core2", {CORE: "2"}), names)
+    assert result["NodeNames"] == ["i1"], result
+    assert_books_balance(app)
+
+
+async def test_a_core_request_over_several_devices_names_their_cores(api, app, extender):
+    names = await register_nodes(api, app, neuron_node("i1", model="inf2", devices=4))
+    _, result = await place(api, extender, device_pod("cores", {CORE: "4"}), names)
+    assert result["NodeNames"] == ["i1"], result
+    ann = decision_annotations(api, app, "cores")
+    assert ann["AWS_NEURON_IDS"] == "0,1,2,3" and ann["NEURON_RESOURCE_TYPE"] == CORE
+    assert ann["hami.io/aws-neuron-devices-allocated"] == \
+        "i1-AWSNeuron-0,AWSNeuron,0,3:i1-AWSNeuron-1,AWSNeuron,0,3:;"
+
+
+async def test_two_containers_of_one_pod_take_the_two_cores_of_one_device(api, app, extender):
+    names = await register_nodes(api, app, neuron_node("n1", devices=1))
+    pod = device_pod("pair", {CORE: "1"})
+    pod["spec"]["containers"].append({"name": "second", "image": "x", "resources": {"limits": {CORE: "1"}}})
+    _, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["n1"], result
+    ann = decision_annotations(api, app, "pair")
+    assert ann["hami.io/aws-neuron-devices-allocated"] == \
+        "n1-AWSNeuron-0,AWSNeuron,0,1:;n1-AWSNeuron-0,AWSNeuron,0,2:;"
+    assert ann["AWS_NEURON_IDS"] == "0,1"
+    assert usage(app, "n1") == [(2, 3)]
+    # A third container finds no core left on the node.
+    pod = device_pod("trio", {CORE: "1"})
+    pod["spec"]["containers"] += [{"name": f"c{i}", "image": "x", "resources": {"limits": {CORE: "1"}}}
+                                  for i in range(2)]
+    api.delete("pods", "pair", namespace="default")
+    await wait_until(lambda: usage(app, "n1") == [(0, 0)], "pair released")
+    _, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] is None, result
+    assert_books_balance(app)
+
+
+async def test_a_garbled_capacity_is_refused_while_the_nodes_gpus_work(api, app, extender):
+    node = neuron_node("mixed", devices=2, gpus=2, **{"aws.amazon.com/neuroncore": "1"})
+    names = await register_nodes(api, app, node)
+    assert app.cache.nodes["mixed"].decode_error == (
+        "aws.amazon.com/neuron capacity: aws.amazon.com/neuroncore '1' over aws.amazon.com/neuron '2' gives "
+        "0 cores a device: must be between 1 and 30")
+    _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000, gpucores=10), names)
+    assert result["NodeNames"] == ["mixed"], result
+    _, result = await place(api, extender, device_pod("n", {CORE: "1"}), names)
+    assert result["NodeNames"] is None
+    assert_books_balance(app)
+
+
+async def test_a_malformed_request_is_refused_at_filter(api, app, extender):
+    names = await register_nodes(api, app, neuron_node("n1", devices=2))
+    _, result = await place(api, extender, device_pod("odd", {CORE: "3"}), names)
+    assert result["NodeNames"] is None
+    assert result["Error"] == \
+        'pod default/odd: container "main": aws.amazon.com/neuroncore "3" must be 1 or a multiple of 2, got 3'
+
+
+async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, extender):
+    names = await register_nodes(api, app, neuron_node("n1", devices=1))
+    pod = device_pod("legacy", {CORE: "1"}, annotations={
+        "hami.io/vgpu-node": "n1", "hami.io/aws-neuron-devices-allocated": "n1-AWSNeuron-0,AWSNeuron,0,2:;"})
+    pod["spec"]["nodeName"] = "n1"
+    api.create("pods", pod)
+    await wait_until(lambda: usage(app, "n1") == [(1, 2)], "charged core 1")
+    _, result = await place(api, extender, device_pod("next", {CORE: "1"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    assert decision_annotations(api, app, "next")["AWS_NEURON_IDS"] == "0"
+    assert_books_balance(app)
+
+
+async def test_namespace_quota_tracks_the_core_masks(api, app, extender):
+    """Upstream's quota book counts ``aws.amazon.com/neuroncore`` as the allocations carry it:
+    core masks (core 0 = 1, core 1 = 2, a whole two-core device = 3)."""
+    names = await register_nodes(api, app, neuron_node("n1", devices=2))
+    await create_quota(api, app, {"limits.aws.amazon.com/neuroncore": "4"}, namespace="default")
+    _, result = await place(api, extender, device_pod("whole", {COUNT: "1"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 3
+    _, result = await place(api, extender, device_pod("core", {CORE: "1"}), names)
+    assert result["NodeNames"] == ["n1"], result
+    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 4
+    _, result = await place(api, extender, device_pod("over", {CORE: "1"}), names)
+    assert result["FailedNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
+    assert_books_balance(app)
+
+
+async def test_a_device_count_in_requests_only_is_annotated_with_core_indexes(api, app, extender):
+    """upstream's PatchAnnotations names device indexes only for a count in limits: a count in
+    requests alone gets the device's core indexes and NEURON_RESOURCE_TYPE, as upstream writes."""
+    names = await register_nodes(api, app, neuron_node("n1", devices=2))
+    pod = device_pod("req", {}, annotations={"aws.amazon.com/use-neuron-uuid": "n1-AWSNeuron-1"})
+    pod["spec"]["containers"][0]["resources"] = {"requests": {COUNT: "1"}}
+    _, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["n1"], result
+    ann = decision_annotations(api, app, "req")
+    assert (ann["AWS_NEURON_IDS"], ann["NEURON_RESOURCE_TYPE"]) == ("2,3", CORE)
+    assert ann["hami.io/aws-neuron-devices-allocated"] == "n1-AWSNeuron-1,AWSNeuron,0,3:;"
