@@ -68,9 +68,12 @@ def _mixed_models() -> tuple[str, ...]:
     """One model key per non-NVIDIA family of the fake registrations (read at import: no vendor
     is built here, so nothing logs before the cluster process has set its logging up)."""
     chosen: dict[str, str] = {}
-    for model in MODELS:
-        if model.family != "nvidia" and model.demo_limits:
-            chosen.setdefault(model.family, model.key)
+    vendors: set[str] = set()
+    for model in MODELS:     # one a family, and one a vendor (Vastai's die mode is its cards' vendor)
+        if model.family != "nvidia" and model.demo_limits and model.family not in chosen \
+                and model.vendor_key not in vendors:
+            chosen[model.family] = model.key
+            vendors.add(model.vendor_key)
     return tuple(chosen.values())
 
 
@@ -265,6 +268,12 @@ def _pods_per_node(shape: ClusterShape) -> list[int]:
     return out
 
 
+# What a family's allocation carries beyond memory and cores, for the few whose annotations are
+# built from it (AWS Neuron's AWS_NEURON_IDS from the device index): as its decision sets it for a
+# whole device asked by count.
+SEED_CUSTOM = {"inf2": lambda dev: {"index": dev.index, "coresPerDevice": 2, "countInLimits": True}}
+
+
 def _placed_on_family_node(rng: random.Random, *, node: str, index: int, family: str, count: int) -> list[dict]:
     """``count`` one-device pods on a family node: Ascend shares of 16 GiB spread over the NPUs,
     the other families' whole devices picked at random (no two on one device)."""
@@ -275,7 +284,8 @@ def _placed_on_family_node(rng: random.Random, *, node: str, index: int, family:
     pods = []
     for j in range(count if shares else len(cards)):
         dev = registered[j % len(registered)] if shares else registered[cards[j]]
-        given = ContainerDevice(dev.id, vendor.vendor_key, 16384 if shares else dev.devmem, 0 if shares else dev.devcore)
+        given = ContainerDevice(dev.id, vendor.vendor_key, 16384 if shares else dev.devmem, 0 if shares else dev.devcore,
+                                custom=SEED_CUSTOM[family](dev) if family in SEED_CUSTOM else {})
         namespace = NAMESPACES[(index + j) % len(NAMESPACES)]
         pod = family_pod(f"job-{index:05d}-{j:02d}", family=family, namespace=namespace, app="trainer")
         pods.append(place_family(pod, node=node, family=family, devices=[given]))

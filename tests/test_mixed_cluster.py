@@ -1,4 +1,4 @@
-"""A mixed cluster end to end: NVIDIA, Ascend 910B3 and Kunlun nodes behind one scheduler.
+"""A mixed cluster end to end: nodes of every device family behind one scheduler.
 
 kube-scheduler sends every pod all the nodes (the device resources are ``ignoredByScheduler``),
 so each family's pods must find their own family's nodes among the others, and a node that
@@ -86,7 +86,40 @@ async def test_a_pod_asking_for_two_families_gets_one_allocation_per_family_on_a
 
 
 async def test_every_familys_devices_and_pods_are_in_upstreams_gauges(api, app, extender):
-    """Upstream's ``hami_*`` gauges cover every family's devices and allocations, not NVIDIA's alone."""
+    """Upstream's ``hami_*`` gauges cover every family's devices and allocations, not NVIDIA's
+    alone: one node of each family model the fake registrations know (one per family), and one
+    pod of each asking what the model's first demo pod asks, placed on its own node and bound."""
+    from hami_py.fakeapi.families import MODELS
+    from tests.test_metrics import scrape, series
+    from hami_py.devices.registry import _families
+    models = {}
+    for model in MODELS:     # one model per vendor (a Vastai pod may take a die-mode node too)
+        if model.demo_limits and model.vendor_key not in {m.vendor_key for m in models.values()}:
+            models[f"{model.key}-0"] = model
+    modules = {type(app.vendors[m.vendor_key]).__module__.split(".")[2] for m in models.values()} | {"nvidia"}
+    assert modules == {build.__module__.split(".")[2] for build in _families()}, modules
+    names = await register_nodes(api, app, gpu_node("gpu-0", gpus=1), *(m.node(n) for n, m in models.items()))
+    pods = {"gpu-0": gpu_pod("nvidia-pod", gpus=1, gpumem=20000)}
+    pods.update({node: _pod(f"{m.key}-pod", dict(m.demo_limits[0][1])) for node, m in models.items()})
+    for node, pod in pods.items():
+        stored, result = await place(api, extender, pod, names)
+        assert result["NodeNames"] == [node], (node, result)
+        await _bind(app, extender, stored, node)
+    models["gpu-0"] = None
+    samples = await scrape(app)
+    assert {dict(k)["node"] for k in series(samples, "hami_gpu_memory_limit_bytes")} == set(models)
+    shares: dict[str, float] = {}
+    for k, v in series(samples, "hami_gpu_shared_count").items():
+        shares[dict(k)["node"]] = shares.get(dict(k)["node"], 0) + v
+    assert shares == {node: 1 for node in models}, shares
+    assert {dict(k)["pod"] for k in series(samples, "hami_vgpu_core_allocated_ratio")} >= {
+        pod["metadata"]["name"] for pod in pods.values()} - {"biren-pod", "vastai-pod"}     # (slots only)
+    assert_books_balance(app)
+
+
+async def test_each_familys_memory_and_cores_read_in_upstreams_units(api, app, extender):
+    """The gauges' values for families whose units differ: a Kunlun card is charged whole, an
+    AWS Neuron core is its mask, AMD's compute units read as percent."""
     from tests.test_metrics import scrape, series
     names = await register_nodes(api, app, gpu_node("gpu-0", gpus=1), ASCEND.node("npu-0"), KUNLUN.node("xpu-0"),
                                  find_device_model("inf2").node("inf-0", devices=2),
