@@ -110,10 +110,36 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
     app = web.Application(client_max_size=body_limit)
     app.router.add_post("/filter", filter_handler)
     app.router.add_post("/bind", bind_handler)
+    app.router.add_post("/preempt", preempt_handler(service, metrics, body_limit))
     add_probes(app, ready)
     for method, path, handler in extra_routes or ():
         app.router.add_route(method, path, handler)
     return app
+
+
+def preempt_handler(service: SchedulerService, metrics: Metrics, body_limit: int):
+    """``preemptVerb: preempt``: ExtenderPreemptionResult, or a 500 with the error (the result has
+    no Error field; kube-scheduler reads a non-200 answer as the extender's failure)."""
+
+    async def handler(request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        args, error = await read_json(request, body_limit)
+        if not error:
+            try:
+                result, error = await service.preempt(args)
+            except Exception as exc:  # noqa: BLE001 - logged with its traceback, answered with its message
+                log.exception("extender request failed unexpectedly", verb="preempt")
+                result, error = {}, f"internal error in the extender preempt: {type(exc).__name__}: {exc}"
+        if error:
+            metrics.request_errors.labels("preempt").inc()
+            response = web.Response(status=500, body=orjson.dumps({"NodeNameToMetaVictims": None, "Error": error}),
+                                    content_type=_JSON)
+        else:
+            response = _respond(result, "extender preemption")
+        metrics.request_seconds.labels("preempt").observe(time.perf_counter() - t0)
+        return response
+
+    return handler
 
 
 def add_probes(app: web.Application, ready) -> None:
