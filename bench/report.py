@@ -154,7 +154,7 @@ def _render_budget(results: dict) -> list[str]:
     if rows:
         out += ["**/filter with every API write delayed** (the in-repo API server holds each POST/PUT/PATCH/DELETE "
                 "the scheduler sends for the delay before serving it; /filter at concurrency 1, the round with the "
-                "median p99 of three, beside the same rounds without the delay in the same run; then filter+bind "
+                "median p99 of five, beside as many rounds without the delay, the two alternating; then filter+bind "
                 "one filter at a time with binds in the background)", ""]
         out += _table(["N", "P", "write delay ms", "filter p50 ms", "filter p99 ms", "p99 of each round",
                        "no delay: p50 / p99 ms", "placed", "bind p50 ms", "bind p99 ms", "pods/s", "target"], rows)

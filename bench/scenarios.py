@@ -82,7 +82,7 @@ class WriteDelayPlan:
     filter_samples: int         # /filter requests at concurrency 1 (after the warm-up)
     schedule_pods: int          # then filter+bind, one filter at a time, binds in the background
     filter_target_ms: float = 5.0   # issue 13: /filter p99 under this whatever the API server does
-    rounds: int = 3             # each /filter measurement is the round with the median p99
+    rounds: int = 5             # each /filter measurement is the round with the median p99
 
 
 @dataclass(frozen=True)
@@ -366,11 +366,8 @@ async def phase_filter(ctx: Context) -> list[dict]:
     Every round's p99 is kept in ``p99_rounds``."""
     rows = []
     for concurrency in ctx.plan.concurrencies:
-        rounds = [await _filter_round(ctx, concurrency)
-                  for _ in range(ctx.plan.filter_rounds if concurrency == 1 else 1)]
-        rounds.sort(key=lambda r: r["p99"])
-        row = rounds[len(rounds) // 2]
-        rows.append({**row, "p99_rounds": [r["p99"] for r in rounds]})
+        rows.append(_median_round([await _filter_round(ctx, concurrency)
+                                   for _ in range(ctx.plan.filter_rounds if concurrency == 1 else 1)]))
     return rows
 
 
@@ -461,24 +458,35 @@ def _critical(key: str) -> bool:
     return not key.endswith(" events") and key not in BACKGROUND_REQUESTS
 
 
+def _median_round(rounds: list[dict]) -> dict:
+    """The round with the median p99, and every round's p99."""
+    ordered = sorted(rounds, key=lambda r: r["p99"])
+    return {**ordered[len(ordered) // 2], "p99_rounds": [r["p99"] for r in ordered]}
+
+
 async def phase_write_delay(ctx: Context) -> dict:
     """/filter at concurrency 1, then filter+bind in kube-scheduler's pattern, with every write
     the scheduler sends delayed by ``delay_s`` at the API server (reads, watches and the
     cluster's own in-process writes are not). The filter writes nothing, so its latency should
     be the unhindered one; each bind waits for its node lock and its Binding. The same
-    measurement without the delay comes first, in the same run (``baseline``): on shared cores
-    the machine's own noise is then told apart from the API server's share."""
+    measurement without the delay is taken in the same run, its rounds alternating with the
+    delayed ones (``baseline``): on shared cores the machine's own noise is then told apart from
+    the API server's share."""
     plan = ctx.plan.write_delay
-
-    async def median_round() -> dict:
-        rounds = sorted([await _filter_round(ctx, 1, samples=plan.filter_samples) for _ in range(plan.rounds)],
-                        key=lambda r: r["p99"])
-        return {**rounds[len(rounds) // 2], "p99_rounds": [r["p99"] for r in rounds]}
-
-    baseline = await median_round()
-    await ctx.cluster.call("POST", "/faults", {"delay": plan.delay_s, "methods": list(WRITES)})
+    delay = {"delay": plan.delay_s, "methods": list(WRITES)}
+    # The rounds alternate (no delay, delay, no delay, ...), so that load other processes put on
+    # the shared cores falls on both measurements alike; each is the round with the median p99.
+    taken: dict[str, list[dict]] = {"baseline": [], "delayed": []}
     try:
-        filtered = await median_round()
+        for _ in range(plan.rounds):
+            for key in ("baseline", "delayed"):
+                await ctx.cluster.call("POST", "/faults", delay if key == "delayed" else {"clear": True})
+                taken[key].append(await _filter_round(ctx, 1, samples=plan.filter_samples))
+    finally:
+        await ctx.cluster.call("POST", "/faults", {"clear": True})
+    baseline, filtered = _median_round(taken["baseline"]), _median_round(taken["delayed"])
+    await ctx.cluster.call("POST", "/faults", delay)
+    try:
         pods = await ctx.pending(plan.schedule_pods, what="write-delay-bind",
                                  annotations={"hami.io/node-scheduler-policy": "spread"})
         run = await run_schedule(ctx.session, ctx.scheduler.url, ctx.cluster, pods, ctx.names_raw,
@@ -745,9 +753,7 @@ async def run_mixed(plan: ClusterPlan, *, session: aiohttp.ClientSession, workdi
                 for key, ctx in (("nvidia", base_ctx), ("mixed", mixed_ctx)):
                     rounds[key].append(await _filter_round(ctx, concurrency))
             for key, taken in rounds.items():
-                taken.sort(key=lambda r: r["p99"])
-                row = taken[len(taken) // 2]
-                rows[key].append({**row, "p99_rounds": [r["p99"] for r in taken]})
+                rows[key].append(_median_round(taken))
         base_result["filter"], mixed_result["filter"] = rows["nvidia"], rows["mixed"]
     out["nvidia"], out["mixed"] = base_result, mixed_result
     out["ratios"] = mixed_ratios(out)

@@ -34,6 +34,7 @@ from hami_py.metrics import Metrics
 from hami_py.scheduling.admission import AdmissionSettings
 from hami_py.scheduling.bind import Binder
 from hami_py.scheduling.filter import Filterer
+from hami_py.scheduling.preempting import Preemptor
 from hami_py.scheduling.service import SchedulerService
 
 log = structlog.get_logger(__name__)
@@ -62,6 +63,10 @@ class Options:
     # Ours: how long any /bind waits for a node lock held by another pod's allocation in progress
     # (PodGroup members wait node_lock_retry_timeout_s, as upstream). 0 = fail at once (upstream).
     node_lock_wait_s: float = 10.0
+    # Ours: device preemption by the extender (scheduling/preempting.py), and how long it holds
+    # the room it freed for its pod.
+    device_preemption: bool = False
+    device_preemption_hold_s: float = 120.0
     force_overwrite_default_scheduler: bool = True
     leader_elect: bool = False
     leader_elect_resource_name: str = ""
@@ -165,7 +170,8 @@ class SchedulerApp:
                         on_result=self.events.on_bind)
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
-                                        events=self.events.on_filter, filter_mode=o.filter_mode)
+                                        events=self.events.on_filter, preemptor=self._preemptor(filterer),
+                                        filter_mode=o.filter_mode)
         self.leadership = build_leadership(
             leader_elect=o.leader_elect, client=self.client, namespace=o.leader_elect_resource_namespace,
             name=o.leader_elect_resource_name, identity=self.identity, on_change=self._on_leadership)
@@ -215,6 +221,12 @@ class SchedulerApp:
             self.metrics_url = await self._serve(metrics_app, mhost, mport, None)
         log.info("hami-scheduler serving", url=self.url, webhook=self.webhook_url, metrics=self.metrics_url)
 
+    def _preemptor(self, filterer: Filterer) -> Preemptor | None:
+        if not self.options.device_preemption:
+            return None
+        return Preemptor(cache=self.cache, filterer=filterer, client=self.client, events=self.events.on_preempt,
+                         hold_s=self.options.device_preemption_hold_s, metrics=self.metrics)
+
     async def _mark_synced(self) -> None:
         await asyncio.gather(*(i.synced.wait() for i in self.informers), self.leadership.synced.wait())
         self._caches_synced = True
@@ -242,6 +254,8 @@ class SchedulerApp:
         if not leading and self.service is not None:
             # Our unbound decisions live only here (/filter writes nothing): the new leader cannot
             # charge them, so binding one later could hand its devices out twice.
+            if self.service.preemptor is not None:
+                self.service.preemptor.release_all()   # held room: the new leader knows nothing of it
             released = self.cache.release_unbound_reservations()
             if released:
                 log.info("leadership lost: unbound reservations released", reservations=released)

@@ -107,6 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--node-lock-retry-timeout", default=28.0, type=_duration, help="PodGroup lock retry budget")
     flag("--node-lock-wait", default=10.0, type=_duration,
          help="ours: how long a bind waits for a node lock another pod's allocation holds (0: fail at once)")
+    flag("--device-preemption", default=False, type=_bool, nargs="?", const=True,
+         help="ours: a pod with a priority that fits nowhere evicts the fewest lower-priority device pods "
+              "of one node that make room, through the Eviction API (off by default)")
+    flag("--device-preemption-hold", default=120.0, type=_duration,
+         help="ours: how long the room freed by a device preemption is held for its pod (Go duration)")
     flag("--force-overwrite-default-scheduler", default=True, type=_bool, nargs="?", const=True)
     flag("--leader-elect", default=False, type=_bool, nargs="?", const=True)
     flag("--leader-elect-resource-name", default="")
@@ -138,6 +143,7 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         node_label_selector=ns.node_label_selector, kube_qps=ns.kube_qps, kube_burst=ns.kube_burst,
         kube_timeout=ns.kube_timeout, profiling=ns.profiling, node_lock_timeout_s=ns.node_lock_timeout,
         node_lock_retry_timeout_s=ns.node_lock_retry_timeout, node_lock_wait_s=ns.node_lock_wait,
+        device_preemption=ns.device_preemption, device_preemption_hold_s=ns.device_preemption_hold,
         force_overwrite_default_scheduler=ns.force_overwrite_default_scheduler,
         leader_elect=ns.leader_elect, leader_elect_resource_name=ns.leader_elect_resource_name,
         leader_elect_resource_namespace=ns.leader_elect_resource_namespace,

@@ -58,6 +58,15 @@ class Metrics:
             "raised by a PATCH), pending (folded into a write still waiting for the events' budget: no "
             "request), similar (message combined with the pod's other messages of that reason).",
             ["how"], registry=self.registry)
+        self.preemptions = Counter(
+            "hami_device_preemptions_total",
+            "Device preemptions (--device-preemption), by outcome: preempting (victims evicted, room held), "
+            "gave_up (every eviction tried was refused).",
+            ["outcome"], registry=self.registry)
+        self.preemption_evictions = Counter(
+            "hami_device_preemption_evictions_total",
+            "Evictions asked for by device preemption, by result: evicted, refused.",
+            ["result"], registry=self.registry)
         self.build_info = Gauge(
             "hami_build_info", "Build of this scheduler, as labels; the value is always 1.",
             list(BUILD_INFO), registry=self.registry)

@@ -219,11 +219,14 @@ RESOURCES = {
     "roles": ("rbac.authorization.k8s.io/v1", True),
     "rolebindings": ("rbac.authorization.k8s.io/v1", True),
     "mutatingwebhookconfigurations": ("admissionregistration.k8s.io/v1", False),
+    "priorityclasses": ("scheduling.k8s.io/v1", False),
+    "poddisruptionbudgets": ("policy/v1", True),
 }
 KINDS = {"Pod": "pods", "Node": "nodes", "Namespace": "namespaces", "ResourceQuota": "resourcequotas",
          "ServiceAccount": "serviceaccounts", "ConfigMap": "configmaps", "Lease": "leases",
          "ClusterRole": "clusterroles", "ClusterRoleBinding": "clusterrolebindings", "Role": "roles",
-         "RoleBinding": "rolebindings", "MutatingWebhookConfiguration": "mutatingwebhookconfigurations"}
+         "RoleBinding": "rolebindings", "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+         "PriorityClass": "priorityclasses", "PodDisruptionBudget": "poddisruptionbudgets"}
 
 
 def resource_path(resource: str, name: str | None = None, *, namespace: str | None = None) -> str:

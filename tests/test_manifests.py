@@ -403,7 +403,7 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
         leader_elect_resource_name=OPTIONS.leader_elect_resource_name,
         leader_elect_resource_namespace=OPTIONS.leader_elect_resource_namespace,
         hostname="sched-0", pod_name="sched-0", pod_namespace=NAMESPACE, registration_interval_s=0.05,
-        node_lock_wait_s=0.2)
+        node_lock_wait_s=0.2, device_preemption=True)
     async with running_scheduler(api, options=options, device_plugin=False) as app:
         extender = ExtenderClient(app.url)
         try:
@@ -425,6 +425,12 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
                                        if e["involvedObject"]["name"] == "too-big"), what="an event's count raised")
             await wait_for(lambda: api.get("pods", "sched-0", namespace=NAMESPACE)["metadata"]["labels"]
                            .get("hami.io/scheduler-role") == "leader", what="role label")
+            # Device preemption: a pod of a higher priority that needs both GPUs evicts the bound
+            # trainer (pods/eviction) and is nominated to the node (pods/status).
+            urgent = gpu_pod("urgent", gpus=2, gpumem=143000)
+            urgent["spec"]["priority"] = 1000
+            result = await extender.filter(api.create("pods", urgent), ["gpu-1"])
+            assert result["FailedNodes"]["gpu-1"].startswith("preempting 1 pods on node gpu-1"), result
         finally:
             await extender.close()
     used = {rbac_request(*r) for r in api.requests}

@@ -89,13 +89,9 @@ async def test_every_familys_devices_and_pods_are_in_upstreams_gauges(api, app, 
     """Upstream's ``hami_*`` gauges cover every family's devices and allocations, not NVIDIA's
     alone: one node of each family model the fake registrations know (one per family), and one
     pod of each asking what the model's first demo pod asks, placed on its own node and bound."""
-    from hami_py.fakeapi.families import MODELS
     from tests.test_metrics import scrape, series
     from hami_py.devices.registry import _families
-    models = {}
-    for model in MODELS:     # one model per vendor (a Vastai pod may take a die-mode node too)
-        if model.demo_limits and model.vendor_key not in {m.vendor_key for m in models.values()}:
-            models[f"{model.key}-0"] = model
+    models = _one_model_per_vendor()     # (a Vastai pod may take a die-mode node too)
     modules = {type(app.vendors[m.vendor_key]).__module__.split(".")[2] for m in models.values()} | {"nvidia"}
     assert modules == {build.__module__.split(".")[2] for build in _families()}, modules
     names = await register_nodes(api, app, gpu_node("gpu-0", gpus=1), *(m.node(n) for n, m in models.items()))
@@ -181,11 +177,25 @@ async def test_mthreads_biren_and_vastai_devices_and_pods_are_in_the_gauges(api,
     assert_books_balance(app)
 
 
-async def test_the_nodes_path_fits_a_familys_pod_against_the_node_objects_sent(api, app, extender):
-    """``nodeCacheCapable: false``: the node objects in the request are decoded by each family."""
+def _one_model_per_vendor():
+    """One fake model of each non-NVIDIA vendor (hami_py.fakeapi.families), with a demo request."""
+    from hami_py.fakeapi.families import MODELS
+    models = {}
+    for model in MODELS:
+        if model.demo_limits and model.vendor_key not in {m.vendor_key for m in models.values()}:
+            models[f"{model.key}-0"] = model
+    return models
+
+
+async def test_the_nodes_path_fits_each_familys_pod_against_the_node_objects_sent(api, app, extender):
+    """``nodeCacheCapable: false``: the node objects in the request are decoded by each family,
+    and each family's pod fits only its own family's node among every family's."""
     from tests.conftest import node_list
-    pod = api.create("pods", _pod("infer", {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16384"}))
-    npu, gpu = ASCEND.node("npu-0"), gpu_node("gpu-0", gpus=1)
-    _, body = await extender.post("filter", {"Pod": pod, "Nodes": node_list(gpu, npu)})
-    assert body["Error"] == "" and [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["npu-0"]
-    assert "gpu-0" in body["FailedNodes"]
+    models = _one_model_per_vendor()
+    nodes = [gpu_node("gpu-0", gpus=1)] + [m.node(name) for name, m in models.items()]
+    for name, model in models.items():
+        pod = api.create("pods", _pod(f"{model.key}-pod", dict(model.demo_limits[0][1])))
+        _, body = await extender.post("filter", {"Pod": pod, "Nodes": node_list(*nodes)})
+        assert body["Error"] == "", (model.key, body)
+        assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == [name], (model.key, body)
+        assert "gpu-0" in body["FailedNodes"]

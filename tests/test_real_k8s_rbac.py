@@ -45,6 +45,10 @@ def test_every_grant_was_used_and_nothing_was_refused(request, control_plane):
     sidecar_in_namespace = {(e.group, e.resource, e.verb) for e in sidecar if e.namespace == SA_NAMESPACE}
 
     assert not cluster - hami_used, f"the ClusterRole grants what hami-py never used: {sorted(cluster - hami_used)}"
+    # Device preemption's two grants, used by the real kube-scheduler preemption tests
+    # (tests/test_real_k8s_kube_scheduler.py): the victims' evictions and the nominatedNodeName.
+    preemption = {("", "pods/eviction", "create"), ("", "pods/status", "patch")}
+    assert preemption <= cluster and preemption <= hami_used, sorted(preemption - hami_used)
     for_sidecar = {g for g in role if g[2] in SIDECAR_LEASE_VERBS}
     unused = (role - for_sidecar - hami_in_namespace) | (for_sidecar - sidecar_in_namespace)
     assert not unused, f"the Role grants what nobody used: {sorted(unused)}"

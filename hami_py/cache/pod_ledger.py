@@ -11,6 +11,7 @@ pod's devices are resolved to slots through the node inventory's entries.
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Iterable, Iterator, Mapping
 
 import structlog
@@ -70,6 +71,24 @@ def init_containers_done(pod: dict) -> bool:
         if not term or term.get("exitCode") != 0:
             return False
     return True
+
+
+def pod_priority(pod: dict) -> int:
+    """``spec.priority`` (resolved from the PriorityClass at admission), 0 when unset or garbled."""
+    value = (pod.get("spec") or {}).get("priority")
+    return value if type(value) is int else 0
+
+
+def _started(pod: dict) -> float:
+    """When the pod started running (``status.startTime``), else when it was created; 0 if neither
+    parses (RFC 3339, UTC as the API server writes it)."""
+    for stamp in ((pod.get("status") or {}).get("startTime"), (pod.get("metadata") or {}).get("creationTimestamp")):
+        if isinstance(stamp, str):
+            try:
+                return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            except ValueError:
+                continue
+    return 0.0
 
 
 def _rv(obj: dict) -> int | None:
@@ -195,6 +214,8 @@ class PodLedger:
                 old.resource_version = pod.resource_version or old.resource_version
                 old.reserved = pod.reserved
                 old.decided = old.decided or pod.decided
+                if pod.resource_version is not None:   # an object's: the pod's own priority and start
+                    old.priority, old.started = pod.priority, pod.started
                 return
             self.remove_pod(old.uid)
         pod.resolved = self._resolve(pod)
@@ -274,7 +295,8 @@ class PodLedger:
                     mig.append(record)
         return PodUsage(uid=meta.get("uid", ""), namespace=meta.get("namespace", ""),
                         name=meta.get("name", ""), node=node, entries=entries,
-                        resource_version=_rv(pod), mig=mig, marks=self.marks_of(annotations))
+                        resource_version=_rv(pod), mig=mig, marks=self.marks_of(annotations),
+                        priority=pod_priority(pod), started=_started(pod))
 
     def on_pod_event(self, event_type: str, pod: dict) -> None:
         meta = pod.get("metadata") or {}

@@ -52,6 +52,10 @@ class PodUsage:
     filtered_rv: int | None = None
     # The pod's annotations that device families keep with its charge (DeviceVendor.pod_marks).
     marks: dict[str, str] = field(default_factory=dict)
+    # spec.priority and when the pod started (status.startTime, else its creation), seconds since
+    # the epoch: what device preemption orders its victims by (scheduling/preemption.py).
+    priority: int = 0
+    started: float = 0.0
 
 
 @dataclass(slots=True)

@@ -36,6 +36,8 @@ import structlog
 import yaml
 from aiohttp import web
 
+from hami_py.fakeapi.disruption import eviction_refusal
+
 log = structlog.get_logger()
 
 _SNAPSHOT_TTL = 300.0      # seconds a continue token stays valid (a real server: until compaction)
@@ -70,8 +72,10 @@ RESOURCES = {r.plural: r for r in (
     Resource("events", "Event", "v1", True),
     Resource("configmaps", "ConfigMap", "v1", True),
     Resource("leases", "Lease", "coordination.k8s.io/v1", True),
+    Resource("poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", True),
 )}
-_API_PREFIXES = {("api", "v1"): "v1", ("apis", "coordination.k8s.io", "v1"): "coordination.k8s.io/v1"}
+_API_PREFIXES = {("api", "v1"): "v1", ("apis", "coordination.k8s.io", "v1"): "coordination.k8s.io/v1",
+                 ("apis", "policy", "v1"): "policy/v1"}
 _BINDINGS = Resource("pods/binding", "Binding", "v1", True)   # names the subresource in errors
 
 _REASONS = {
@@ -968,11 +972,43 @@ class FakeApiServer:
                 return _json(stored.raw, 201)
         elif sub in (None, "status"):
             return await self._object(request, res, self._key(res, name, namespace))
+        elif sub == "eviction" and res.plural == "pods" and method == "POST":
+            self._evict(namespace, name, await _read_json(request))
+            return _json(b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Success",'
+                         b'"code":201}', 201)
         elif sub == "binding" and res.plural == "pods" and method == "POST":
             self._store.bind(namespace, await _read_json(request), name)
             return _json(b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Success",'
                          b'"code":201}', 201)
         raise ApiError(405, "the server does not allow this method on the requested resource")
+
+    def _evict(self, namespace: str, name: str, eviction: Any) -> None:
+        """pods/eviction (hami_py/fakeapi/disruption.py): the budgets decide, then the delete."""
+        pods = RESOURCES["pods"]
+        if not isinstance(eviction, dict) or (eviction.get("metadata") or {}).get("name") not in (None, name):
+            raise ApiError(400, "name in URL does not match name in Eviction object")
+        pod = self._store.get(pods, (namespace, name)).obj
+        options = eviction.get("deleteOptions") or {}
+        preconditions = (options.get("preconditions") or {}) if isinstance(options, dict) else {}
+        if preconditions.get("uid") not in (None, pod["metadata"]["uid"]):
+            raise _conflict(pods, name, f"Precondition failed: UID in precondition: {preconditions['uid']}, "
+                                        f"UID in object meta: {pod['metadata']['uid']}")
+        budgets = [s.obj for s in self._store.select(RESOURCES["poddisruptionbudgets"], namespace, None)]
+        same_namespace = [s.obj for s in self._store.select(pods, namespace, None)]
+        refusal = eviction_refusal(pod, budgets, same_namespace)
+        if refusal is not None:
+            code, message, details = refusal
+            raise ApiError(code, message, details=details)
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            return   # already terminating: allowed, nothing more to do
+        grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds")
+        if isinstance(grace, int) and grace > 0 and (pod.get("spec") or {}).get("nodeName"):
+            # A bound pod with a grace period only starts terminating: its kubelet (here: the test,
+            # with api.delete) removes it once its containers have stopped.
+            self._store.patch(pods, (namespace, name), merge_patch, {"metadata": {
+                "deletionTimestamp": _now(), "deletionGracePeriodSeconds": grace}})
+            return
+        self._store.delete(pods, (namespace, name), preconditions)
 
     async def _object(self, request: web.Request, res: Resource,
                       key: tuple[str, str]) -> web.Response:

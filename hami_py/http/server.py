@@ -1,5 +1,5 @@
-"""The extender's HTTP surface: /filter, /bind, /prioritize (--filter-mode=all), /healthz, /readyz,
-and /metrics on its own port.
+"""The extender's HTTP surface: /filter, /bind, /prioritize (--filter-mode=all), /preempt,
+/healthz, /readyz, and /metrics on its own port.
 
 The webhook's own listener (``--webhook-bind-address``) is built in :mod:`hami_py.http.webhook`.
 
@@ -112,6 +112,7 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
     app.router.add_post("/filter", filter_handler)
     app.router.add_post("/bind", bind_handler)
     app.router.add_post("/prioritize", prioritize_handler(service, metrics, body_limit))
+    app.router.add_post("/preempt", preempt_handler(service, metrics, body_limit))
     add_probes(app, ready)
     for method, path, handler in extra_routes or ():
         app.router.add_route(method, path, handler)
@@ -141,6 +142,31 @@ def prioritize_handler(service: SchedulerService, metrics: Metrics, body_limit: 
             log.warning("prioritize gives no scores", error=error)
         response = web.Response(body=body, content_type=_JSON)
         metrics.request_seconds.labels("prioritize").observe(time.perf_counter() - t0)
+        return response
+
+    return handler
+
+
+def preempt_handler(service: SchedulerService, metrics: Metrics, body_limit: int):
+    """``preemptVerb: preempt``: ExtenderPreemptionResult, or a 500 with the error (the result has
+    no Error field; kube-scheduler reads a non-200 answer as the extender's failure)."""
+
+    async def handler(request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        args, error = await read_json(request, body_limit)
+        if not error:
+            try:
+                result, error = await service.preempt(args)
+            except Exception as exc:  # noqa: BLE001 - logged with its traceback, answered with its message
+                log.exception("extender request failed unexpectedly", verb="preempt")
+                result, error = {}, f"internal error in the extender preempt: {type(exc).__name__}: {exc}"
+        if error:
+            metrics.request_errors.labels("preempt").inc()
+            response = web.Response(status=500, body=orjson.dumps({"NodeNameToMetaVictims": None, "Error": error}),
+                                    content_type=_JSON)
+        else:
+            response = _respond(result, "extender preemption")
+        metrics.request_seconds.labels("preempt").observe(time.perf_counter() - t0)
         return response
 
     return handler

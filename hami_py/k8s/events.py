@@ -311,6 +311,11 @@ class EventRecorder:
         else:
             self.record(pod, lambda: [(WARNING, BINDING_FAILED, error)])
 
+    def on_preempt(self, pod: dict, reason: str, message: str) -> None:
+        """Device preemption's hook (scheduling/preempting.py): ``Preempted`` on a victim and on
+        its preemptor, as kube-scheduler records them (type Normal)."""
+        self.record(pod, lambda: [(NORMAL, reason, message)])
+
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         self._closing = False

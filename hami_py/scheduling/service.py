@@ -20,7 +20,9 @@ from hami_py.scheduling.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.podlocks import PodLocks
 from hami_py.scheduling.policies import PolicyError
+from hami_py.scheduling.preempt_verb import PreemptArgsError, process_preemption
 from hami_py.scheduling.prioritize import FILTER_MODES, AllNodes, HostPriorities
+from hami_py.scheduling.preemption import VictimSearch, may_preempt
 from hami_py.scheduling.requests import parse_pod_requests
 from hami_py.scheduling.stale import clear_stale_decision, may_carry_decision
 
@@ -42,7 +44,7 @@ def lower_keys(obj: dict) -> dict:
 class SchedulerService:
     def __init__(self, *, cache: UsageCache, vendors: dict[str, DeviceVendor], client: KubeClient,
                  binder: Binder, filterer: Filterer, sync_timeout_s: float = 30.0, events=None,
-                 filter_mode: str = "best"):
+                 preemptor=None, filter_mode: str = "best"):
         self.cache = cache
         self.vendors = vendors
         self.client = client
@@ -52,6 +54,8 @@ class SchedulerService:
         self.synced = asyncio.Event()
         self.events = events
         self.pod_locks = PodLocks()   # a pod's filters and binds run one at a time
+        # --device-preemption (scheduling/preempting.py): None when off.
+        self.preemptor = preemptor
         # --filter-mode=all (scheduling/prioritize.py): every fitting node, /prioritize, refit at bind.
         self.all_nodes = self._all_nodes(filter_mode)
 
@@ -115,11 +119,18 @@ class SchedulerService:
             # kube-scheduler's copy of a pod the watch showed deleted: a reservation for it would
             # never be bound (its Binding's UID precondition fails) nor released by an event.
             return filter_result(error=f"pod {namespace}/{name} with uid {uid} was deleted")
-        if self.all_nodes is not None:
-            return self._filter_all(pod, node_names, request)
         stale = may_carry_decision(self.cache, pod, uid)   # before decide drops the charge
         try:
-            decision = self.filterer.decide(pod, node_names, request)
+            decision = None
+            if self.preemptor is not None:
+                held = self.preemptor.resume(pod, node_names, request)
+                if isinstance(held, dict):
+                    return filter_result(failed=held)   # its victims are still leaving
+                decision = held
+            if decision is None and self.all_nodes is not None:
+                return await self._filter_all(pod, node_names, request)
+            if decision is None:
+                decision = self.filterer.decide(pod, node_names, request)
         except PolicyError as exc:
             # Upstream's wording: the weights are parsed while scoring.
             message = f"calcScore failed {exc} for pod {name}"
@@ -133,6 +144,8 @@ class SchedulerService:
                 # decision of ours can be in flight.
                 await clear_stale_decision(client=self.client, cache=self.cache, vendors=self.vendors,
                                            namespace=namespace, name=name, uid=uid)
+            if self.preemptor is not None and may_preempt(pod):
+                return filter_result(failed=await self._preempt(pod, node_names, request, decision.failed))
             return filter_result(failed=decision.failed)
         # Nothing is written here: the reservation keeps the decision's annotations and the bind
         # carries them in its Binding, which the API server applies with spec.nodeName in one
@@ -145,15 +158,16 @@ class SchedulerService:
         self._event(pod, "filter_succeeded", decision)
         return filter_result(node_names=[decision.node])
 
-    def _filter_all(self, pod: dict, node_names: list[str], request) -> dict:
-        """``--filter-mode=all``: every fitting node, nothing reserved, nothing written."""
-        try:
-            names, failed = self.all_nodes.filter(pod, node_names, request)
-        except PolicyError as exc:
-            message = f"calcScore failed {exc} for pod {pod['metadata']['name']}"
-            self._event(pod, "filter_error", message)
-            return filter_result(error=message)
-        return filter_result(failed=failed) if names is None else filter_result(node_names=names)
+    async def _filter_all(self, pod: dict, node_names: list[str], request) -> dict:
+        """``--filter-mode=all``: every fitting node, nothing reserved, nothing written; a pod that
+        fits nowhere may preempt (--device-preemption) as in best mode. The PolicyError of an
+        unusable policy annotation goes to the caller (``_filter_live``), as decide's does."""
+        names, failed = self.all_nodes.filter(pod, node_names, request)
+        if names is not None:
+            return filter_result(node_names=names)
+        if self.preemptor is not None and may_preempt(pod):
+            return filter_result(failed=await self._preempt(pod, node_names, request, failed))
+        return filter_result(failed=failed)
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, args: Any) -> tuple[HostPriorities, str | None]:
@@ -188,6 +202,21 @@ class SchedulerService:
             return filter_result(failed=decision.failed)
         return filter_result(nodes={"metadata": {}, "items": [by_name[decision.node]]}, failed=decision.failed)
 
+    async def _preempt(self, pod: dict, node_names: list[str], request, failed: dict[str, str]) -> dict[str, str]:
+        """Device preemption for a pod that fits nowhere (still under its lock): the FailedNodes
+        to answer. Once begun it runs to its end even if the caller leaves (a victim evicted is
+        never left without the hold it was evicted for)."""
+        work = asyncio.ensure_future(self.preemptor.preempt(pod, node_names, request, failed))
+        cancelled = False
+        while not work.done():
+            try:
+                await asyncio.wait([work])
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled:
+            raise asyncio.CancelledError()
+        return work.result() or failed
+
     async def _wait_synced(self) -> bool:
         if self.synced.is_set():
             return True
@@ -205,6 +234,20 @@ class SchedulerService:
         text. The hook only queues (events.EventRecorder), so it never slows the answer."""
         if self.events is not None:
             self.events(pod, what, detail)
+
+    # ------------------------------------------------------------------ preempt
+    async def preempt(self, args: Any) -> tuple[dict, str]:
+        """``preemptVerb`` (scheduling/preempt_verb.py): (ExtenderPreemptionResult, "") or
+        (an empty result, the error), which the HTTP layer answers with a 500 as kube-scheduler
+        reads extender failures."""
+        if not await self._wait_synced():
+            return {"NodeNameToMetaVictims": None}, "scheduler cache is not synced yet"
+        search = self.preemptor.search if self.preemptor is not None else VictimSearch(self.cache, self.filterer)
+        try:
+            return process_preemption(args, search=search, vendors=self.vendors,
+                                      vendor_ids=self.cache.vendor_ids), ""
+        except (PreemptArgsError, RequestError, PolicyError) as exc:
+            return {"NodeNameToMetaVictims": None}, str(exc)
 
     # ------------------------------------------------------------------ bind
     async def bind(self, args: Any) -> dict:
@@ -238,7 +281,6 @@ class SchedulerService:
         if cancelled:
             raise asyncio.CancelledError()   # nobody to answer; the outcome is logged and reported
         return result
-
 
     async def _bind(self, req: BindRequest) -> None:
         if self.all_nodes is not None:

@@ -1,0 +1,250 @@
+"""Device preemption done by the extender (``--device-preemption``): evict, hold, place.
+
+The device resources are ``ignoredByScheduler``, so kube-scheduler's own preemption dry-runs only
+its plugins, finds that a pod blocked by GPU memory "fits" every node without victims, and never
+preempts for it. Here, when a pod with a positive priority (and a ``preemptionPolicy`` other than
+``Never``) fits nowhere, its /filter:
+
+1. asks ``VictimSearch.choose`` (scheduling/preemption.py) for a node and the smallest set of that
+   node's lower-priority device pods whose removal lets the pod fit there;
+2. **holds** the room at once, in the same synchronous stretch as the choice: the pod's placement
+   with the victims gone is charged in the books under the pod's UID, next to the victims' own
+   charges until they go (the node shows overcommitted for the victims' grace period). No other
+   pod's filter can take the room meanwhile, neither before nor after the victims leave. The hold
+   cannot be bound (it is not a ``decided`` reservation: a /bind is sent back to /filter) and
+   expires after ``hold_s``;
+3. evicts the victims one by one through the Eviction API (``pods/eviction``), so that
+   PodDisruptionBudgets are honoured. A refusal (429: a budget allows no disruption) releases the
+   hold and chooses again without that pod; after ``MAX_ATTEMPTS`` choices, or when no other set
+   exists, it gives up and says why in the node's failure reason;
+4. marks the pod's ``status.nominatedNodeName`` (pods/status patch), records a ``Preempted`` event
+   on each victim and on the pod (the events queue's own budget), and answers this /filter with the
+   node in FailedNodes: ``preempting 2 pods on node X``.
+
+kube-scheduler retries the pod on the victims' delete events. While any victim is still charged,
+a /filter of the pod answers at once that it waits (no eviction, no new choice); once they are all
+gone it is decided on its node alone, which its hold keeps free for it, and placed there.
+
+A preemptor deleted while it holds gives the room back with its delete event (the hold is its
+charge in the books); a hold whose pod never comes back goes at its expiry.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+import structlog
+
+from hami_py.cache.records import PodUsage
+from hami_py.cache.usage import UsageCache
+from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
+from hami_py.scheduling.filter import FilterDecision, Filterer
+from hami_py.scheduling.preemption import Choice, VictimSearch, may_preempt
+from hami_py.scheduling.requests import PodRequest
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_HOLD_S = 120.0     # how long freed room is kept for its preemptor
+MAX_ATTEMPTS = 3           # choices per filter when evictions are refused
+PREEMPTED = "Preempted"
+
+
+def preempting_reason(count: int, node: str) -> str:
+    return f"preempting {count} pods on node {node}"
+
+
+@dataclass(slots=True)
+class Hold:
+    uid: str
+    node: str
+    victims: dict[str, str]          # uid -> namespace/name
+    usage: PodUsage                  # the pod's charge on the node, made at the choice
+    expires: float
+    timer: asyncio.TimerHandle | None = None
+
+
+class Preemptor:
+    def __init__(self, *, cache: UsageCache, filterer: Filterer, client: KubeClient, events=None,
+                 hold_s: float = DEFAULT_HOLD_S, search: VictimSearch | None = None, clock=time.monotonic,
+                 metrics=None):
+        """``events(pod, reason, message)`` queues an event (EventRecorder.on_preempt); ``metrics``:
+        hami_py.metrics.Metrics (its preemption counters), or None."""
+        self.metrics = metrics
+        self.cache = cache
+        self.filterer = filterer
+        self.client = client
+        self.events = events
+        self.hold_s = hold_s
+        self.search = search or VictimSearch(cache, filterer)
+        self.clock = clock
+        self.holds: dict[str, Hold] = {}
+
+    # ------------------------------------------------------------------ holds
+    def active_hold(self, uid: str) -> Hold | None:
+        """The pod's hold, if its charge is still the one the hold made and it has not expired."""
+        hold = self.holds.get(uid)
+        if hold is None:
+            return None
+        if self.cache.pods.get(uid) is not hold.usage or hold.expires <= self.clock():
+            self._drop(hold, release=True)   # releases only a charge that is still the hold's
+            return None
+        return hold
+
+    def remaining(self, hold: Hold) -> list[str]:
+        """The victims still charged in the books (not gone yet)."""
+        return [uid for uid in hold.victims if uid in self.cache.pods]
+
+    def resume(self, pod: dict, node_names: list[str], request: PodRequest) -> dict | FilterDecision | None:
+        """Before a held pod's decision: the FailedNodes answer while its victims are still there;
+        once they are gone, the decision on its node (which its hold kept free); None when the pod
+        holds nothing (or its node is no longer offered): decide as usual."""
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        hold = self.active_hold(uid)
+        if hold is None:
+            return None
+        if hold.node not in node_names:
+            self._drop(hold, release=True)
+            return None
+        left = self.remaining(hold)
+        if left:
+            reason = f"{preempting_reason(len(hold.victims), hold.node)}: waiting for {len(left)} to leave"
+            failed = {name: f"waiting for the preemption on node {hold.node}" for name in node_names}
+            failed[hold.node] = reason
+            return failed
+        self._drop(hold)                     # the decision below releases the held charge itself
+        decision = self.filterer.decide(pod, [hold.node], request)
+        return decision if decision.node is not None else None
+
+    def _hold(self, pod: dict, choice: Choice, request: PodRequest) -> Hold | None:
+        """Charge the pod's placement on the chosen node with the victims gone, under its UID:
+        the decision's own reservation, made with the victims uncharged and then charged back
+        next to it; not ``decided``, so no /bind can use it."""
+        cache = self.cache
+        removed = [r for uid in choice.uids if (r := cache.remove_pod(uid)) is not None]
+        try:
+            decision = self.filterer.decide(pod, [choice.node], request)
+        finally:
+            for record in removed:
+                cache.add_pod_usage(record)
+        usage = decision.reservation
+        if decision.node is None or usage is None:
+            return None
+        usage.decided = False
+        usage.filtered_rv = _int_rv(pod)
+        hold = Hold(usage.uid, choice.node, {v.uid: f"{v.namespace}/{v.name}" for v in choice.victims}, usage,
+                    self.clock() + self.hold_s)
+        try:
+            hold.timer = asyncio.get_running_loop().call_later(self.hold_s, self._expire, hold)
+        except RuntimeError:   # no running loop (a synchronous test): expiry is checked on use
+            hold.timer = None
+        self.holds[usage.uid] = hold
+        return hold
+
+    def release_all(self) -> int:
+        """Give back every hold (at the end of leadership); how many there were."""
+        holds = list(self.holds.values())
+        for hold in holds:
+            self._drop(hold, release=True)
+        return len(holds)
+
+    def _expire(self, hold: Hold) -> None:
+        if self.holds.get(hold.uid) is hold:
+            log.info("preemption hold expired", pod=f"{hold.usage.namespace}/{hold.usage.name}", node=hold.node)
+            self._drop(hold, release=True)
+
+    def _drop(self, hold: Hold, *, release: bool = False) -> None:
+        if self.holds.get(hold.uid) is hold:
+            del self.holds[hold.uid]
+        if hold.timer is not None:
+            hold.timer.cancel()
+        if release and self.cache.pods.get(hold.uid) is hold.usage:
+            self.cache.release_pod(hold.uid)
+
+    # ------------------------------------------------------------------ preemption
+    async def preempt(self, pod: dict, node_names: list[str], request: PodRequest,
+                      failed: dict[str, str]) -> dict[str, str] | None:
+        """For a pod that fits nowhere: choose, hold, evict, nominate. The FailedNodes to answer
+        (``failed`` with the node's reason replaced), or None when the pod may not preempt or no
+        victims make room (answer ``failed`` as it is)."""
+        if not may_preempt(pod):
+            return None
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        refused: dict[str, str] = {}        # uid -> why its eviction was refused
+        last_error = ""
+        for attempt in range(MAX_ATTEMPTS):
+            choice = self.search.choose(pod, request, node_names, failed=failed, exclude=refused)
+            if choice is None:
+                break
+            hold = self._hold(pod, choice, request)
+            if hold is None:
+                break
+            log.info("preempting", pod=key, node=choice.node, victims=list(hold.victims.values()),
+                     trials=self.search.trials)
+            error = await self._evict_all(pod, hold, choice)
+            if error is None:
+                await self._nominate(pod, choice.node)
+                self._event(pod, f"preempting {len(choice.victims)} pods on node {choice.node}: "
+                                 + ", ".join(hold.victims.values()))
+                answer = dict(failed)
+                answer[choice.node] = preempting_reason(len(choice.victims), choice.node)
+                self._count("preempting")
+                return answer
+            victim_uid, message = error
+            refused[victim_uid] = message
+            last_error = f"eviction of {hold.victims[victim_uid]} refused: {message}"
+            self._drop(hold, release=True)
+            last_node = choice.node
+        if not refused:
+            return None
+        log.info("preemption given up", pod=key, reason=last_error)
+        self._count("gave_up")
+        answer = dict(failed)
+        answer[last_node] = f"{answer.get(last_node, '')}; preemption gave up: {last_error}".lstrip("; ")
+        return answer
+
+    async def _evict_all(self, pod: dict, hold: Hold, choice: Choice) -> tuple[str, str] | None:
+        """Evict the victims one at a time; the first refusal (uid, why), or None."""
+        preemptor = pod.get("metadata") or {}
+        for victim in choice.victims:
+            body = {"apiVersion": "policy/v1", "kind": "Eviction",
+                    "metadata": {"name": victim.name, "namespace": victim.namespace},
+                    "deleteOptions": {"preconditions": {"uid": victim.uid}}}
+            try:
+                await self.client.post(pod_path(victim.namespace, victim.name) + "/eviction", body)
+            except KubeApiError as exc:
+                if exc.status in (404, 409):
+                    continue     # gone already (or replaced by another pod of that name)
+                self._count_eviction("refused")
+                return victim.uid, f"{exc.status} {exc.message}" if exc.status else exc.message
+            self._count_eviction("evicted")
+            self._event({"metadata": {"name": victim.name, "namespace": victim.namespace, "uid": victim.uid}},
+                        f"Preempted by pod {preemptor.get('uid')} on node {choice.node}")
+        return None
+
+    async def _nominate(self, pod: dict, node: str) -> None:
+        meta = pod.get("metadata") or {}
+        try:
+            await self.client.patch(pod_path(meta.get("namespace") or "default", meta["name"]) + "/status",
+                                    {"metadata": {"uid": meta["uid"]}, "status": {"nominatedNodeName": node}})
+        except KubeApiError as exc:
+            log.warning("nominatedNodeName not written", pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                        node=node, error=str(exc))
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics is not None:
+            self.metrics.preemptions.labels(outcome).inc()
+
+    def _count_eviction(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.preemption_evictions.labels(result).inc()
+
+    def _event(self, pod: dict, message: str) -> None:
+        if self.events is not None:
+            self.events(pod, PREEMPTED, message)
+
+
+def _int_rv(pod: dict) -> int | None:
+    rv = (pod.get("metadata") or {}).get("resourceVersion")
+    return int(rv) if isinstance(rv, str) and rv.isdigit() else None
