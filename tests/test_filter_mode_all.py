@@ -571,3 +571,30 @@ def test_the_priority_list_is_written_as_json_would_write_it(names):
     priorities = HostPriorities(names, values)
     assert priorities.to_json() == orjson.dumps(priorities.as_list())
     assert orjson.loads(priorities.to_json()) == [{"Host": n, "Score": v} for n, v in zip(names, values)]
+
+
+# -- with --device-preemption ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("scheduler_options", [embedded_options(filter_mode="all", device_preemption=True)])
+async def test_all_mode_preempts_holds_the_room_then_answers_the_held_node(api, app, extender):
+    """A high-priority pod that fits nowhere in all mode preempts as in best mode; while its
+    victim leaves, a low-priority pod cannot take the room; then its filter answers the held node
+    alone (the reservation is there: the bind uses it, no second fit) and it is bound there."""
+    from tests.test_preemption import prio_pod, running, wait_gone
+    names = await one_gpu_nodes(api, app, "n1", "n2")
+    batch = [await running(api, app, extender, prio_pod(f"batch{i}", 20000, 10), [n]) for i, n in enumerate(names)]
+    urgent = api.create("pods", prio_pod("urgent", 16000, 1000))
+    result = await extender.filter(urgent, names)
+    assert result["NodeNames"] in (None, []), result
+    [(node, reason)] = [(n, r) for n, r in result["FailedNodes"].items() if r.startswith("preempting")]
+    assert reason == f"preempting 1 pods on node {node}"
+    victim = next(p for p in batch if p["spec"]["nodeName"] == node)
+    await wait_gone(app, victim)
+    sneaky = api.create("pods", prio_pod("sneaky", 16000, 0))
+    assert (await extender.filter(sneaky, names))["NodeNames"] in (None, [])     # the room is held
+    placed = await extender.filter(urgent, names)
+    assert placed["NodeNames"] == [node], placed
+    assert await extender.bind(urgent, node) == {"Error": ""}
+    assert api.get("pods", "urgent", namespace="default")["spec"]["nodeName"] == node
+    await wait_books_balance(api, app)
+    assert not app.service.preemptor.holds
