@@ -12,7 +12,7 @@ KERNEL_SOURCES := $(filter-out %.c,$(wildcard cython_core/*))
 IMAGE        ?= hami-py:dev
 KIND_CLUSTER ?= hami-py
 export IMAGE KIND_CLUSTER
-.PHONY: image kind-up kind-deploy kind-demo kind-down
+.PHONY: image kind-up kind-deploy kind-demo kind-demo-preemption kind-down
 
 setup: $(STAMP)
 
@@ -52,6 +52,12 @@ FAKE_DEVICE ?= nvidia
 kind-demo: export FAKE_DEVICE := $(FAKE_DEVICE)
 kind-demo:
 	hack/kind/demo.sh
+
+# A low-priority batch pod fills a worker's GPUs, a high-priority pod preempts it
+# (make kind-deploy KIND_MANIFESTS=overlays/kube-scheduler-in-the-loop first, or it turns
+# --device-preemption on itself).
+kind-demo-preemption:
+	hack/kind/preemption-demo.sh
 
 kind-down:
 	kind delete cluster --name $(KIND_CLUSTER)

@@ -482,7 +482,8 @@ def test_dockerfile_builds_the_kernel_and_runs_the_cli_as_the_manifest_user():
 def test_make_targets_run_the_kind_scripts():
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^image:.*\n\tdocker build -t \$\(IMAGE\) \.$", makefile, re.M)
-    for target, script in (("kind-up", "up.sh"), ("kind-deploy", "deploy.sh"), ("kind-demo", "demo.sh")):
+    for target, script in (("kind-up", "up.sh"), ("kind-deploy", "deploy.sh"), ("kind-demo", "demo.sh"),
+                           ("kind-demo-preemption", "preemption-demo.sh")):
         assert re.search(rf"^{target}:.*\n\thack/kind/{script}$", makefile, re.M), target
     for script in (ROOT / "hack" / "kind").glob("*.sh"):
         if script.name != "env.sh":

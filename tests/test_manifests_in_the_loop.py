@@ -3,8 +3,9 @@
 The overlay is built twice: here, in Python, by applying its two patches to the base's objects
 (so the checks run offline, without kubectl), and by ``kubectl kustomize`` when kubectl is
 installed; both builds must agree. The built objects are valid Kubernetes 1.32 (strict), hami-py's
-arguments parse with --filter-mode=all, kube-scheduler's configuration is the base's with exactly
-``prioritizeVerb`` added, naming a route the extender serves.
+arguments parse with --filter-mode=all and --device-preemption, kube-scheduler's configuration is
+the base's with exactly ``prioritizeVerb`` and ``preemptVerb`` added, naming routes the extender
+serves.
 """
 from __future__ import annotations
 
@@ -108,23 +109,23 @@ def test_built_objects_are_valid_kubernetes(key):
     kubernetes_validate.validate(next(d for d in BUILT if _key(d) == key), KUBERNETES_VERSION, strict=True)
 
 
-def test_hami_runs_in_all_mode_with_every_base_flag():
+def test_hami_runs_in_all_mode_with_device_preemption_and_every_base_flag():
     base = hami_args([*BASE.values()])
     assert hami_args()[:len(base)] == base                     # appended to, never rewritten
-    assert "--filter-mode=all" in hami_args()[len(base):]
-    assert options_from_args(build_parser().parse_args(hami_args())).filter_mode == "all"
+    assert hami_args()[len(base):] == ["--filter-mode=all", "--device-preemption"]
+    options = options_from_args(build_parser().parse_args(hami_args()))
+    assert options.filter_mode == "all" and options.device_preemption
 
 
-def test_kube_scheduler_asks_hami_to_prioritize_and_nothing_else_changes():
+def test_kube_scheduler_asks_hami_to_prioritize_and_preempt_and_nothing_else_changes():
     base = yaml.safe_load(BASE[("ConfigMap", "hami-system", "hami-scheduler")]["data"]["config.yaml"])
     built = scheduler_config()
     [extender] = built["extenders"]
     assert set(extender) <= EXTENDER_FIELDS
-    assert extender["prioritizeVerb"] == "prioritize"
-    assert ("POST", "/" + extender["prioritizeVerb"]) in EXTENDER_ROUTES
+    assert (extender["prioritizeVerb"], extender["preemptVerb"]) == ("prioritize", "preempt")
+    assert {("POST", "/prioritize"), ("POST", "/preempt")} <= EXTENDER_ROUTES
     assert isinstance(extender["weight"], int) and extender["weight"] >= 1
-    # Besides prioritizeVerb, only preemptVerb may be added (issue 14's device preemption).
-    assert set(extender) - set(base["extenders"][0]) <= {"prioritizeVerb", "preemptVerb"}
+    assert set(extender) - set(base["extenders"][0]) == {"prioritizeVerb", "preemptVerb"}
     expected = copy.deepcopy(base)
     expected["extenders"][0].update({k: extender[k] for k in ("prioritizeVerb", "preemptVerb") if k in extender})
     assert built == expected, ("the overlay's scheduler-config.yaml drifted from manifests/scheduler-config.yaml: "

@@ -294,12 +294,18 @@ async def failed_scheduling(kube, pod: dict, *, containing: str = "") -> str:
 
 async def test_a_high_priority_gpu_pod_evicts_exactly_the_pods_that_make_room_and_keeps_it(
         preempting_hami, control_plane, real_kube, real_namespace, real_nodes, priority_classes):
+    await evicts_exactly_the_pods_that_make_room_and_keeps_it(preempting_hami, control_plane, real_kube, real_namespace,
+                                                              real_nodes, priority_classes)
+
+
+async def evicts_exactly_the_pods_that_make_room_and_keeps_it(app, control_plane, real_kube, ns, real_nodes,
+                                                              priority_classes) -> None:
     """One T4 (10000 MiB): a (low, 4000) and b (low, 3000) and c (high, 2000). The urgent pod
     (high, 6000) needs a and b gone (either alone frees too little; c is of its own priority).
     Both are evicted, and terminate (no kubelet confirms them until the test does). Meanwhile a
     thief (3000 MiB, no priority) that would fit in the freed room stays Pending; once a and b are
     gone the urgent pod is scheduled on the node, and the thief still does not fit."""
-    ns, app, low, high = real_namespace, preempting_hami, priority_classes["low"], priority_classes["high"]
+    low, high = priority_classes["low"], priority_classes["high"]
     (node,) = await real_nodes(1, gpus=1, model=T4)
     await registered(app, [node])
     label = real_nodes.label
@@ -340,7 +346,11 @@ async def test_a_high_priority_gpu_pod_evicts_exactly_the_pods_that_make_room_an
 
 async def test_a_pod_of_equal_priority_preempts_nothing(
         preempting_hami, real_kube, real_namespace, real_nodes, priority_classes):
-    ns, app, high = real_namespace, preempting_hami, priority_classes["high"]
+    await equal_priority_preempts_nothing(preempting_hami, real_kube, real_namespace, real_nodes, priority_classes)
+
+
+async def equal_priority_preempts_nothing(app, real_kube, ns, real_nodes, priority_classes) -> None:
+    high = priority_classes["high"]
     (node,) = await real_nodes(1, gpus=1, model=T4)
     await registered(app, [node])
     await real_kube.create("pods", prioritised("first", ns, real_nodes.label, high, gpumem=9000))
@@ -355,7 +365,11 @@ async def test_a_pod_of_equal_priority_preempts_nothing(
 
 async def test_a_budget_that_allows_no_disruption_blocks_the_eviction(
         preempting_hami, real_kube, real_namespace, real_nodes, priority_classes):
-    ns, app, low, high = real_namespace, preempting_hami, priority_classes["low"], priority_classes["high"]
+    await a_budget_blocks_the_eviction(preempting_hami, real_kube, real_namespace, real_nodes, priority_classes)
+
+
+async def a_budget_blocks_the_eviction(app, real_kube, ns, real_nodes, priority_classes) -> None:
+    low, high = priority_classes["low"], priority_classes["high"]
     (node,) = await real_nodes(1, gpus=1, model=T4)
     await registered(app, [node])
     batch = prioritised("batch", ns, real_nodes.label, low, gpumem=9000)

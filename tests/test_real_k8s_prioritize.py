@@ -23,8 +23,10 @@ from hami_py.embedded import wait_for
 from hami_py.scheduling.requests import parse_pod_requests
 from tests.realk8s import KubeSchedulerProcess, free_port, sidecar_args, sidecar_config, wait_books_balance, wait_for_value
 from tests.test_manifests_in_the_loop import hami_args, scheduler_config
-from tests.test_real_k8s_kube_scheduler import (
-    DEVICE_CONFIG, T4, annotations, bound, registered, requests_of, scheduled_pod, wait_for_log,
+from tests.test_real_k8s_kube_scheduler import (  # noqa: F401 - priority_classes is a fixture
+    DEVICE_CONFIG, T4, a_budget_blocks_the_eviction, annotations, bound, equal_priority_preempts_nothing,
+    evicts_exactly_the_pods_that_make_room_and_keeps_it, priority_classes, registered, requests_of, scheduled_pod,
+    wait_for_log,
 )
 
 pytestmark = [pytest.mark.real_k8s, pytest.mark.real_kube_scheduler]
@@ -49,7 +51,7 @@ def loop_sidecar(control_plane, kube_scheduler_binary, loop_port, tmp_path_facto
     kubeconfig = control_plane.sa_kubeconfig
     config = sidecar_config(extender_url=f"https://127.0.0.1:{loop_port}", kubeconfig=kubeconfig,
                             config=copy.deepcopy(scheduler_config()))
-    assert config["extenders"][0]["prioritizeVerb"] == "prioritize"
+    assert (config["extenders"][0]["prioritizeVerb"], config["extenders"][0]["preemptVerb"]) == ("prioritize", "preempt")
     scheduler = KubeSchedulerProcess(kube_scheduler_binary, tmp_path_factory.mktemp("kube-scheduler-loop"),
                                      config, sidecar_args(kubeconfig=kubeconfig))
     scheduler.start()
@@ -67,7 +69,7 @@ async def loop_hami(loop_sidecar, control_plane, loop_tls, loop_port):
     from tests.realk8s import real_scheduler
     cert_file, key_file = loop_tls
     options = options_from_args(build_parser().parse_args(hami_args()))
-    assert options.filter_mode == "all"
+    assert options.filter_mode == "all" and options.device_preemption
     options = replace(options, http_bind=f"127.0.0.1:{loop_port}", webhook_bind_address="127.0.0.1:0",
                       metrics_bind_address="127.0.0.1:0", cert_file=cert_file, key_file=key_file,
                       device_config_file="", kube_qps=0, kube_burst=1000, gc_freeze=False)
@@ -167,3 +169,21 @@ async def test_all_mode_pods_racing_for_the_last_room_never_oversubscribe_it(
     assert sum(d["usedmem"] for d in app.cache.device_usage(node)) == 6000
     assert (await real_kube.get("pods", loser, namespace=ns))["spec"].get("nodeName") is None
 
+
+
+# -- device preemption, with the overlay's all + prioritize + preempt ----------------------------
+
+async def test_all_mode_a_high_priority_gpu_pod_evicts_exactly_the_pods_that_make_room_and_keeps_it(
+        loop_hami, control_plane, real_kube, real_namespace, real_nodes, priority_classes):
+    await evicts_exactly_the_pods_that_make_room_and_keeps_it(loop_hami, control_plane, real_kube, real_namespace,
+                                                              real_nodes, priority_classes)
+
+
+async def test_all_mode_a_pod_of_equal_priority_preempts_nothing(
+        loop_hami, real_kube, real_namespace, real_nodes, priority_classes):
+    await equal_priority_preempts_nothing(loop_hami, real_kube, real_namespace, real_nodes, priority_classes)
+
+
+async def test_all_mode_a_budget_that_allows_no_disruption_blocks_the_eviction(
+        loop_hami, real_kube, real_namespace, real_nodes, priority_classes):
+    await a_budget_blocks_the_eviction(loop_hami, real_kube, real_namespace, real_nodes, priority_classes)

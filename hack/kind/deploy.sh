@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# make kind-deploy: load the image into the kind nodes, apply manifests/, wait until it serves.
+# make kind-deploy: load the image into the kind nodes, apply manifests/ (or the kustomization
+# KIND_MANIFESTS names, e.g. overlays/kube-scheduler-in-the-loop), wait until it serves.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 kind load docker-image "$IMAGE" --name "$KIND_CLUSTER"
-$KUBECTL apply -k "$ROOT/manifests"
+$KUBECTL apply -k "$ROOT/${KIND_MANIFESTS:-manifests}"
 if [ "$IMAGE" != "hami-py:dev" ]; then
   $KUBECTL -n hami-system set image deployment/hami-scheduler "hami-py=$IMAGE"
 fi

@@ -3,7 +3,7 @@
 # high-priority pod for that worker arrives. hami-py (--device-preemption) evicts the batch pod
 # through the Eviction API, holds the GPU for the urgent pod, and places it once the batch pod is
 # gone. Needs make kind-up and make kind-deploy first; turns --device-preemption on in the
-# Deployment when it is not (the overlay manifests/overlays/kube-scheduler-in-the-loop has it).
+# Deployment when it is not (overlays/kube-scheduler-in-the-loop has it).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 NS=hami-demo
