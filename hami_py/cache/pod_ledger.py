@@ -120,9 +120,18 @@ class PodLedger:
         # Every annotation a pod's charge is decoded from.
         self._allocation_keys = [VGPU_NODE_ANNOTATION, *dict.fromkeys(
             k for v in vendors.values() for k in (v.allocated_annotation, *v.decision_annotations()) if k)]
+        # Which vendors can read a charge from which annotation: a pod event asks only the
+        # vendors whose keys the pod carries (a decode reads only its own keys, DeviceVendor).
+        self._readers: dict[str, list[str]] = {}
+        for key, vendor in vendors.items():
+            for k in dict.fromkeys((vendor.allocated_annotation, *vendor.decision_annotations())):
+                if k:
+                    self._readers.setdefault(k, []).append(key)
+        self._vendor_order = {key: i for i, key in enumerate(vendors)}
         # The pod annotations kept with a charge for the families' choosers (DeviceVendor.pod_marks).
         self._mark_keys = tuple(dict.fromkeys(k for v in vendors.values() for k in v.pod_marks))
         self._allocation_keys.extend(k for k in self._mark_keys if k not in self._allocation_keys)
+        self._allocation_key_set = frozenset(self._allocation_keys)
         self.pods_synced = False
         self._relist_pods_seen: set[str] = set()
 
@@ -272,6 +281,12 @@ class PodLedger:
         return pod
 
     # ------------------------------------------------------------------ pod objects and events
+    def _readers_of(self, annotations: dict[str, str]) -> list[str]:
+        """The vendors (in vendor order) with an allocation key among these annotations."""
+        readers = self._readers
+        present = {v for k in readers.keys() & annotations.keys() for v in readers[k]}
+        return sorted(present, key=self._vendor_order.__getitem__) if len(present) > 1 else list(present)
+
     def pod_usage_from_object(self, pod: dict) -> PodUsage | None:
         """The usage a pod object's annotations claim, or None when it claims none."""
         meta = pod.get("metadata") or {}
@@ -285,7 +300,8 @@ class PodLedger:
         entries: list[UsageEntry] = []
         mig: list[tuple] = []
         instance = self.partitions.instance
-        for key, vendor in self.vendors.items():
+        for key in self._readers_of(annotations):
+            vendor = self.vendors[key]
             devices = vendor.decode_allocation(annotations)
             if devices:
                 entries.extend(collapse(devices, key, num_init, init_done))
@@ -365,7 +381,8 @@ class PodLedger:
             return None
         spec = pod.get("spec") or {}
         num_init = len(spec.get("initContainers") or [])
-        return (tuple(annotations.get(k) for k in self._allocation_keys), num_init,
+        # The pod's own keys among every family's (some fifty): the few it carries, not the fifty.
+        return ({k: annotations[k] for k in annotations.keys() & self._allocation_key_set}, num_init,
                 num_init > 0 and init_containers_done(pod), bool(spec.get("nodeName")))
 
     # ------------------------------------------------------------------ relists

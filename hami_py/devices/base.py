@@ -301,6 +301,8 @@ class DeviceVendor:
 
     def decode_allocation(self, annotations: dict[str, str]) -> PodDevices | None:
         """Read back an allocation written by a scheduler (ours or upstream's); None if absent.
+        It (and :meth:`decode_partitions`) reads only ``allocated_annotation`` and the keys of
+        :meth:`decision_annotations`: the cache asks a vendor only for pods carrying one of them.
 
         Raises AllocationDecodeError when the annotation is garbled."""
         return None
