@@ -23,10 +23,10 @@ from hami_py.embedded import wait_for
 from hami_py.scheduling.requests import parse_pod_requests
 from tests.realk8s import KubeSchedulerProcess, free_port, sidecar_args, sidecar_config, wait_books_balance, wait_for_value
 from tests.test_manifests_in_the_loop import hami_args, scheduler_config
-from tests.test_real_k8s_kube_scheduler import (  # noqa: F401 - priority_classes is a fixture
+from tests.test_real_k8s_kube_scheduler import (  # noqa: F401 - priority_classes, tls_files are fixtures
     DEVICE_CONFIG, T4, a_budget_blocks_the_eviction, annotations, bound, equal_priority_preempts_nothing,
     evicts_exactly_the_pods_that_make_room_and_keeps_it, priority_classes, registered, requests_of, scheduled_pod,
-    wait_for_log,
+    tls_files, wait_for_log,
 )
 
 pytestmark = [pytest.mark.real_k8s, pytest.mark.real_kube_scheduler]
@@ -35,15 +35,6 @@ pytestmark = [pytest.mark.real_k8s, pytest.mark.real_kube_scheduler]
 @pytest.fixture(scope="module")
 def loop_port() -> int:
     return free_port()
-
-
-@pytest.fixture(scope="module")
-def loop_tls(ca, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("hami-loop-tls")
-    cert = ca.issue_cert("127.0.0.1", "hami-scheduler.hami-system.svc")
-    cert.private_key_and_cert_chain_pem.write_to_path(str(folder / "tls.crt"))
-    cert.private_key_pem.write_to_path(str(folder / "tls.key"))
-    return str(folder / "tls.crt"), str(folder / "tls.key")
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +55,10 @@ def loop_sidecar(control_plane, kube_scheduler_binary, loop_port, tmp_path_facto
 
 
 @pytest.fixture
-async def loop_hami(loop_sidecar, control_plane, loop_tls, loop_port):
+async def loop_hami(loop_sidecar, control_plane, tls_files, loop_port):
     from hami_py.config import parse_device_config
     from tests.realk8s import real_scheduler
-    cert_file, key_file = loop_tls
+    cert_file, key_file = tls_files
     options = options_from_args(build_parser().parse_args(hami_args()))
     assert options.filter_mode == "all" and options.device_preemption
     options = replace(options, http_bind=f"127.0.0.1:{loop_port}", webhook_bind_address="127.0.0.1:0",

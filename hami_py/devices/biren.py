@@ -16,11 +16,9 @@ with a RequestError naming container, resource and value (upstream drops the req
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceInfo
-from hami_py.devices.template import SlotsOnly, TemplateSpec, TemplateVendor
+from hami_py.devices.template import CountOnlyConfig, SlotsOnly, TemplateSpec, TemplateVendor
 
 VENDOR_KEY = "Biren"
 SECTION = "biren"
@@ -33,14 +31,7 @@ USE_UUID_ANNOTATION = "birentech.com/use-gpuuuid"
 NOUSE_UUID_ANNOTATION = "birentech.com/nouse-gpuuuid"
 
 
-@dataclass(slots=True, frozen=True)
-class BirenConfig:
-    """The ``biren`` section (upstream's ``BirenConfig``)."""
-    resource_count_name: str = ""
-
-    @classmethod
-    def from_section(cls, section: Section) -> BirenConfig:
-        return cls(section.str("resourceCountName", only_strings=True))
+BirenConfig = CountOnlyConfig     # the ``biren`` section: resourceCountName alone
 
 
 class BirenVendor(SlotsOnly, TemplateVendor):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import orjson
 
+from hami_py.config import Section
 from hami_py.devices.base import (
     ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, DeviceVendor, PodDevices, RequestError,
 )
@@ -280,3 +281,14 @@ class SlotsOnly:
     def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
         request.memreq, request.mempct, request.coresreq = 0, 0, 0
         return request
+
+
+@dataclass(slots=True, frozen=True)
+class CountOnlyConfig:
+    """The config section of a family asked for by a count alone (Biren's, Vastai's: upstream's
+    ``BirenConfig``/``VastaiConfig`` with ``resourceCountName`` only)."""
+    resource_count_name: str = ""
+
+    @classmethod
+    def from_section(cls, section: Section) -> "CountOnlyConfig":
+        return cls(section.str("resourceCountName", only_strings=True))

@@ -26,11 +26,9 @@ AIC) is refused, where upstream returns fewer dies than asked.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import DeviceConfig
 from hami_py.devices.base import FLAG_CHOOSE, DeviceInfo
-from hami_py.devices.template import SlotsOnly, TemplateSpec, TemplateVendor
+from hami_py.devices.template import CountOnlyConfig, SlotsOnly, TemplateSpec, TemplateVendor
 from hami_py.reasons import ALLOCATED_CARDS_INSUFFICIENT_REQUEST, EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
 
 VENDOR_KEY = "Vastai"
@@ -48,14 +46,7 @@ DIE_STRATEGY = "die"
 AIC_KEY = "AIC"
 
 
-@dataclass(slots=True, frozen=True)
-class VastaiConfig:
-    """The ``vastai`` section (upstream's ``VastaiConfig``)."""
-    resource_count_name: str = ""
-
-    @classmethod
-    def from_section(cls, section: Section) -> VastaiConfig:
-        return cls(section.str("resourceCountName", only_strings=True))
+VastaiConfig = CountOnlyConfig     # the ``vastai`` section: resourceCountName alone
 
 
 def aic_of(device: DeviceInfo) -> str | None:
