@@ -110,9 +110,17 @@ def scheduled_pod(name: str, namespace: str, label: str, **kw) -> dict:
 
 
 async def bound(kube, namespace: str, name: str, timeout: float = 30) -> dict:
-    return await wait_for_value(lambda: kube.get("pods", name, namespace=namespace),
-                                lambda p: p is not None and p["spec"].get("nodeName"), timeout=timeout,
-                                what=f"{namespace}/{name} bound")
+    try:
+        return await wait_for_value(lambda: kube.get("pods", name, namespace=namespace),
+                                    lambda p: p is not None and p["spec"].get("nodeName"), timeout=timeout,
+                                    what=f"{namespace}/{name} bound")
+    except TimeoutError as exc:
+        # What kube-scheduler and hami-py said of the pod meanwhile (a retry refused, a bind that
+        # met a held node lock...): the pod object alone does not tell.
+        pod = await kube.get("pods", name, namespace=namespace)
+        events = await kube.events_for(pod) if pod else []
+        said = "; ".join(f"{r}: {m}" for _, _, r, m in events)[-2000:]
+        raise TimeoutError(f"{namespace}/{name} not bound after {timeout}s; its events: {said}") from exc
 
 
 def annotations(obj: dict | None) -> dict:
