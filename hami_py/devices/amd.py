@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import DeviceConfig
 from hami_py.devices.base import (
     FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor,
     PodDevices, RequestError,
@@ -27,7 +27,7 @@ from hami_py.devices.base import (
 from hami_py.devices.codec import decode_json_devices, decode_pod_devices, encode_pod_devices
 from hami_py.devices.gates import uuid_selector
 from hami_py.devices.perdevice import DeviceCharge, PerDeviceCharging
-from hami_py.devices.template import resource_lists, whole_number
+from hami_py.devices.template import ResourceNamesConfig, resource_lists, whole_number
 from hami_py.quantity import INT32_MAX, parse_exact_int
 from hami_py.reasons import CARD_INSUFFICIENT_CORE, CARD_INSUFFICIENT_MEMORY
 
@@ -41,18 +41,7 @@ USE_UUID = "amd.com/use-gpu-uuid"
 NOUSE_UUID = "amd.com/nouse-gpu-uuid"
 
 
-@dataclass(slots=True, frozen=True)
-class AMDConfig:
-    """The ``amd`` section (upstream's ``AMDConfig``); missing keys are ""."""
-    resource_count_name: str = ""
-    resource_memory_name: str = ""
-    resource_core_name: str = ""
-
-    @classmethod
-    def from_section(cls, section: Section) -> AMDConfig:
-        return cls(*(section.str(key, only_strings=True)
-                     for key in ("resourceCountName", "resourceMemoryName", "resourceCoreName")))
-
+AMDConfig = ResourceNamesConfig     # the ``amd`` section: count, memory and core names
 
 def compute_units(devcore: int, percent: int) -> int:
     """The CUs a device of ``devcore`` CUs gives a request of ``percent`` (at least one, at most

@@ -17,7 +17,6 @@ with a RequestError naming container, resource and value (upstream drops the req
 from __future__ import annotations
 
 from hami_py.config import DeviceConfig
-from hami_py.devices.base import DeviceInfo
 from hami_py.devices.template import CountOnlyConfig, SlotsOnly, TemplateSpec, TemplateVendor
 
 VENDOR_KEY = "Biren"

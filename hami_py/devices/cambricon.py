@@ -22,14 +22,12 @@ resource and value instead of a node without MLUs (or a device whose memory wrap
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import structlog
 
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceDecodeError, DeviceInfo, NodeView, PodDevices
 from hami_py.devices.codec import encode_pod_devices
-from hami_py.devices.template import MAX_CAPACITY_CARDS, TemplateSpec, TemplateVendor, quote_value
+from hami_py.devices.template import MAX_CAPACITY_CARDS, ResourceNamesConfig, TemplateSpec, TemplateVendor, quote_value
 from hami_py.quantity import INT32_MAX, parse_exact_int
 
 log = structlog.get_logger(__name__)
@@ -56,20 +54,7 @@ CORES_PER_DEVICE = 100
 # Config
 # ---------------------------------------------------------------------------------------------
 
-@dataclass(slots=True, frozen=True)
-class CambriconConfig:
-    """The ``cambricon`` section; a missing key is Go's zero value (empty name), as upstream."""
-    resource_count_name: str = ""
-    resource_memory_name: str = ""
-    resource_core_name: str = ""
-
-    @classmethod
-    def from_section(cls, section: Section) -> CambriconConfig:
-        """Only strings: a number or boolean where a resource name belongs is refused."""
-        return cls(resource_count_name=section.str("resourceCountName", only_strings=True),
-                   resource_memory_name=section.str("resourceMemoryName", only_strings=True),
-                   resource_core_name=section.str("resourceCoreName", only_strings=True))
-
+CambriconConfig = ResourceNamesConfig     # the ``cambricon`` section: count, memory and core names
 
 # ---------------------------------------------------------------------------------------------
 # The vendor

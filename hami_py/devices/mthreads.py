@@ -24,14 +24,12 @@ as 0); a capacity that is not a whole number is refused (upstream reads it as 0 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import DeviceConfig
 from hami_py.devices.base import FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices
 from hami_py.devices.codec import encode_pod_devices
 from hami_py.devices.template import (
-    MISSING, MAX_CAPACITY_CARDS, TemplateSpec, TemplateVendor, ensure_limits, lookup, request_error, resource_lists,
-    rounded_quantity, whole_number,
+    MISSING, MAX_CAPACITY_CARDS, ResourceNamesConfig, TemplateSpec, TemplateVendor, ensure_limits, lookup, request_error, resource_lists,
+    rounded_quantity,
 )
 from hami_py.quantity import INT32_MAX, parse_exact_int
 from hami_py.reasons import CARD_NOT_FOUND_CUSTOM_FILTER_RULE
@@ -56,19 +54,7 @@ LEGAL_MEMORY = (2, 4, 8, 16, 32, 64, 96)
 SHARES_PER_GPU = 100
 
 
-@dataclass(slots=True, frozen=True)
-class MthreadsConfig:
-    """The ``mthreads`` section (upstream's ``MthreadsConfig``); a missing key is Go's zero value."""
-    resource_count_name: str = ""
-    resource_memory_name: str = ""
-    resource_core_name: str = ""
-
-    @classmethod
-    def from_section(cls, section: Section) -> MthreadsConfig:
-        return cls(section.str("resourceCountName", only_strings=True),
-                   section.str("resourceMemoryName", only_strings=True),
-                   section.str("resourceCoreName", only_strings=True))
-
+MthreadsConfig = ResourceNamesConfig     # the ``mthreads`` section: count, memory and core names
 
 def device_index(uuid: str) -> int | None:
     """The index of a synthesised id ``<node>-mthreads-<i>``."""

@@ -292,3 +292,19 @@ class CountOnlyConfig:
     @classmethod
     def from_section(cls, section: Section) -> "CountOnlyConfig":
         return cls(section.str("resourceCountName", only_strings=True))
+
+
+@dataclass(slots=True, frozen=True)
+class ResourceNamesConfig:
+    """The config section of a family asked for by count, memory and cores (Cambricon's,
+    Mthreads', AMD's: ``resourceCountName``, ``resourceMemoryName``, ``resourceCoreName``). A
+    missing key is Go's zero value (""); a number or boolean where a name belongs is refused."""
+    resource_count_name: str = ""
+    resource_memory_name: str = ""
+    resource_core_name: str = ""
+
+    @classmethod
+    def from_section(cls, section: Section) -> "ResourceNamesConfig":
+        return cls(section.str("resourceCountName", only_strings=True),
+                   section.str("resourceMemoryName", only_strings=True),
+                   section.str("resourceCoreName", only_strings=True))
