@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 
+from hami_py.aio import run_to_end
 from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeClient
@@ -206,13 +207,7 @@ class SchedulerService:
         """Device preemption for a pod that fits nowhere (still under its lock): the FailedNodes
         to answer. Once begun it runs to its end even if the caller leaves (a victim evicted is
         never left without the hold it was evicted for)."""
-        work = asyncio.ensure_future(self.preemptor.preempt(pod, node_names, request, failed))
-        cancelled = False
-        while not work.done():
-            try:
-                await asyncio.wait([work])
-            except asyncio.CancelledError:
-                cancelled = True
+        work, cancelled = await run_to_end(self.preemptor.preempt(pod, node_names, request, failed))
         if cancelled:
             raise asyncio.CancelledError()
         return work.result() or failed
@@ -265,13 +260,7 @@ class SchedulerService:
         # half undone.
         key = req.uid or self.cache.uid_of(req.namespace, req.name, req.node) or f"{req.namespace}/{req.name}"
         async with self.pod_locks.hold(key):
-            work = asyncio.ensure_future(self._bind(req))
-            cancelled = False
-            while not work.done():
-                try:
-                    await asyncio.wait([work])   # a cancelled wait leaves the task running
-                except asyncio.CancelledError:
-                    cancelled = True             # finish it all the same, still under the lock
+            work, cancelled = await run_to_end(self._bind(req))   # finished, still under the lock
         try:
             work.result()
             result = {"Error": ""}
