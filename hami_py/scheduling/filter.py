@@ -63,6 +63,32 @@ class FilterDecision:
         self.fit_count = fit_count
         self.best = best or []
 
+    def keep_for_bind(self, pod: dict) -> None:
+        """What the bind of this decision needs, kept with its reservation: the annotations its
+        Binding carries, what it reads of the pod, and the version of the pod it decided for."""
+        if self.reservation is not None:
+            self.reservation.annotations = self.annotations
+            self.reservation.pod = bind_view(pod)
+            self.reservation.filtered_rv = pod_rv(pod)
+
+
+def bind_view(pod: dict) -> dict:
+    """What a bind reads of the pod it was filtered as: identity (with the version its events
+    name) and labels for its events and its node lock (PodGroup members wait longer), nothing
+    sized by the pod spec."""
+    meta = pod.get("metadata") or {}
+    view = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels") if k in meta}}
+    group = (pod.get("spec") or {}).get("schedulingGroup")
+    if group is not None:
+        view["spec"] = {"schedulingGroup": group}
+    return view
+
+
+def pod_rv(pod: dict) -> int | None:
+    """The pod object's resourceVersion as a number (None when it has none)."""
+    rv = (pod.get("metadata") or {}).get("resourceVersion")
+    return int(rv) if isinstance(rv, str) and rv.isdigit() else None
+
 
 class Evaluation:
     """One kernel run over a candidate list (``Filterer.evaluate``): the inputs and outputs
@@ -79,6 +105,13 @@ class Evaluation:
         self.best = best
         self.failed = failed
         self.now = now
+
+    def listed(self, node_names: list[str]) -> tuple[int, list[tuple[str, float]]]:
+        """How many nodes fit, and the best of them with their scores (best first), for the
+        FilteringSucceed event."""
+        count, positions = _kernel.best_fit_nodes(self.query.out_status, self.query.out_score, LISTED_NODE_SCORES,
+                                                  self.policies.node == POLICY_SPREAD)
+        return count, [(node_names[c], self.query.out_score[c]) for c in positions]
 
 
 class Filterer:
@@ -125,9 +158,7 @@ class Filterer:
             fit.best, fit.failed, fit.query, fit.cand_idx, fit.chargers, fit.now)
         if best < 0:
             return FilterDecision(None, failed)
-        fit_count, listed = _kernel.best_fit_nodes(query.out_status, query.out_score, LISTED_NODE_SCORES,
-                                                   policies.node == POLICY_SPREAD)
-        best_scored = [(node_names[c], query.out_score[c]) for c in listed]
+        fit_count, best_scored = fit.listed(node_names)
 
         winner = node_names[best]
         allocation, mig = self._allocation(request, query, cand_idx[best], chargers)

@@ -39,7 +39,7 @@ import structlog
 from hami_py.cache.records import PodUsage
 from hami_py.cache.usage import UsageCache
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
-from hami_py.scheduling.filter import FilterDecision, Filterer
+from hami_py.scheduling.filter import FilterDecision, Filterer, pod_rv
 from hami_py.scheduling.preemption import Choice, VictimSearch, may_preempt
 from hami_py.scheduling.requests import PodRequest
 
@@ -131,7 +131,7 @@ class Preemptor:
         if decision.node is None or usage is None:
             return None
         usage.decided = False
-        usage.filtered_rv = _int_rv(pod)
+        usage.filtered_rv = pod_rv(pod)
         hold = Hold(usage.uid, choice.node, {v.uid: f"{v.namespace}/{v.name}" for v in choice.victims}, usage,
                     self.clock() + self.hold_s)
         try:
@@ -243,8 +243,3 @@ class Preemptor:
     def _event(self, pod: dict, message: str) -> None:
         if self.events is not None:
             self.events(pod, PREEMPTED, message)
-
-
-def _int_rv(pod: dict) -> int | None:
-    rv = (pod.get("metadata") or {}).get("resourceVersion")
-    return int(rv) if isinstance(rv, str) and rv.isdigit() else None

@@ -56,12 +56,11 @@ from typing import Any
 
 import orjson
 
-from hami_py import _kernel
 from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.scheduling.bind import BindError, Binder, BindRequest
-from hami_py.scheduling.filter import LISTED_NODE_SCORES, Evaluation, FilterDecision, Filterer
+from hami_py.scheduling.filter import Evaluation, FilterDecision, Filterer
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.requests import parse_pod_requests
@@ -170,9 +169,7 @@ class AllNodes:
         positions = list(compress(range(len(node_names)), map(not_, status)))   # the fitting ones
         names = list(map(node_names.__getitem__, positions))
         self._last = (uid, time.monotonic(), names, fit, positions)
-        fit_count, listed = _kernel.best_fit_nodes(status, fit.query.out_score, LISTED_NODE_SCORES,
-                                                   fit.policies.node == POLICY_SPREAD)
-        best = [(node_names[c], fit.query.out_score[c]) for c in listed]
+        fit_count, best = fit.listed(node_names)
         self._remember(uid, pod)
         self._event(pod, "filter_succeeded", FilterDecision(node_names[fit.best], fit.failed,
                                                             fit_count=fit_count, best=best))
@@ -265,11 +262,7 @@ class AllNodes:
             message = f"pod {key} no longer fits on node {req.node}: {reason} (filter it again)"
             self.binder._report(pod, req, message)
             raise BindError(message)
-        from hami_py.scheduling.service import _bind_view, _int_rv   # service imports this module
-        reservation = decision.reservation
-        reservation.annotations = decision.annotations
-        reservation.pod = _bind_view(pod)
-        reservation.filtered_rv = _int_rv(pod)
+        decision.keep_for_bind(pod)
 
     async def _read_pod(self, req: BindRequest) -> dict | None:
         """The pod from the API server (not remembered); None when it is already bound (the

@@ -152,10 +152,7 @@ class SchedulerService:
         # carries them in its Binding, which the API server applies with spec.nodeName in one
         # write. A filter's latency is then the decision's alone, whatever the API server does,
         # and a decision kube-scheduler never binds leaves nothing on the pod.
-        if decision.reservation is not None:
-            decision.reservation.annotations = decision.annotations
-            decision.reservation.pod = _bind_view(pod)
-            decision.reservation.filtered_rv = _int_rv(pod)
+        decision.keep_for_bind(pod)
         self._event(pod, "filter_succeeded", decision)
         return filter_result(node_names=[decision.node])
 
@@ -276,22 +273,6 @@ class SchedulerService:
             await self.all_nodes.reserve_for_bind(req)   # the node kube-scheduler chose, fitted again
         await self.binder.bind(req)
 
-
-def _bind_view(pod: dict) -> dict:
-    """What a bind reads of the pod it was filtered as: identity (with the version its events
-    name) and labels for its events and its node lock (PodGroup members wait longer), nothing
-    sized by the pod spec."""
-    meta = pod.get("metadata") or {}
-    view = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion", "labels") if k in meta}}
-    group = (pod.get("spec") or {}).get("schedulingGroup")
-    if group is not None:
-        view["spec"] = {"schedulingGroup": group}
-    return view
-
-
-def _int_rv(pod: dict) -> int | None:
-    rv = (pod.get("metadata") or {}).get("resourceVersion")
-    return int(rv) if isinstance(rv, str) and rv.isdigit() else None
 
 
 def _pod_key(pod: dict) -> str:
