@@ -120,14 +120,18 @@ def _render_budget(results: dict) -> list[str]:
     out: list[str] = []
     for c in _clusters(results):
         if r := c.get("requests"):
+            total = sum(v for k, v in r["per_pod"].items())
             verbs = ", ".join(f"{k} {_num(v, 2)}" for k, v in r["per_pod"].items())
             out += [f"**API requests per scheduled pod** (N={c['nodes']:,}, P={c['pods']:,}, {r['pods']} pods "
                     "in kube-scheduler's pattern, counted by the in-repo API server; heartbeats paused, so no "
                     "handshake stamp is counted; the device plugin's half is not the scheduler's)", "",
-                    f"- on the critical path (the --kube-qps bucket): **{_num(r['critical_per_pod'], 2)}** a pod",
-                    *([f"- after the bind's answer, in the background (the vgpu-node label): "
-                       f"{_num(r['background_per_pod'], 2)} a pod"] if "background_per_pod" in r else []),
+                    f"- on the critical path (the --kube-qps bucket): **{_num(r['critical_per_pod'], 2)}** a pod "
+                    f"(target ≤ 2: {_verdict(r['critical_per_pod'] <= 2)})",
+                    *([f"- after the bind's answer, in the background (the vgpu-node label, only where the API "
+                       f"server drops a Binding's labels): {_num(r['background_per_pod'], 2)} a pod"]
+                      if "background_per_pod" in r else []),
                     f"- Events (a bucket of their own): {_num(r['events_per_pod'], 2)} a pod",
+                    f"- in all: **{_num(total, 2)}** a pod (target ≤ 4: {_verdict(total <= 4)})",
                     f"- by method and resource: {verbs}", ""]
     rows = []
     for c in _clusters(results):

@@ -449,7 +449,8 @@ async def phase_requests(ctx: Context) -> dict:
             "errors": dict(run.errors)}
 
 
-# Requests a pod's bind causes after it has answered: the vgpu-node label (Binder._label_later).
+# Requests a pod's bind causes after it has answered: the vgpu-node label, patched only where the
+# API server drops a Binding's labels (before Kubernetes 1.35; Binder.observe_pod).
 BACKGROUND_REQUESTS = ("PATCH pods",)
 
 

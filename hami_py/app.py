@@ -157,7 +157,8 @@ class SchedulerApp:
         api_seconds = self.metrics.api_request_seconds
         self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout,
                                  observe=lambda method, resource, s: api_seconds.labels(method, resource).observe(s))
-        locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint)
+        locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint,
+                            alive=lambda uid: uid in self.cache.pods)
         filterer = Filterer(self.cache, self.vendors, default_node_policy=o.node_scheduler_policy,
                             default_gpu_policy=o.gpu_scheduler_policy)
         # Events get their own --kube-qps/--kube-burst bucket so they never delay a patch or Binding
@@ -281,6 +282,7 @@ class SchedulerApp:
             self.cache.relist_pods_page(pods)
             for pod in pods:
                 self.keeper.observe_pod("ADDED", pod)
+                self.service.binder.observe_pod("ADDED", pod)
 
         return PagedRelist(begin=begin, page=page, finish=self.cache.finish_pod_relist)
 
@@ -303,6 +305,7 @@ class SchedulerApp:
         self._pod_events_counter.inc()
         self.cache.on_pod_event(kind, pod)
         self.keeper.observe_pod(kind, pod)
+        self.service.binder.observe_pod(kind, pod)   # the vgpu-node label the Binding carried
 
     async def _serve(self, app: web.Application, host: str, port: int, ssl_context) -> str:
         # A handler whose caller hung up (a disconnect, kube-scheduler's httpTimeout) is

@@ -18,6 +18,16 @@ from hami_py.k8s.nodelock import LOCK_ANNOTATION
 from tests.conftest import assert_books_balance, bind_placed, place, register_nodes, wait_until
 
 
+def scheduler_requests(app, method: str, resource: str) -> int:
+    """How many requests of this kind the scheduler has made (its own API request histogram)."""
+    for metric in app.metrics.api_request_seconds.collect():
+        for sample in metric.samples:
+            if (sample.name.endswith("_count") and sample.labels.get("method") == method
+                    and sample.labels.get("resource") == resource):
+                return int(sample.value)
+    return 0
+
+
 async def _bind_and_allocate(app, extender, pod, node):
     """Bind, then let the (simulated) device plugin allocate and release the node lock."""
     before = app.device_plugin.allocated
@@ -41,9 +51,10 @@ async def test_filter_reserves_and_bind_writes_upstream_annotations(api, app, ex
     ann = stored["metadata"]["annotations"]
     assert stored["spec"]["nodeName"] == "n1"
     assert ann["hami.io/vgpu-node"] == "n1" and ann["hami.io/bind-phase"] in ("allocating", "success")
-    # The label HAMi's vGPU monitor selects pods by follows, off the bind's critical path.
-    await wait_until(lambda: (api.get("pods", "p", namespace="default")["metadata"].get("labels") or {})
-                     .get("hami.io/vgpu-node") == "n1", "the vgpu-node label")
+    # The label HAMi's vGPU monitor selects pods by comes with the Binding (Kubernetes >= 1.35
+    # copies a Binding's labels): no pod patch at all.
+    assert stored["metadata"]["labels"]["hami.io/vgpu-node"] == "n1"
+    assert scheduler_requests(app, "PATCH", "pods") == 0
     assert ann["hami.io/vgpu-time"].isdigit()
     assert ann["hami.io/vgpu-devices-to-allocate"] == ann["hami.io/vgpu-devices-allocated"]
     devices = decode_pod_devices(ann["hami.io/vgpu-devices-to-allocate"])
@@ -306,3 +317,26 @@ async def test_registration_change_recounts_the_node(api, app, extender):
     usage = {d["id"]: d for d in app.cache.device_usage("n1")}
     assert usage[uuid]["usedmem"] == 1000
     assert_books_balance(app)
+
+
+async def test_an_api_server_that_drops_a_bindings_labels_gets_the_label_patched_after_the_bind():
+    """Before Kubernetes 1.35 the API server copies only a Binding's annotations: the pod's watch
+    event shows the bound pod without the vgpu-node label, and the scheduler patches it then."""
+    from hami_py.fakeapi.server import FakeApiServer
+    server = FakeApiServer(binding_labels=False)
+    await server.start()
+    try:
+        async with running_scheduler(server) as app:
+            extender = ExtenderClient(app.url)
+            try:
+                names = await register_nodes(server, app, gpu_node("n1", gpus=2))
+                pod, result = await place(server, extender, gpu_pod("p", gpumem=3000), names)
+                stored = await bind_placed(server, app, extender, pod, result)
+                assert "hami.io/vgpu-node" not in (stored["metadata"].get("labels") or {})
+                await wait_until(lambda: (server.get("pods", "p", namespace="default")["metadata"].get("labels")
+                                          or {}).get("hami.io/vgpu-node") == "n1", "the vgpu-node label patched")
+                assert scheduler_requests(app, "PATCH", "pods") == 1
+            finally:
+                await extender.close()
+    finally:
+        await server.stop()

@@ -15,6 +15,7 @@ from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_pod
 from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
+from tests.conftest import wait_until
 from tests.test_inventory_filter import reference_node, register, used_mem
 
 CONTENTION = "node n1 has been locked within 5m0s: node lock contention"
@@ -145,3 +146,32 @@ async def test_a_failed_bind_without_a_pod_uid_still_releases_the_reservation_an
     assert result["Error"]
     assert used_mem(app) == 0 and pod["metadata"]["uid"] in app.cache.released
     assert _lock(api) is None
+
+
+async def test_a_second_bind_onto_a_node_this_process_just_locked_knows_the_contention_without_a_read(api, app, extender):
+    """Two binds in a row onto one node, the device plugin not done with the first: the node
+    watch shows the lock this process wrote for a pod the pod watch shows alive, so the second
+    bind knows the contention from its books and reads neither the node nor the owner pod."""
+    await register(api, app, reference_node())
+    first = await _filtered(api, extender, "first")
+    assert await extender.bind(first, "n1") == {"Error": ""}
+    held = _lock(api)
+    await wait_until(lambda: app.cache.lock_hint("n1")[0] == held, "the lock seen by the node watch")
+    reads = len([r for r in api.requests if r[0] == "GET"])
+    second = await _filtered(api, extender, "second")
+    assert await extender.bind(second, "n1") == {"Error": CONTENTION}
+    assert [r for r in list(api.requests)[reads:] if r[0] == "GET"] == []
+    assert _lock(api) == held and used_mem(app) == 1000   # the second's reservation rolled back
+
+
+async def test_a_lock_whose_owner_this_process_has_seen_deleted_is_read_and_taken_over(api, app, extender):
+    """The shortcut holds only while the owner lives: once the pod watch shows the first pod
+    gone, the next bind reads the lock, finds its owner gone, and takes it over."""
+    await register(api, app, reference_node())
+    first = await _filtered(api, extender, "first")
+    assert await extender.bind(first, "n1") == {"Error": ""}
+    api.delete("pods", "first", namespace="default")
+    await wait_until(lambda: first["metadata"]["uid"] not in app.cache.pods, "the delete seen")
+    second = await _filtered(api, extender, "second")
+    assert await extender.bind(second, "n1") == {"Error": ""}
+    assert _lock(api).endswith(",default,second")

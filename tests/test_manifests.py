@@ -33,6 +33,7 @@ from hami_py.devices.base import NodeView
 from hami_py.devices.nvidia import NvidiaVendor, nvidia_config
 from hami_py.devices.registry import FamilySwitches, build_vendors, managed_resource_names
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
+from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.http.server import build_app
@@ -410,9 +411,14 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
             pod = api.create("pods", gpu_pod("trainer", gpumem=2000))
             placement = await extender.schedule(pod, ["gpu-1"])
             assert (placement.node, placement.error) == ("gpu-1", "")
-            # No device plugin releases the lock, so a second bind on the node reads it (get nodes)
-            # and its owner (get pods) before giving up.
-            await wait_for(lambda: app.cache.lock_hint("gpu-1")[0], what="the lock seen by the watch")
+            # No device plugin releases the lock; another scheduler's lock replaces it (one this
+            # process did not write), so a second bind on the node reads it (get nodes) and its
+            # owner (get pods) before giving up.
+            api.create("pods", gpu_pod("elsewhere", gpumem=2000))
+            api.patch("nodes", "gpu-1", {"metadata": {"annotations": {
+                LOCK_ANNOTATION: lock_value("default", "elsewhere")}}})
+            await wait_for(lambda: (app.cache.lock_hint("gpu-1")[0] or "").endswith(",elsewhere"),
+                           what="the lock seen by the watch")
             second = api.create("pods", gpu_pod("trainer-2", gpumem=2000))
             placement = await extender.schedule(second, ["gpu-1"])
             assert placement.error.endswith("node lock contention"), placement

@@ -45,11 +45,12 @@ def annotations(obj: dict | None) -> dict:
 async def test_filter_reserves_and_bind_locks_binds_with_the_decision_and_hands_over(control_plane, real_kube,
                                                                                     real_namespace, real_nodes):
     """The whole path with the real admission chain and storage: the filter writes nothing, the
-    lock by compare-and-set, the Binding whose annotations (the decision and the bind-phase) the
-    real API server copies onto the pod with spec.nodeName, the vgpu-node label after it, and the
-    device plugin's half (the stand-in) releasing the lock."""
+    lock by compare-and-set, the Binding whose annotations (the decision and the bind-phase) and
+    vgpu-node label the real API server copies onto the pod with spec.nodeName (no pod patch), and
+    the device plugin's half (the stand-in) releasing the lock."""
     (node,) = await real_nodes(1, gpus=2)
     ns = real_namespace
+    audit_from = control_plane.audit_size()
     async with real_scheduler(kubeconfig=control_plane.sa_kubeconfig, plugin_kubeconfig=None) as app:
         await registered(app, [node])
         extender = ExtenderClient(app.url)
@@ -89,7 +90,11 @@ async def test_filter_reserves_and_bind_locks_binds_with_the_decision_and_hands_
         assert annotations(await real_kube.get("pods", "trainer", namespace=ns))["hami.io/bind-phase"] == "success"
         assert LOCK_ANNOTATION not in annotations(await real_kube.get("nodes", node))
         labelled = await real_kube.get("pods", "trainer", namespace=ns)
-        assert labelled["metadata"]["labels"]["hami.io/vgpu-node"] == node   # patched after the bind (closed: done)
+        assert labelled["metadata"]["labels"]["hami.io/vgpu-node"] == node
+        # The pod itself is written once, by the Binding: no label patch after it.
+        ours = [(e.verb, e.resource) for e in control_plane.audit_entries(audit_from)
+                if e.resource.startswith("pods") and e.verb not in ("list", "watch")]
+        assert ours == [("create", "pods/binding")], ours
         await wait_books_balance(real_kube, app)
 
 

@@ -441,6 +441,7 @@ class _Store:
         self.snapshots: collections.OrderedDict[int, tuple[float, str, list[bytes]]] = (
             collections.OrderedDict())
         self._snapshot_ids = 0
+        self.binding_labels = True     # copy a Binding's labels onto the pod (Kubernetes >= 1.35)
 
     # -- writes -----------------------------------------------------------------------------
 
@@ -566,6 +567,10 @@ class _Store:
         pod.setdefault("spec", {})["nodeName"] = node
         if annotations := meta.get("annotations"):   # the apiserver copies these onto the pod
             pod["metadata"].setdefault("annotations", {}).update(annotations)
+        # And its labels, with PodTopologyLabelsAdmission (on by default since Kubernetes 1.35);
+        # an older API server drops them (binding_labels=False).
+        if self.binding_labels and (labels := meta.get("labels")):
+            pod["metadata"].setdefault("labels", {}).update(labels)
         status = pod.setdefault("status", {})
         status["conditions"] = [c for c in status.get("conditions") or []
                                 if c.get("type") != "PodScheduled"]
@@ -795,8 +800,11 @@ class FakeApiServer:
     allow them. State lives in this object, so it survives stop() and start() again.
     """
 
-    def __init__(self, *, history_limit: int = 10000, bookmark_interval: float | None = None) -> None:
+    def __init__(self, *, history_limit: int = 10000, bookmark_interval: float | None = None,
+                 binding_labels: bool = True) -> None:
+        """``binding_labels=False``: a Binding's labels are dropped, as before Kubernetes 1.35."""
         self._store = _Store(history_limit=history_limit)
+        self._store.binding_labels = binding_labels
         self.bookmark_interval = bookmark_interval
         self.faults = FaultSet()
         self.requests: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=100_000)

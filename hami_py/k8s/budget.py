@@ -6,12 +6,13 @@ token bucket (``hami_py.k8s.client.TokenBucket``):
 * /filter: none (the decision is kept with the reservation);
 * /bind:   on the critical path, one after the other, the node lock's compare-and-set (plus a
            node GET when the watched resourceVersion is stale or the node is locked) and the
-           Binding, which carries the decision; then, after the bind's answer, the patch of the
-           ``hami.io/vgpu-node`` label.
+           Binding, which carries the decision and the ``hami.io/vgpu-node`` label; an API server
+           older than Kubernetes 1.35 drops a Binding's labels, and the label is then patched
+           after the bind's answer.
 
 ``make bench`` counts them at the in-repo API server (docs/BENCHMARKS.md, "API requests per
 scheduled pod"): 2.0 on the critical path at 1 000 nodes (a few hundredths more when a lock meets
-a stale node or a held lock) and 1.0 in the background. Events are not in this figure: they have
+a stale node or a held lock), and nothing after it (1.0 more where the label is patched). Events are not in this figure: they have
 a budget of their own (``hami_py.k8s.events``). The registration upkeep (one node patch per
 device plugin heartbeat, nodes / 30 a second) shares the bucket, which is why the shipped
 settings leave room above pods/s × 3.
@@ -27,7 +28,9 @@ import structlog
 log = structlog.get_logger(__name__)
 
 CRITICAL_REQUESTS_PER_POD = 2        # lock CAS, Binding (measured by make bench)
-REQUESTS_PER_POD = CRITICAL_REQUESTS_PER_POD + 1   # and the vgpu-node label, after the bind's answer
+# And the vgpu-node label after the bind's answer, where the API server drops a Binding's labels:
+# the start-up warning assumes that worst case (it cannot know the servers behind a load balancer).
+REQUESTS_PER_POD = CRITICAL_REQUESTS_PER_POD + 1
 WARN_BELOW_PODS_PER_S = 10.0
 
 

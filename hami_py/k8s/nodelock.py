@@ -107,13 +107,19 @@ def parse_lock(value: str) -> tuple[datetime, str | None, str | None]:
 
 
 class NodeLocker:
-    def __init__(self, client: KubeClient, *, timeout_s: float = 300.0, hint=None):
+    def __init__(self, client: KubeClient, *, timeout_s: float = 300.0, hint=None, alive=None):
         self.client = client
         self.timeout_s = timeout_s
         # hint(node) -> (lock annotation, resourceVersion) from the node watch, or None. When
         # the watch shows the node unlocked, the compare-and-set is tried with that version at
         # once, saving a read; a stale version just gets 409 and the usual read-and-retry.
         self.hint = hint
+        # alive(uid) -> whether the pod watch still shows that pod. With it, a lock the watch
+        # shows held by a pod this locker locked for, still fresh and its pod alive, is
+        # contention known without a read of the node or of its owner pod: the common case of
+        # two binds in a row onto one node, the second waiting for the plugin to free the first.
+        self.alive = alive
+        self._taken: dict[str, tuple[str, str]] = {}   # node -> (lock value written, its pod's UID)
 
     async def _read(self, node: str) -> tuple[str | None, str]:
         value, rv, _ = await self._read_all(node, ())
@@ -168,18 +174,13 @@ class NodeLocker:
                 await asyncio.sleep(0.05 * (2 ** attempt) * random.uniform(0.5, 1.0))
         return False
 
-    async def acquire(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = ()) -> None:
+    async def acquire(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = (),
+                      uid: str = "") -> None:
         """Take the lock for pod namespace/name (and the families' own ``extra`` locks, in the
         same patch), or raise NodeLockError."""
         suffix = f",{namespace},{name}"
-        seen = self.hint(node) if self.hint is not None and not extra else None
-        if seen is not None and not seen[0]:
-            try:
-                await self._cas(node, lock_value(namespace, name), seen[1])
-                return
-            except KubeApiError as exc:
-                if not exc.conflict:
-                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
+        if self.hint is not None and not extra and await self._acquire_by_hint(node, namespace, name, uid):
+            return
         for attempt in range(CAS_ATTEMPTS):
             current, rv, held = await self._read_all(node, extra)
             _check_extra_locks(node, extra, held)
@@ -197,7 +198,7 @@ class NodeLocker:
                         contention=True)
                 log.info("taking over node lock", node=node, previous=current)
             try:
-                await self._cas(node, lock_value(namespace, name), rv, extra)
+                await self._take(node, lock_value(namespace, name), rv, uid, extra)
                 return
             except KubeApiError as exc:
                 if not exc.conflict:
@@ -205,6 +206,48 @@ class NodeLocker:
             if attempt < CAS_ATTEMPTS - 1:   # no wait after the last: the answer is known
                 await asyncio.sleep(0.1 * (2 ** attempt) * random.uniform(0.5, 1.0))
         raise NodeLockError(f"node {node} is locked: node lock contention", contention=True)
+
+    async def _acquire_by_hint(self, node: str, namespace: str, name: str, uid: str) -> bool:
+        """Take the lock with the node watch's view and no read: True once taken. A view gone
+        stale meanwhile (409) is looked at once more, since the watch may have caught up during
+        the round trip; False leaves the rest to the read-and-retry path."""
+        tried = None
+        for _ in range(2):
+            seen = self.hint(node)
+            if seen is None or seen[1] == tried:
+                return False
+            if seen[0]:
+                self._contention_seen(node, seen[0])
+                return False
+            try:
+                await self._take(node, lock_value(namespace, name), seen[1], uid)
+                return True
+            except KubeApiError as exc:
+                if not exc.conflict:
+                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
+            tried = seen[1]
+        return False
+
+    def _contention_seen(self, node: str, held: str) -> None:
+        """Raise contention when the watch shows ``held``, a lock this locker wrote for a pod the
+        pod watch still shows, younger than the expiry; else return (read the node to know)."""
+        taken = self._taken.get(node)
+        if taken is None or taken[0] != held or self.alive is None or not self.alive(taken[1]):
+            return
+        try:
+            stamp = parse_lock(held)[0]
+        except ValueError:
+            return
+        if (datetime.now(timezone.utc) - stamp).total_seconds() <= self.timeout_s:
+            raise NodeLockError(f"node {node} has been locked within {go_duration(self.timeout_s)}: "
+                                f"node lock contention", contention=True)
+
+    async def _take(self, node: str, value: str, rv: str, uid: str, extra: tuple[ExtraLock, ...] = ()) -> None:
+        await self._cas(node, value, rv, extra)
+        if uid:
+            self._taken[node] = (value, uid)
+        else:
+            self._taken.pop(node, None)
 
     async def _owner_gone(self, namespace: str | None, name: str | None) -> bool:
         if not namespace or not name:
@@ -228,6 +271,7 @@ class NodeLocker:
                 if not current or not current.endswith(suffix):
                     return True
                 await self._cas(node, None, rv, extra, taking=False)
+                self._taken.pop(node, None)
                 return True
             except KubeApiError as exc:
                 if exc.not_found:

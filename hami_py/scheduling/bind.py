@@ -32,6 +32,9 @@ BIND_PHASE_ANNOTATION = "hami.io/bind-phase"
 BIND_TIME_ANNOTATION = "hami.io/bind-time"
 LOCK_RECHECK_S = 1.0     # a bind waiting for a node lock tries again at least this often
 LABEL_ATTEMPTS = 3
+# How long a bound pod's watch event may take to show whether the API server copied the Binding's
+# label before the label is patched anyway (the watch is down or far behind): a patch is harmless.
+LABEL_CHECK_S = 30.0
 
 
 class BindError(Exception):
@@ -63,6 +66,9 @@ class Binder:
         self.lock_wait_s = lock_wait_s
         self.on_result = on_result
         self._background: set[asyncio.Task] = set()
+        # Bound pods whose watch event has yet to show the vgpu-node label: uid -> (request,
+        # timer that patches the label if no event shows it in time).
+        self._awaiting_label: dict[str, tuple[BindRequest, asyncio.TimerHandle]] = {}
 
     async def bind(self, req: BindRequest) -> None:
         """Bind the pod or raise BindError with the message for the extender's ``Error``.
@@ -137,8 +143,13 @@ class Binder:
                     # node lock serialises binds, and the books show that pod by now.
                     raise BindError(f"pod {req.namespace}/{req.name} has no device reservation on node "
                                     f"{req.node} (filter it again)")
-            await self._create_binding(req, reservation.annotations if reservation is not None else None)
+            if reservation is not None:
+                self._expect_label(req)
+            await self._create_binding(req, reservation.annotations if reservation is not None else None,
+                                       labels={VGPU_NODE_LABEL: req.node} if reservation is not None else None)
         except (KubeApiError, NodeLockError, BindError) as exc:
+            if not isinstance(exc, BindOutcomeUnknown):    # it may have landed: the watch will tell
+                self._forget_label(req.uid)
             if locked and shared:
                 await self.locker.release(req.node, req.namespace, req.name, extra=extra)
             elif locked:
@@ -154,7 +165,6 @@ class Binder:
             raise BindError(message) from None
         if reservation is not None:
             reservation.bound = True
-            self._label_later(req)
         self._report(pod, req, None)
 
     def asks_for_devices(self, pod: dict) -> bool:
@@ -220,7 +230,7 @@ class Binder:
         while True:
             try:
                 if shared:
-                    await self.locker.acquire(req.node, req.namespace, req.name, extra=extra)
+                    await self.locker.acquire(req.node, req.namespace, req.name, extra=extra, uid=req.uid)
                 else:
                     await self.locker.acquire_own(req.node, extra)
                 return
@@ -244,9 +254,56 @@ class Binder:
             finally:
                 released.cancel()
 
+    def _expect_label(self, req: BindRequest) -> None:
+        """Watch for the ``hami.io/vgpu-node`` label (HAMi's vGPU monitor selects pods by it) the
+        Binding carries. An API server with PodTopologyLabelsAdmission (on by default since
+        Kubernetes 1.35) copies a Binding's labels onto the pod with spec.nodeName, so the label
+        costs no request; an older one drops them, and the pod's watch event, seen without the
+        label, has it patched (``observe_pod``). Registered before the Binding is sent: the watch
+        may deliver the bound pod before the Binding's answer arrives."""
+        if not req.uid:
+            return
+        loop = asyncio.get_running_loop()
+        timer = loop.call_later(LABEL_CHECK_S, self._label_unseen, req.uid)
+        previous = self._awaiting_label.pop(req.uid, None)
+        if previous is not None:
+            previous[1].cancel()
+        self._awaiting_label[req.uid] = (req, timer)
+
+    def _forget_label(self, uid: str) -> BindRequest | None:
+        entry = self._awaiting_label.pop(uid, None)
+        if entry is None:
+            return None
+        entry[1].cancel()
+        return entry[0]
+
+    def observe_pod(self, kind: str, pod: dict) -> None:
+        """The pod watch's hook: a pod bound by this process, seen without the label its Binding
+        carried, gets the label patched. Costs one dict lookup per event otherwise."""
+        if not self._awaiting_label:
+            return
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
+        entry = self._awaiting_label.get(uid) if uid else None
+        if entry is None:
+            return
+        req = entry[0]
+        if kind == "DELETED":
+            self._forget_label(uid)
+            return
+        if (pod.get("spec") or {}).get("nodeName") != req.node:
+            return                      # an event from before the Binding
+        self._forget_label(uid)
+        if (meta.get("labels") or {}).get(VGPU_NODE_LABEL) != req.node:
+            self._label_later(req)
+
+    def _label_unseen(self, uid: str) -> None:
+        req = self._forget_label(uid)
+        if req is not None:
+            self._label_later(req)
+
     def _label_later(self, req: BindRequest) -> None:
-        """The decision's node as the ``hami.io/vgpu-node`` label (HAMi's vGPU monitor selects pods
-        by it), patched after the bind, off the critical path: a Binding cannot carry labels."""
+        """Patch the label off the critical path (a bind has already answered)."""
         task = asyncio.get_running_loop().create_task(self._label(req))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -265,18 +322,25 @@ class Binder:
             await asyncio.sleep(0.2 * (2 ** attempt))
 
     async def close(self) -> None:
-        """Let the label patches in flight finish (at shutdown)."""
+        """Let the label patches in flight finish (at shutdown); labels still unseen are not
+        waited for (the next leader's books do not need them; the monitor reads them late)."""
+        for uid in list(self._awaiting_label):
+            self._forget_label(uid)
         if self._background:
             await asyncio.wait(set(self._background), timeout=5)
 
-    async def _create_binding(self, req: BindRequest, decision: dict[str, str] | None = None) -> None:
+    async def _create_binding(self, req: BindRequest, decision: dict[str, str] | None = None, *,
+                              labels: dict[str, str] | None = None) -> None:
         # The API server copies a Binding's annotations onto the pod as it binds it, so the
         # decision and the bind-phase the device plugin waits for land in the same write as
         # spec.nodeName: one call instead of upstream's patch at filter, patch at bind, then
-        # bind, and the device plugin never sees a bound pod without its devices.
+        # bind, and the device plugin never sees a bound pod without its devices. Its labels
+        # too, since Kubernetes 1.35 (see _expect_label).
         annotations = dict(decision or {})
         annotations.update({BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: str(int(time.time()))})
         metadata = {"name": req.name, "namespace": req.namespace, "annotations": annotations}
+        if labels:
+            metadata["labels"] = labels
         if req.uid:
             metadata["uid"] = req.uid
         body = {"apiVersion": "v1", "kind": "Binding", "metadata": metadata,
