@@ -120,12 +120,14 @@ BINDS_IN_FLIGHT = 16    # kube-scheduler starts a binding goroutine per pod; bou
 
 async def run_schedule(session: aiohttp.ClientSession, url: str, cluster: ClusterProcess, pods: list[dict],
                        node_names_raw: bytes, *, concurrency: int, time_limit_s: float,
-                       async_binds: bool = False) -> ScheduleRun:
+                       async_binds: bool = False, rate: float | None = None) -> ScheduleRun:
     """Filter then bind each pod, ``concurrency`` pods in flight; the cluster frees each node lock.
 
     ``async_binds`` drives the extender the way kube-scheduler does: one scheduling cycle (the
     /filter) at a time, each pod's binding cycle (the /bind) started in the background while the
-    next pod is filtered, up to BINDS_IN_FLIGHT at once."""
+    next pod is filtered, up to BINDS_IN_FLIGHT at once. ``rate`` (with ``async_binds``): pods
+    arrive at that many a second, the i-th filter starting no earlier than i / rate s in (a
+    cluster creating pods at that rate), instead of each filter right after the last."""
     run = ScheduleRun()
     bodies = [(pod, filter_body(orjson.dumps(pod), node_names_raw)) for pod in pods]
     pending = iter(bodies)
@@ -168,9 +170,11 @@ async def run_schedule(session: aiohttp.ClientSession, url: str, cluster: Cluste
     async def scheduling_loop() -> None:
         slots = asyncio.Semaphore(BINDS_IN_FLIGHT)
         binds: set[asyncio.Task] = set()
-        for pod, body in pending:
+        for i, (pod, body) in enumerate(pending):
             if time.perf_counter() > deadline:
                 break
+            if rate and (wait := t0 + i / rate - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)       # pacing the load, not synchronising anything
             if (node := await filter_one(body)) is None:
                 continue
             await slots.acquire()

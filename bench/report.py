@@ -137,13 +137,21 @@ def _render_budget(results: dict) -> list[str]:
     for c in _clusters(results):
         if c.get("scheduler_args"):
             for r in c.get("schedule", []):
-                rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", " ".join(c["scheduler_args"]), _num(r["pods_per_s"]),
-                             f"{r['bound']}/{r['attempted']}", _num(r["filter"]["p99"], 2), _num(r["bind"]["p99"], 2),
-                             f"≥ 100/s {_verdict(r['pods_per_s'] >= 100)}"])
+                paced = r.get("rate")
+                target = (f"≥ 100/s with filter p99 ≤ 5 ms "
+                          f"{_verdict(r['pods_per_s'] >= 100 and r['filter']['p99'] <= 5)}" if paced
+                          else f"≥ 100/s {_verdict(r['pods_per_s'] >= 100)}")
+                rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", " ".join(c["scheduler_args"]),
+                             f"{paced:g}/s" if paced else "as fast as answered", _num(r["pods_per_s"]),
+                             f"{r['bound']}/{r['attempted']}", _num(r["filter"]["p50"], 2), _num(r["filter"]["p99"], 2),
+                             _num(r["bind"]["p99"], 2), _num(r["server_cpu_ms_per_pod"], 2), target])
     if rows:
         out += ["**filter+bind throughput on the shipped budget** (manifests/deployment.yaml's flags; one /filter "
-                "at a time, binds in the background, as kube-scheduler drives an extender)", ""]
-        out += _table(["N", "P", "flags", "pods/s", "bound", "filter p99 ms", "bind p99 ms", "target"], rows)
+                "at a time, binds in the background, as kube-scheduler drives an extender; first with each filter "
+                "sent as soon as the last answered, which keeps the scheduler's one event loop saturated, then "
+                "with pods arriving at a sustained rate above issue 13's 100 pods/s)", ""]
+        out += _table(["N", "P", "flags", "pods arrive", "pods/s", "bound", "filter p50 ms", "filter p99 ms",
+                       "bind p99 ms", "server CPU ms/pod", "target"], rows)
         out.append("")
     rows = []
     for c in _clusters(results):
@@ -213,6 +221,7 @@ def render_tables(results: dict) -> list[str]:
             # Judged as kube-scheduler drives an extender (older results have no mode: every row).
             target = c["nodes"] == 1000 and r.get("mode", "kube-scheduler") == "kube-scheduler"
             mode = ("1 filter at a time, binds async" if r.get("mode") == "kube-scheduler"
+                    else f"same, pods arriving at {r['rate']:g}/s" if r.get("mode") == "kube-scheduler paced"
                     else f"{r['concurrency']} whole pods")
             rows.append([f"{c['nodes']:,}", f"{c['pods']:,}", mode, _num(r["pods_per_s"]),
                          f"{r['bound']}/{r['attempted']}", _num(r["filter"]["p99"], 2), _num(r["bind"]["p99"], 2),
