@@ -30,6 +30,7 @@ from hami_py.k8s.informer import Informer, PagedRelist
 from hami_py.k8s.leader import build_leadership, check_leader_options, leader_identity
 from hami_py.k8s.nodelock import NodeLocker
 from hami_py.k8s.registration import RegistrationKeeper
+from hami_py.k8s.requeue import RequeueNudger
 from hami_py.metrics import Metrics
 from hami_py.scheduling.admission import AdmissionSettings
 from hami_py.scheduling.bind import Binder
@@ -129,6 +130,7 @@ class SchedulerApp:
                              namespace=options.leader_elect_resource_namespace, identity=self.identity)
         self.leadership = None     # StaticLeadership or LeaseLeadership, built in start()
         self.keeper: RegistrationKeeper | None = None
+        self.requeue: RequeueNudger | None = None
         self._caches_synced = False
         self.allocation_metrics = AllocationMetrics(self.cache, legacy=options.legacy_metrics,
                                                     quotas=lambda: quota_samples(self.cache.quota))
@@ -171,8 +173,11 @@ class SchedulerApp:
                         on_result=self.events.on_bind)
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
-                                        events=self.events.on_filter, preemptor=self._preemptor(filterer),
+                                        events=self._on_filter, preemptor=self._preemptor(filterer),
                                         filter_mode=o.filter_mode)
+        # Pods refused just before the books freed devices get kube-scheduler's retry (requeue.py).
+        self.requeue = RequeueNudger(self.client, enabled=lambda: self.service.synced.is_set(),
+                                     metrics=self.metrics)
         self.leadership = build_leadership(
             leader_elect=o.leader_elect, client=self.client, namespace=o.leader_elect_resource_namespace,
             name=o.leader_elect_resource_name, identity=self.identity, on_change=self._on_leadership)
@@ -301,9 +306,18 @@ class SchedulerApp:
         else:
             self.cache.quota.upsert(quota)
 
+    def _on_filter(self, pod: dict, what: str, detail) -> None:
+        self.events.on_filter(pod, what, detail)
+        if what == "filter_failed":
+            self.requeue.refused()
+
     def _on_pod_event(self, kind: str, pod: dict) -> None:
         self._pod_events_counter.inc()
+        uid = (pod.get("metadata") or {}).get("uid")
+        charged = self.cache.pods.get(uid) if uid else None
         self.cache.on_pod_event(kind, pod)
+        if charged is not None and charged.bound and uid not in self.cache.pods:
+            self.requeue.freed(charged.node)     # a bound pod's devices released
         self.keeper.observe_pod(kind, pod)
         self.service.binder.observe_pod(kind, pod)   # the vgpu-node label the Binding carried
 
@@ -335,6 +349,7 @@ class SchedulerApp:
         self._runners.clear()
         if self.service is not None:
             await self.service.binder.close()   # label patches of binds just made
+            await self.requeue.close()
         if self.events is not None:
             await self.events.stop()   # after the servers: no new events; before the client closes
         if self.client is not None:

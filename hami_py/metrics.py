@@ -58,6 +58,11 @@ class Metrics:
             "raised by a PATCH), pending (folded into a write still waiting for the events' budget: no "
             "request), similar (message combined with the pod's other messages of that reason).",
             ["how"], registry=self.registry)
+        self.requeue_nudges = Counter(
+            "hami_requeue_nudges_total",
+            "Node annotations (hami.io/requeue-time) written so that kube-scheduler retries pods refused "
+            "just before the books freed devices on that node (hami_py/k8s/requeue.py).",
+            registry=self.registry)
         self.preemptions = Counter(
             "hami_device_preemptions_total",
             "Device preemptions (--device-preemption), by outcome: preempting (victims evicted, room held), "

@@ -18,6 +18,7 @@ part after a bind is the stand-in of hami_py/fakeapi/deviceplugin.py (through th
 """
 from __future__ import annotations
 
+import asyncio
 import socket
 import ssl
 import urllib.request
@@ -210,6 +211,45 @@ async def test_gpus_fill_until_a_pod_stays_pending_with_our_reason_then_a_delete
     assert (await bound(real_kube, ns, "c", timeout=60))["spec"]["nodeName"] == node
     await wait_books_balance(real_kube, app)
     assert sum(d["usedmem"] for d in app.cache.device_usage(node)) == 10000
+
+
+async def test_a_pod_refused_on_books_a_delete_behind_is_retried_once_the_books_catch_up(
+        hami, real_kube, real_namespace, real_nodes):
+    """The race of hami_py/k8s/requeue.py, made certain: our pod watch delivers deletes 5 s late.
+    kube-scheduler sees ``a`` deleted first and retries ``c`` at once; our books still charge
+    ``a``, so ``c`` is refused again and parked as unschedulable, with no event left to bring it
+    back (kube-scheduler's own flush comes after 5 minutes). When the books free ``a``'s share,
+    the requeue annotation on the node is that event, and ``c`` is bound."""
+    ns, app = real_namespace, hami
+    (node,) = await real_nodes(1, gpus=1, model=T4)
+    await registered(app, [node])
+    informer = next(i for i in app.informers if i.path == "/api/v1/pods")
+    deliver, loop = informer.on_event, asyncio.get_running_loop()
+
+    def late_deletes(kind: str, pod: dict) -> None:
+        if kind == "DELETED":
+            loop.call_later(5.0, deliver, kind, pod)
+        else:
+            deliver(kind, pod)
+
+    informer.on_event = late_deletes
+    for name in ("a", "b"):
+        await real_kube.create("pods", scheduled_pod(name, ns, real_nodes.label, gpumem=5000, gpucores=40))
+    for name in ("a", "b"):
+        await bound(real_kube, ns, name)
+    waiting = await real_kube.create("pods", scheduled_pod("c", ns, real_nodes.label, gpumem=5000, gpucores=40))
+    await wait_for_value(lambda: real_kube.events_for(waiting),
+                         lambda ev: any(r == "FailedScheduling" for _, _, r, _ in ev),
+                         what="kube-scheduler's FailedScheduling")
+    refusals = requests_of(app, "filter")
+    await real_kube.delete("pods", "a", namespace=ns)
+    # kube-scheduler retries c on the delete, before our books know of it: refused again.
+    await wait_for(lambda: requests_of(app, "filter") > refusals, timeout=20, what="c filtered again")
+    assert (await real_kube.get("pods", "c", namespace=ns))["spec"].get("nodeName") is None
+    assert (await bound(real_kube, ns, "c", timeout=30))["spec"]["nodeName"] == node
+    assert app.metrics.registry.get_sample_value("hami_requeue_nudges_total") >= 1
+    assert "hami.io/requeue-time" in annotations(await real_kube.get("nodes", node))
+    await wait_books_balance(real_kube, app)
 
 
 async def test_node_lock_contention_is_retried_until_the_lock_is_free(hami, real_kube, real_namespace, real_nodes):
