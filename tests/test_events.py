@@ -66,10 +66,10 @@ async def test_a_bound_pod_gets_one_event_from_us_binding_succeed(api, app, exte
     names = await _busy_and_idle(api, app, extender)
     pod = api.create("pods", gpu_pod("p", gpumem=1000, gpucores=10))
     assert (await extender.filter(pod, names + ["ghost"]))["NodeNames"] == ["busy"]
-    assert pod["metadata"]["uid"] in app.events.parked._parked      # waiting for the bind, not written
+    assert pod["metadata"]["uid"] in app.events.parked      # waiting for the bind, not written
     assert (await extender.bind(pod, "busy"))["Error"] == ""
     await _wait_events(api, "p", [("Normal", "BindingSucceed", "Successfully binding node [busy] to default/p")])
-    assert pod["metadata"]["uid"] not in app.events.parked._parked  # nothing left to write later
+    assert pod["metadata"]["uid"] not in app.events.parked  # nothing left to write later
     assert _seen(api, "p") == [("Normal", "BindingSucceed", "Successfully binding node [busy] to default/p")]
     assert _sample(app, "hami_events_merged_total", how="filter_into_bind") == 1
     # One Event POST in all: "seed", filtered and not bound, still waits for its bind.
@@ -217,7 +217,7 @@ async def test_a_new_filter_of_the_pod_writes_the_previous_decisions_event(api):
             await _wait_events(api, "again", [("Normal", "FilteringSucceed",
                                                "find fit node(n1), 0 nodes not fit, 1 nodes fit(n1:0.00)")])
             assert len(_events(api, "again")) == 1        # the second decision waits for its bind
-            assert pod["metadata"]["uid"] in app.events.parked._parked
+            assert pod["metadata"]["uid"] in app.events.parked
         finally:
             await client.close()
 

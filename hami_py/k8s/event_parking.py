@@ -48,6 +48,9 @@ class ParkingLot(Generic[Job]):
     def __len__(self) -> int:
         return len(self._parked)
 
+    def __contains__(self, uid: str) -> bool:
+        return uid in self._parked
+
     def park(self, uid: str, job: Job) -> list[Job]:
         """Park ``job`` for ``uid``; what must be written now, oldest first: the pod's previous
         parked job (it is filtered again) and, over the limit, the oldest of the others."""
