@@ -1,14 +1,14 @@
 """Where a pod's ``FilteringSucceed`` waits for its bind (``--filtering-succeed-events=unbound``).
 
 Upstream HAMi writes two Events for every pod it schedules, ``FilteringSucceed`` at /filter and
-``BindingSucceed`` at /bind. kube-scheduler itself writes one (``Scheduled``), and an Event is an
-API request: with the node lock and the Binding, the second one is what keeps a scheduled pod over
-four requests (issue 13). A successful filter says nothing a successful bind does not say better
-(the node is in ``BindingSucceed``), so its Event waits here, keyed by the pod's UID, and is
+``BindingSucceed`` at /bind. kube-scheduler itself writes one (``Scheduled``), and every Event is
+an API request: issue 13 asks for at most four requests a scheduled pod in all, of which the node
+lock and the Binding are two. A successful filter says nothing a successful bind does not say
+better (the node is in ``BindingSucceed``), so its Event waits here, keyed by the pod's UID, and is
 dropped when the pod's bind succeeds. It is only worth reading when no successful bind follows:
 
 * the bind fails (then it comes first, so ``kubectl describe`` still reads filter, then bind);
-* the pod is filtered again (a new decision replaces the old, and the old one is told);
+* the pod is filtered again (a new decision replaces the old, and the old one is written);
 * nothing follows within the window (a pod held in kube-scheduler's Permit, a bind that never
   came): the sweeper writes it, stamped with the filter's time, not the time it was written.
 

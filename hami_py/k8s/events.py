@@ -28,11 +28,12 @@ Repeats are merged as client-go's ``EventCorrelator`` merges them (``EventCorrel
 
 A scheduled pod gets one Event from us, not upstream's two: its ``FilteringSucceed`` is parked
 (``event_parking``) until its bind, and a successful bind drops it and writes only
-``BindingSucceed``, as kube-scheduler writes one ``Scheduled``. Every Event is an API request, and
-issue 13 allows a scheduled pod four in all (node lock, Binding, one Event). A pod whose bind fails,
-that is filtered again, or that nobody binds within ``--filtering-succeed-window`` still gets its
-``FilteringSucceed``, stamped with the filter's time and written before whatever flushed it;
-``--filtering-succeed-events=always`` writes every one at once, as upstream.
+``BindingSucceed``, as kube-scheduler writes one ``Scheduled``. Every Event is an API request,
+and issue 13 asks for at most four a scheduled pod in all (the node lock and the Binding are two).
+A pod whose bind fails, that is filtered again, or that nobody binds within
+``--filtering-succeed-window`` still gets its ``FilteringSucceed``, stamped with the filter's time
+and written before whatever flushed it; ``--filtering-succeed-events=always`` writes every one at
+once, as upstream.
 
 Merged and dropped events are counted (``hami_events_merged_total{how}``, ``how="filter_into_bind"``
 for a FilteringSucceed a bind made unnecessary; ``hami_events_dropped_total{cause}``).
