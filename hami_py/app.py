@@ -25,6 +25,7 @@ from hami_py.http.tls import DEFAULT_CHECK_INTERVAL_S, ReloadingTLS
 from hami_py.http.webhook import build_webhook_app, webhook_route
 from hami_py.k8s.budget import warn_if_capped
 from hami_py.k8s.client import KubeClient
+from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, UNBOUND
 from hami_py.k8s.events import DEFAULT_QUEUE_SIZE, EventRecorder
 from hami_py.k8s.informer import Informer, PagedRelist
 from hami_py.k8s.leader import build_leadership, check_leader_options, leader_identity
@@ -94,6 +95,10 @@ class Options:
     pod_name: str = ""          # empty = $POD_NAME (scheduler-role label)
     pod_namespace: str = ""     # empty = $POD_NAMESPACE
     event_queue_size: int = DEFAULT_QUEUE_SIZE  # Kubernetes Events waiting to be written; more are dropped
+    # Ours: "unbound" writes a FilteringSucceed only for a pod whose bind fails or does not come
+    # within the window (a bound pod gets one Event, BindingSucceed); "always" is upstream's.
+    filtering_succeed_events: str = UNBOUND
+    filtering_succeed_window_s: float = DEFAULT_WINDOW_S
     cert_check_interval_s: float = DEFAULT_CHECK_INTERVAL_S  # how often a handshake re-checks the cert files
 
 
@@ -166,7 +171,9 @@ class SchedulerApp:
         # Events get their own --kube-qps/--kube-burst bucket so they never delay a patch or Binding
         # (hami_py/k8s/events.py: repeats merged, spam dropped, both counted).
         self.events = EventRecorder(self.client, component=o.scheduler_name, metrics=self.metrics,
-                                    queue_size=o.event_queue_size, qps=o.kube_qps, burst=o.kube_burst)
+                                    queue_size=o.event_queue_size, qps=o.kube_qps, burst=o.kube_burst,
+                                    filtering_succeed=o.filtering_succeed_events,
+                                    filtering_succeed_window_s=o.filtering_succeed_window_s)
         self.events.start()
         binder = Binder(client=self.client, cache=self.cache, vendors=self.vendors, locker=locker,
                         lock_retry_timeout_s=o.node_lock_retry_timeout_s, lock_wait_s=o.node_lock_wait_s,

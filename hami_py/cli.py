@@ -19,6 +19,7 @@ from hami_py.app import Options, SchedulerApp, split_host_port
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.devices.codec import parse_go_bool
 from hami_py.devices.registry import FamilySwitches, build_vendors
+from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, FILTERING_SUCCEED_MODES, UNBOUND
 from hami_py.http.tls import TLSConfigError
 from hami_py.k8s.leader import check_leader_options, leader_identity
 from hami_py.logs import configure_logging
@@ -107,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--node-lock-retry-timeout", default=28.0, type=_duration, help="PodGroup lock retry budget")
     flag("--node-lock-wait", default=10.0, type=_duration,
          help="ours: how long a bind waits for a node lock another pod's allocation holds (0: fail at once)")
+    flag("--filtering-succeed-events", default=UNBOUND, choices=list(FILTERING_SUCCEED_MODES),
+         help="ours: unbound = a FilteringSucceed Event only for a pod whose bind fails or does not come "
+              "within --filtering-succeed-window (a bound pod gets one Event, BindingSucceed); "
+              "always = every successful filter writes one at once (upstream's)")
+    flag("--filtering-succeed-window", default=DEFAULT_WINDOW_S, type=_duration,
+         help="ours: how long a successful filter's Event waits for the pod's bind (Go duration; 0: not at all)")
     flag("--device-preemption", default=False, type=_bool, nargs="?", const=True,
          help="ours: a pod with a priority that fits nowhere evicts the fewest lower-priority device pods "
               "of one node that make room, through the Eviction API (off by default)")
@@ -143,6 +150,8 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         node_label_selector=ns.node_label_selector, kube_qps=ns.kube_qps, kube_burst=ns.kube_burst,
         kube_timeout=ns.kube_timeout, profiling=ns.profiling, node_lock_timeout_s=ns.node_lock_timeout,
         node_lock_retry_timeout_s=ns.node_lock_retry_timeout, node_lock_wait_s=ns.node_lock_wait,
+        filtering_succeed_events=ns.filtering_succeed_events,
+        filtering_succeed_window_s=ns.filtering_succeed_window,
         device_preemption=ns.device_preemption, device_preemption_hold_s=ns.device_preemption_hold,
         force_overwrite_default_scheduler=ns.force_overwrite_default_scheduler,
         leader_elect=ns.leader_elect, leader_elect_resource_name=ns.leader_elect_resource_name,

@@ -56,7 +56,8 @@ class Metrics:
             "hami_events_merged_total",
             "Kubernetes Events merged into another, by how: repeat (the count of an Event already written "
             "raised by a PATCH), pending (folded into a write still waiting for the events' budget: no "
-            "request), similar (message combined with the pod's other messages of that reason).",
+            "request), similar (message combined with the pod's other messages of that reason), filter_into_bind "
+            "(a FilteringSucceed not written because the pod's bind succeeded: its BindingSucceed says it).",
             ["how"], registry=self.registry)
         self.requeue_nudges = Counter(
             "hami_requeue_nudges_total",

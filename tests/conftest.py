@@ -38,6 +38,11 @@ async def api():
         await server.stop()
 
 
+# A pod filtered and never bound gets its FilteringSucceed once this window passes (10 s by
+# default): tests that read that Event run with this one.
+UNBOUND_WINDOW_S = 0.2
+
+
 @pytest.fixture
 def scheduler_options():
     """Override in a test module to start the scheduler with other flags."""

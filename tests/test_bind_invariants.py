@@ -14,12 +14,13 @@ from contextlib import AsyncExitStack
 
 import aiohttp
 import orjson
+import pytest
 
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
-from tests.conftest import register_nodes, wait_until, watch_applied
+from tests.conftest import UNBOUND_WINDOW_S, register_nodes, wait_until, watch_applied
 from tests.reliability_helpers import finish_allocation, oversubscribed, wait_books_balance
 
 ONE_GPU = {"type": "NVIDIA A10", "devmem": 24000, "devcore": 100}
@@ -244,7 +245,9 @@ def parked(app) -> int:
 async def test_a_filter_whose_caller_timed_out_waiting_for_the_sync_never_runs(api):
     api.create("nodes", gpu_node("n1", devices=registration("n1", gpus=1, model=ONE_GPU)))
     api.faults.add(method="GET", path="^/api/v1/pods$", status=500, times=None)   # no sync yet
-    async with running_scheduler(api, wait_ready=False, device_plugin=False) as app:
+    # The other pod is never bound: its FilteringSucceed comes after a short window.
+    options = embedded_options(filtering_succeed_window_s=UNBOUND_WINDOW_S)
+    async with running_scheduler(api, options=options, wait_ready=False, device_plugin=False) as app:
         pod = api.create("pods", gpu_pod("p", gpumem=1000))
         # kube-scheduler's httpTimeout runs out while the filter waits.
         await post_and_give_up(app.url, filter_body(pod, ["n1"]), timeout=0.5)
@@ -271,7 +274,8 @@ async def test_a_follower_drops_a_filter_whose_caller_disconnected_before_it_led
     api.create("leases", lease_held_by("someone-else_1"))
     api.create("nodes", gpu_node("n1", devices=registration("n1", gpus=1, model=ONE_GPU)))
     options = embedded_options(leader_elect=True, leader_elect_resource_name=lease,
-                               leader_elect_resource_namespace=namespace, hostname="b")
+                               leader_elect_resource_namespace=namespace, hostname="b",
+                               filtering_succeed_window_s=UNBOUND_WINDOW_S)   # "other" is never bound
     async with AsyncExitStack() as stack:
         app = await stack.enter_async_context(running_scheduler(api, options=options, device_plugin=False))
         await wait_for(lambda: app.leadership.synced.is_set() and "n1" in app.cache.node_index_of,
@@ -311,6 +315,7 @@ async def test_a_filter_queued_behind_the_same_pods_bind_is_dropped_when_its_cal
     await wait_books_balance(api, app)
 
 
+@pytest.mark.parametrize("scheduler_options", [embedded_options(filtering_succeed_window_s=UNBOUND_WINDOW_S)])
 async def test_a_decision_nobody_binds_leaves_the_pod_untouched_and_the_next_filter_replaces_it(api, app, extender):
     """kube-scheduler asked /filter and never bound (its caller left, another plugin refused the
     node): nothing was written, the reservation holds until the pod's next filter replaces it."""

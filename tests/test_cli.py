@@ -27,6 +27,22 @@ def test_a_bad_duration_is_refused_at_start(text, capsys):
     assert err.startswith("hami-scheduler: ") and "invalid duration" in err and err.count("\n") == 1, err
 
 
+def test_the_filtering_succeed_flags_default_to_one_event_a_bound_pod_and_reach_the_options():
+    from hami_py.cli import build_parser, options_from_args
+    default = options_from_args(build_parser().parse_args([]))
+    assert (default.filtering_succeed_events, default.filtering_succeed_window_s) == ("unbound", 10.0)
+    upstream = options_from_args(build_parser().parse_args(["--filtering-succeed-events=always",
+                                                            "--filtering-succeed-window", "2m30s"]))
+    assert (upstream.filtering_succeed_events, upstream.filtering_succeed_window_s) == ("always", 150.0)
+
+
+@pytest.mark.parametrize("flag", ["--filtering-succeed-events=sometimes", "--filtering-succeed-window=-1s"])
+def test_a_bad_filtering_succeed_flag_is_refused_at_start(flag, capsys):
+    assert cli_main([flag]) == 2
+    err = capsys.readouterr().err
+    assert flag.split("=")[0] in err and err.count("\n") == 1, err
+
+
 def test_an_unknown_gpu_policy_is_refused_at_start(capsys):
     assert cli_main(["--gpu-scheduler-policy", "binpak"]) == 2
     assert "--gpu-scheduler-policy 'binpak': unknown binpak" in capsys.readouterr().err

@@ -2,11 +2,14 @@
 
 Reasons, types and message text are upstream HAMi's, letter for letter, because users and tools
 grep for them. The events are written in the background: a full event queue or a hung API
-server never holds up /filter.
+server never holds up /filter. A bound pod gets one Event from us (BindingSucceed): its
+FilteringSucceed is written only when no successful bind follows (``--filtering-succeed-events``).
 """
 from __future__ import annotations
 
 import asyncio
+from datetime import datetime, timezone
+from types import SimpleNamespace
 
 import pytest
 
@@ -17,9 +20,9 @@ from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
 from hami_py.k8s.client import KubeClient, load_configuration
 from hami_py.k8s.events import (AGGREGATE_PREFIX, BINDING_SUCCEED, FILTERING_FAILED, NORMAL, SPAM_BURST, WARNING,
                                 EventRecorder, filtering_failed_messages, filtering_succeeded_message,
-                                reason_types)
+                                reason_types, rfc3339)
 from hami_py.metrics import Metrics
-from tests.conftest import register_nodes, wait_until
+from tests.conftest import UNBOUND_WINDOW_S, register_nodes, wait_until
 
 T4 = {"type": "NVIDIA T4", "devmem": 10000, "devcore": 100}   # round numbers for readable scores
 
@@ -31,6 +34,16 @@ def _events(api, pod_name, namespace="default"):
 
 def _seen(api, pod_name):
     return [(e["type"], e["reason"], e["message"]) for e in _events(api, pod_name)]
+
+
+def _in_order(api, pod_name):
+    """The pod's events' reasons in the order they were created."""
+    events = sorted(_events(api, pod_name), key=lambda e: int(e["metadata"]["resourceVersion"]))
+    return [e["reason"] for e in events]
+
+
+UNBOUND_SOON = embedded_options(filtering_succeed_window_s=UNBOUND_WINDOW_S)
+ALWAYS = embedded_options(filtering_succeed_events="always")
 
 
 async def _wait_events(api, pod_name, expected):
@@ -47,18 +60,37 @@ async def _busy_and_idle(api, app, extender):
     return names
 
 
-async def test_filter_success_lists_every_fitting_node_with_its_score_and_binds(api, app, extender):
+async def test_a_bound_pod_gets_one_event_from_us_binding_succeed(api, app, extender):
+    """kube-scheduler writes one Scheduled event a pod; we write one BindingSucceed (upstream's
+    text): the filter's FilteringSucceed is dropped once the bind succeeds, and counted."""
+    names = await _busy_and_idle(api, app, extender)
+    pod = api.create("pods", gpu_pod("p", gpumem=1000, gpucores=10))
+    assert (await extender.filter(pod, names + ["ghost"]))["NodeNames"] == ["busy"]
+    assert pod["metadata"]["uid"] in app.events.parked      # waiting for the bind, not written
+    assert (await extender.bind(pod, "busy"))["Error"] == ""
+    await _wait_events(api, "p", [("Normal", "BindingSucceed", "Successfully binding node [busy] to default/p")])
+    assert pod["metadata"]["uid"] not in app.events.parked  # nothing left to write later
+    assert _seen(api, "p") == [("Normal", "BindingSucceed", "Successfully binding node [busy] to default/p")]
+    assert _sample(app, "hami_events_merged_total", how="filter_into_bind") == 1
+    # One Event POST in all: "seed", filtered and not bound, still waits for its bind.
+    assert len(_writes(api, "POST")) == 1
+
+
+@pytest.mark.parametrize("scheduler_options", [ALWAYS])
+async def test_always_writes_upstreams_two_events_listing_every_fitting_node_with_its_score(api, app, extender):
     names = await _busy_and_idle(api, app, extender)
     pod = api.create("pods", gpu_pod("p", gpumem=1000, gpucores=10))
     result = await extender.filter(pod, names + ["ghost"])
     assert result["NodeNames"] == ["busy"]
     filtered = api.get("pods", "p", namespace="default")     # the filter wrote nothing
     assert filtered["metadata"]["resourceVersion"] == pod["metadata"]["resourceVersion"]
+    await _wait_events(api, "p", [   # at once, before any bind
+        ("Normal", "FilteringSucceed", "find fit node(busy), 1 nodes not fit, 2 nodes fit(idle:0.00,busy:11.00)")])
     assert (await extender.bind(pod, "busy"))["Error"] == ""
-    await _wait_events(api, "p", [
-        ("Normal", "FilteringSucceed", "find fit node(busy), 1 nodes not fit, 2 nodes fit(idle:0.00,busy:11.00)"),
-        ("Normal", "BindingSucceed", "Successfully binding node [busy] to default/p"),
-    ])
+    await _wait_events(api, "p", [("Normal", "BindingSucceed", "Successfully binding node [busy] to default/p")])
+    assert _in_order(api, "p") == ["FilteringSucceed", "BindingSucceed"]
+    assert app.events.parked is None
+    assert _sample(app, "hami_events_merged_total", how="filter_into_bind") == 0
     # Each event names the pod at the version the scheduler acted on: the one kube-scheduler sent
     # to /filter, which /bind binds (it reads no other).
     for reason, version in (("FilteringSucceed", pod), ("BindingSucceed", pod)):
@@ -74,6 +106,7 @@ async def test_filter_success_lists_every_fitting_node_with_its_score_and_binds(
     assert event["metadata"]["name"].startswith("p.")
 
 
+@pytest.mark.parametrize("scheduler_options", [UNBOUND_SOON])
 async def test_spread_policy_lists_scores_descending_with_the_winner_last(api, app, extender):
     names = await _busy_and_idle(api, app, extender)
     pod = api.create("pods", gpu_pod("s", gpumem=1000, gpucores=10,
@@ -101,6 +134,7 @@ async def test_no_fit_records_one_event_per_reason_then_the_summary(api, app, ex
     assert len(_events(api, "big")) == 3
 
 
+@pytest.mark.parametrize("scheduler_options", [UNBOUND_SOON])
 async def test_internal_filter_errors_are_filtering_failed_events(api, app, extender):
     names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     bad = api.create("pods", gpu_pod("weights", gpumem=1000,
@@ -134,10 +168,63 @@ async def test_bind_failures_are_binding_failed_events(api, app, extender):
     assert error
     await _wait_events(api, "lost", [("Warning", "BindingFailed", "failed to get node vanished")])
     await _wait_events(api, "refused", [("Warning", "BindingFailed", error)])
+    # A failed bind writes the filter's FilteringSucceed first (it was waiting for the bind),
+    # stamped with the filter's time: describe reads filter, then bind.
+    assert ("Normal", "FilteringSucceed", "find fit node(n1), 0 nodes not fit, 1 nodes fit(n1:0.00)") in \
+        _seen(api, "refused")
+    for name in ("lost", "refused"):
+        assert _in_order(api, name) == ["FilteringSucceed", "BindingFailed"], name
+        first, then = sorted(_events(api, name), key=lambda e: int(e["metadata"]["resourceVersion"]))
+        assert first["firstTimestamp"] <= then["firstTimestamp"]
+    assert _sample(app, "hami_events_merged_total", how="filter_into_bind") == 0
+
+
+async def test_a_filtered_pod_never_bound_gets_its_filtering_succeed_after_the_window(api):
+    """A pod kube-scheduler holds in Permit, or a bind that never comes: once the window passes
+    the sweeper writes the FilteringSucceed, stamped with the filter's time, not the write's."""
+    window = 1.5      # more than a second: the write's second differs from the filter's
+    async with running_scheduler(api, options=embedded_options(filtering_succeed_window_s=window)) as app:
+        names = await register_nodes(api, app, gpu_node("n1", gpus=1))
+        client = ExtenderClient(app.url)
+        try:
+            pod = api.create("pods", gpu_pod("waiting", gpumem=1000))
+            before = datetime.now(timezone.utc)
+            assert (await client.filter(pod, names))["NodeNames"] == ["n1"]
+            after = datetime.now(timezone.utc)
+            assert _events(api, "waiting") == []          # parked, not written
+            await wait_until(lambda: _events(api, "waiting"), "the FilteringSucceed after the window")
+            written = datetime.now(timezone.utc)
+        finally:
+            await client.close()
+        assert (written - before).total_seconds() >= window
+        (event,) = _events(api, "waiting")
+        assert (event["reason"], event["message"]) == (
+            "FilteringSucceed", "find fit node(n1), 0 nodes not fit, 1 nodes fit(n1:0.00)")
+        assert rfc3339(before) <= event["firstTimestamp"] <= rfc3339(after) < rfc3339(written)
+        assert event["firstTimestamp"] == event["lastTimestamp"]
+        assert len(app.events.parked) == 0
+
+
+async def test_a_new_filter_of_the_pod_writes_the_previous_decisions_event(api):
+    async with running_scheduler(api, options=embedded_options()) as app:   # the default window, 10 s
+        names = await register_nodes(api, app, gpu_node("n1", gpus=1), gpu_node("n2", gpus=1))
+        client = ExtenderClient(app.url)
+        try:
+            pod = api.create("pods", gpu_pod("again", gpumem=1000))
+            assert (await client.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+            assert _events(api, "again") == []
+            assert (await client.filter(pod, names))["NodeNames"]
+            await _wait_events(api, "again", [("Normal", "FilteringSucceed",
+                                               "find fit node(n1), 0 nodes not fit, 1 nodes fit(n1:0.00)")])
+            assert len(_events(api, "again")) == 1        # the second decision waits for its bind
+            assert pod["metadata"]["uid"] in app.events.parked
+        finally:
+            await client.close()
 
 
 async def test_scheduler_name_is_the_event_source(api):
-    async with running_scheduler(api, options=embedded_options(scheduler_name="gpu-sched")) as app:
+    options = embedded_options(scheduler_name="gpu-sched", filtering_succeed_window_s=UNBOUND_WINDOW_S)
+    async with running_scheduler(api, options=options) as app:
         names = await register_nodes(api, app, gpu_node("n1", gpus=1))
         client = ExtenderClient(app.url)
         try:
@@ -151,6 +238,7 @@ async def test_scheduler_name_is_the_event_source(api):
         assert event["reportingComponent"] == "gpu-sched"
 
 
+@pytest.mark.parametrize("scheduler_options", [UNBOUND_SOON])
 async def test_pods_without_device_requests_get_no_events(api, app, extender):
     names = await register_nodes(api, app, gpu_node("n1", gpus=1))
     cpu = api.create("pods", {"metadata": {"name": "cpu", "namespace": "default"},
@@ -167,7 +255,8 @@ def _sample(app, name, **labels):
 
 
 async def test_a_full_event_queue_never_blocks_filter(api):
-    async with running_scheduler(api, options=embedded_options(event_queue_size=2)) as app:
+    options = embedded_options(event_queue_size=2, filtering_succeed_window_s=UNBOUND_WINDOW_S)
+    async with running_scheduler(api, options=options) as app:
         extender = ExtenderClient(app.url)
         try:
             await _full_queue_scenario(api, app, extender)
@@ -259,16 +348,28 @@ class _Gate:
 
 
 @pytest.fixture
-async def recorder(api, tmp_path):
+async def make_recorder(api, tmp_path):
+    """EventRecorders (started) writing to ``api``; each stopped at the end of the test."""
     kubeconfig = write_kubeconfig(str(tmp_path / "kubeconfig"), api.url)
     client = KubeClient(await load_configuration(kubeconfig), qps=0, burst=1)
-    events = EventRecorder(client, component="hami-scheduler", metrics=Metrics(), qps=0, workers=2)
-    events.start()
+    made = []
+
+    def make(**options) -> EventRecorder:
+        events = EventRecorder(client, component="hami-scheduler", metrics=Metrics(), qps=0, workers=2, **options)
+        events.start()
+        made.append(events)
+        return events
     try:
-        yield events
+        yield make
     finally:
-        await events.stop()
+        for events in made:
+            await events.stop()
         await client.close()
+
+
+@pytest.fixture
+async def recorder(make_recorder):
+    return make_recorder()
 
 
 def _pod(name):
@@ -376,3 +477,98 @@ async def test_a_burst_of_events_never_holds_up_a_pod_patch_lock_or_binding(api)
             assert app.client.bucket.tokens >= 1
         finally:
             await extender.close()
+
+
+# -- a FilteringSucceed parked until the pod's bind ------------------------------------------------
+def _decision(node="n1"):
+    """What the filter hands on_filter: the few fields the FilteringSucceed message reads."""
+    return SimpleNamespace(node=node, best=[(node, 0.0)], fit_count=1, failed={})
+
+
+def _fit_message(node="n1"):
+    return f"find fit node({node}), 0 nodes not fit, 1 nodes fit({node}:0.00)"
+
+
+async def test_shutdown_writes_every_parked_filtering_succeed(api, recorder):
+    for name in ("a", "b", "c"):
+        recorder.on_filter(_pod(name), "filter_succeeded", _decision())
+    assert len(recorder.parked) == 3 and _writes(api, "POST") == []
+    await recorder.stop()
+    for name in ("a", "b", "c"):
+        assert _seen(api, name) == [(NORMAL, "FilteringSucceed", _fit_message())], name
+    assert len(recorder.parked) == 0
+    recorder.on_filter(_pod("late"), "filter_succeeded", _decision())   # stopped: nothing more taken
+    assert len(recorder.parked) == 0
+
+
+async def test_the_parked_set_is_bounded_and_its_oldest_is_written_not_lost(api, make_recorder):
+    recorder = make_recorder(queue_size=3)
+    for i in range(5):
+        recorder.on_filter(_pod(f"p{i}"), "filter_succeeded", _decision())
+    await wait_until(lambda: _events(api, "p0") and _events(api, "p1"), "the two oldest written")
+    assert len(recorder.parked) == 3
+    assert [bool(_events(api, f"p{i}")) for i in range(5)] == [True, True, False, False, False]
+    assert _counter(recorder, "hami_events_dropped_total", cause="queue_full") == 0
+
+
+async def test_a_successful_bind_folds_the_parked_event_and_counts_it(api, recorder):
+    pod = _pod("folded")
+    recorder.on_filter(pod, "filter_succeeded", _decision())
+    recorder.on_bind(pod, "n1", None)
+    await wait_until(lambda: _events(api, "folded"), "the bind's event")
+    assert _seen(api, "folded") == [(NORMAL, BINDING_SUCCEED, "Successfully binding node [n1] to default/folded")]
+    assert _counter(recorder, "hami_events_merged_total", how="filter_into_bind") == 1
+    recorder.on_bind(_pod("unfiltered"), "n1", None)          # nothing parked: nothing folded
+    await wait_until(lambda: _events(api, "unfiltered"), "the other bind's event")
+    assert _counter(recorder, "hami_events_merged_total", how="filter_into_bind") == 1
+    await recorder.stop()
+    assert len(_events(api, "folded")) == 1                   # and nothing written at shutdown
+
+
+async def test_any_other_event_of_the_pod_writes_the_parked_one_first(api, recorder):
+    """A failed bind, a failed re-filter, a preemption: each is written after the filter's
+    success, by one writer, so they land in that order."""
+    for name, later in (("bind-failed", lambda pod: recorder.on_bind(pod, "n1", "node lock contention")),
+                        ("refiltered", lambda pod: recorder.on_filter(pod, "filter_error", "bad weights")),
+                        ("preempted", lambda pod: recorder.on_preempt(pod, "Preempted", "by someone"))):
+        pod = _pod(name)
+        recorder.on_filter(pod, "filter_succeeded", _decision())
+        later(pod)
+        await wait_until(lambda name=name: len(_events(api, name)) == 2, f"{name}'s two events")
+        assert _in_order(api, name)[0] == "FilteringSucceed", name
+    assert len(recorder.parked) == 0
+
+
+async def test_a_pod_without_a_uid_is_never_parked(api, recorder):
+    pod = {"metadata": {"namespace": "default", "name": "anonymous"}}
+    recorder.on_filter(pod, "filter_succeeded", _decision())
+    assert len(recorder.parked) == 0
+    await wait_until(lambda: _events(api, "anonymous"), "the FilteringSucceed at once")
+
+
+async def test_always_and_a_zero_window_park_nothing(api, make_recorder):
+    for name, options in (("always", {"filtering_succeed": "always"}), ("zero", {"filtering_succeed_window_s": 0})):
+        recorder = make_recorder(**options)
+        assert recorder.parked is None
+        recorder.on_filter(_pod(name), "filter_succeeded", _decision())
+        await wait_until(lambda name=name: _events(api, name), f"{name}: the FilteringSucceed at once")
+    with pytest.raises(ValueError, match="filtering_succeed"):
+        make_recorder(filtering_succeed="sometimes")
+
+
+
+def test_the_parking_lot_hands_back_what_is_due_oldest_first():
+    from hami_py.k8s.event_parking import ParkingLot
+    now = [0.0]
+    lot = ParkingLot(window_s=10, limit=3, clock=lambda: now[0])
+    assert lot.park("a", "a1") == []
+    now[0] = 1
+    assert lot.park("b", "b1") == []
+    assert lot.park("a", "a2") == ["a1"]          # filtered again: the old decision is due
+    now[0] = 2
+    assert lot.park("c", "c1") == []
+    assert lot.park("d", "d1") == ["b1"]          # over the limit: the oldest
+    now[0] = 11
+    assert lot.expired() == ["a2"]                # parked at 1: its window ends at 11
+    assert lot.take("c") == "c1" and lot.take("c") is None
+    assert lot.drain() == ["d1"] and len(lot) == 0

@@ -21,7 +21,7 @@ from hami_py.scheduling.filter import LISTED_NODE_SCORES
 from hami_py.scheduling.policies import NODE_POLICY_ANNOTATION
 from hami_py.scheduling.prioritize import MAX_EXTENDER_PRIORITY
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
-from tests.conftest import assert_books_balance, keeper_passes, register_nodes, wait_until
+from tests.conftest import UNBOUND_WINDOW_S, assert_books_balance, keeper_passes, register_nodes, wait_until
 from tests.reliability_helpers import oversubscribed, wait_books_balance
 
 A10 = {"type": "NVIDIA A10", "devmem": 24000, "devcore": 100}
@@ -81,7 +81,8 @@ async def test_filter_answers_every_node_where_the_pod_fits(api, app, extender):
     assert result["NodeNames"] == ["n4", "n3", "n1"]    # kube-scheduler's order, n2 full, ghost unknown
 
 
-@pytest.mark.parametrize("scheduler_options", [embedded_options(filter_mode="all", registration_interval_s=0.3)])
+@pytest.mark.parametrize("scheduler_options", [embedded_options(filter_mode="all", registration_interval_s=0.3,
+                                                                 filtering_succeed_window_s=UNBOUND_WINDOW_S)])
 async def test_filter_makes_no_reservation_and_writes_nothing(api, app, extender):
     names = await one_gpu_nodes(api, app, "n1", "n2")
     await keeper_passes(app, 1)         # the new nodes' handshake stamps are written before the count
@@ -90,7 +91,8 @@ async def test_filter_makes_no_reservation_and_writes_nothing(api, app, extender
     result = await extender.filter(pod, names)
     assert result["NodeNames"] == ["n1", "n2"]
     await wait_until(lambda: any(r == FILTERING_SUCCEED for r, _ in events_of(api, "p")), "FilteringSucceed")
-    # The only request the filter caused is its event: no pod read, patch or Binding, no node lock.
+    # The only request the filter caused is its event (the pod is never bound: written after the
+    # window): no pod read, patch or Binding, no node lock.
     assert [(m, p) for m, p, _ in list(api.requests)[mark:]] == [("POST", "/api/v1/namespaces/default/events")]
     assert all(LOCK_ANNOTATION not in (api.get("nodes", n)["metadata"].get("annotations") or {}) for n in names)
     assert pod["metadata"]["uid"] not in app.cache.pods
@@ -107,6 +109,8 @@ async def test_filter_that_fits_nowhere_answers_the_reasons(api, app, extender):
     assert "CardInsufficientMemory" in result["FailedNodes"]["n1"]
 
 
+@pytest.mark.parametrize("scheduler_options", [embedded_options(filter_mode="all",
+                                                                 filtering_succeed_window_s=UNBOUND_WINDOW_S)])
 async def test_the_filtering_succeed_message_stays_bounded(api, app, extender):
     count = LISTED_NODE_SCORES + 30
     names = await one_gpu_nodes(api, app, *(f"n{i:03}" for i in range(count)))

@@ -8,10 +8,14 @@ setup is the inventory's reference node: one NVIDIA A100 registered as ``GPU-0``
 """
 from __future__ import annotations
 
+import pytest
+
 from hami_py.devices.codec import decode_pod_devices
+from hami_py.embedded import embedded_options
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
-from tests.conftest import bind_placed, decision_annotations, node_list, place, register_nodes as register, wait_until
+from tests.conftest import (UNBOUND_WINDOW_S, bind_placed, decision_annotations, node_list, place,
+                            register_nodes as register, wait_until)
 
 A100_MIB = 8192
 TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
@@ -141,6 +145,7 @@ async def test_simulation_returns_only_the_best_of_several_fitting_nodes(api, ap
     assert body["Nodes"]["items"][0]["metadata"]["name"] in ("t1", "t2")
 
 
+@pytest.mark.parametrize("scheduler_options", [embedded_options(filtering_succeed_window_s=UNBOUND_WINDOW_S)])
 async def test_simulation_leaves_no_trace_for_the_live_filter(api, app, extender):
     """Inventory: simulation-no-side-effects
 

@@ -26,8 +26,17 @@ Repeats are merged as client-go's ``EventCorrelator`` merges them (``EventCorrel
   ``1 / SPAM_QPS`` seconds; over it, the write is dropped (the count still grows, and the next
   write allowed carries it).
 
-Merged and dropped events are counted (``hami_events_merged_total{how}``,
-``hami_events_dropped_total{cause}``).
+A scheduled pod gets one Event from us, not upstream's two: its ``FilteringSucceed`` is parked
+(``event_parking``) until its bind, and a successful bind drops it and writes only
+``BindingSucceed``, as kube-scheduler writes one ``Scheduled``. Every Event is an API request,
+and issue 13 asks for at most four a scheduled pod in all (the node lock and the Binding are two).
+A pod whose bind fails, that is filtered again, or that nobody binds within
+``--filtering-succeed-window`` still gets its ``FilteringSucceed``, stamped with the filter's time
+and written before whatever flushed it; ``--filtering-succeed-events=always`` writes every one at
+once, as upstream.
+
+Merged and dropped events are counted (``hami_events_merged_total{how}``, ``how="filter_into_bind"``
+for a FilteringSucceed a bind made unnecessary; ``hami_events_dropped_total{cause}``).
 
 Deliberate difference from a literal reading of the core/v1 schema: ``eventTime`` is left unset,
 as client-go's legacy recorder leaves it. A core/v1 Event *with* ``eventTime`` is validated as a
@@ -48,6 +57,7 @@ from typing import Callable
 import structlog
 
 from hami_py.k8s.client import KubeApiError, KubeClient, TokenBucket
+from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, FILTERING_SUCCEED_MODES, UNBOUND, ParkingLot
 
 log = structlog.get_logger(__name__)
 
@@ -135,6 +145,12 @@ class _Job:
     pod: PodRef
     at: datetime
     build: Callable[[], list[EventSpec]]
+    # A parked FilteringSucceed this job flushed: written first, by the same writer, so that the
+    # filter's Event lands before the bind's (two writers could otherwise reorder them).
+    first: _Job | None = None
+
+    def parts(self) -> list[_Job]:
+        return [self] if self.first is None else [self.first, self]
 
 
 def rfc3339(at: datetime) -> str:
@@ -251,13 +267,20 @@ class EventCorrelator:
 
 
 class EventRecorder:
-    """Queue events now, write them in the background; never block, never raise to the caller."""
+    """Queue events now, write them in the background; never block, never raise to the caller.
+
+    ``filtering_succeed``: ``unbound`` parks each FilteringSucceed until the pod's bind and drops
+    it when the bind succeeds (module docstring); ``always`` writes it at once, as upstream.
+    ``filtering_succeed_window_s``: how long a parked one waits for the bind (0: not at all)."""
 
     def __init__(self, client: KubeClient, *, component: str = "", metrics=None,
                  queue_size: int = DEFAULT_QUEUE_SIZE, workers: int = 2, qps: float = 5.0,
-                 burst: int = 10, drain_timeout_s: float = 2.0, retry_backoff_s: float = 0.5):
+                 burst: int = 10, drain_timeout_s: float = 2.0, retry_backoff_s: float = 0.5,
+                 filtering_succeed: str = UNBOUND, filtering_succeed_window_s: float = DEFAULT_WINDOW_S):
         if queue_size < 1:
             raise ValueError(f"event queue size must be at least 1, got {queue_size}")
+        if filtering_succeed not in FILTERING_SUCCEED_MODES:
+            raise ValueError(f"filtering_succeed must be one of {FILTERING_SUCCEED_MODES}, got {filtering_succeed!r}")
         self.client = client
         self.component = component or DEFAULT_COMPONENT
         self.instance = socket.gethostname()
@@ -268,31 +291,32 @@ class EventRecorder:
         self.retry_backoff_s = retry_backoff_s
         self._n_workers = max(1, workers)
         self._workers: list[asyncio.Task] = []
+        self._sweeper: asyncio.Task | None = None
         self._closing = False
         self._last_stamp = 0
         self.correlator = EventCorrelator(self.component, name=self._event_name, metrics=metrics)
+        # Bounded as the queue is: the parked wait for a bind, the queued for the budget.
+        parking = filtering_succeed == UNBOUND and filtering_succeed_window_s > 0
+        self.parked: ParkingLot[_Job] | None = (
+            ParkingLot(window_s=filtering_succeed_window_s, limit=queue_size) if parking else None)
 
     # -- producers (synchronous, called on the request path) -----------------------------------
     def record(self, pod: dict, build: Callable[[], list[EventSpec]]) -> bool:
-        """Queue the events ``build()`` will describe; False (and counted) if the queue is full."""
+        """Queue the events ``build()`` will describe; False (and counted) if the queue is full.
+        A FilteringSucceed parked for the pod is written first: whatever happens to the pod
+        after its filter (a failed bind, a preemption) reads after it."""
         if self._closing:
             return False
         job = _Job(PodRef.of(pod), datetime.now(timezone.utc), build)
-        try:
-            self.queue.put_nowait(job)
-        except asyncio.QueueFull:
-            self._count_dropped("queue_full")
-            return False
-        return True
+        job.first = self._unpark(job.pod.uid)
+        return self._enqueue(job)
 
     def on_filter(self, pod: dict, what: str, detail) -> None:
         """SchedulerService's hook: ``filter_succeeded`` / ``filter_failed`` with the
         FilterDecision, or ``filter_error`` with the error text."""
         # The messages are formatted by the writer, not here, off the request path.
         if what == "filter_succeeded":
-            self.record(pod, lambda: [(NORMAL, FILTERING_SUCCEED, filtering_succeeded_message(
-                node=detail.node, best=detail.best, fit=detail.fit_count,
-                total_nodes=len(detail.failed) + detail.fit_count))])
+            self._filter_succeeded(pod, detail)
         elif what == "filter_failed":
             self.record(pod, lambda: [(WARNING, FILTERING_FAILED, m) for m in filtering_failed_messages(
                 failed=detail.failed, total_nodes=len(detail.failed) + detail.fit_count)])
@@ -306,6 +330,8 @@ class EventRecorder:
         """Binder's hook: ``error`` None for a bind that happened, else the event text."""
         if error is None:
             ref = PodRef.of(pod)
+            if self._unpark(ref.uid) is not None:   # the bind says where the pod went: enough
+                self._count_merged("filter_into_bind")
             message = binding_succeeded_message(node=node, namespace=ref.namespace, name=ref.name)
             self.record(pod, lambda: [(NORMAL, BINDING_SUCCEED, message)])
         else:
@@ -316,15 +342,52 @@ class EventRecorder:
         its preemptor, as kube-scheduler records them (type Normal)."""
         self.record(pod, lambda: [(NORMAL, reason, message)])
 
+    def _filter_succeeded(self, pod: dict, decision) -> None:
+        # Only the few values the message needs are kept, not the decision (whose failed-node map
+        # can hold thousands of reasons), since a parked job may wait for the whole window.
+        node, best, fit = decision.node, decision.best, decision.fit_count
+        total = len(decision.failed) + fit
+
+        def build() -> list[EventSpec]:
+            return [(NORMAL, FILTERING_SUCCEED, filtering_succeeded_message(node=node, best=best, fit=fit,
+                                                                            total_nodes=total))]
+        ref = PodRef.of(pod)
+        if self.parked is None or not ref.uid or self._closing:   # no UID: nothing a bind could match
+            self.record(pod, build)
+            return
+        for flushed in self.parked.park(ref.uid, _Job(ref, datetime.now(timezone.utc), build)):
+            self._enqueue(flushed)      # the pod's previous decision, or the oldest over the bound
+
+    def _unpark(self, uid: str) -> _Job | None:
+        return self.parked.take(uid) if uid and self.parked is not None else None
+
+    def _enqueue(self, job: _Job) -> bool:
+        try:
+            self.queue.put_nowait(job)
+        except asyncio.QueueFull:
+            self._count_dropped("queue_full")
+            return False
+        return True
+
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
         self._closing = False
         self._workers = [asyncio.create_task(self._work(), name=f"event-writer-{i}")
                          for i in range(self._n_workers)]
+        if self.parked is not None:
+            self._sweeper = asyncio.create_task(self.parked.sweep(self._enqueue), name="event-sweeper")
 
     async def stop(self) -> None:
-        """Stop taking events, give the queue a short while to drain, then stop the writers."""
+        """Stop taking events, queue every parked one, give the queue a short while to drain, then
+        stop the writers."""
         self._closing = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
+            self._sweeper = None
+        if self.parked is not None:
+            for job in self.parked.drain():   # a pod still waiting for its bind: its filter is told
+                self._enqueue(job)
         if self._workers:   # join() also waits for jobs a writer has taken but not finished
             try:
                 await asyncio.wait_for(self.queue.join(), self.drain_timeout_s)
@@ -340,10 +403,11 @@ class EventRecorder:
         while True:
             job = await self.queue.get()
             try:
-                for type_, reason, message in job.build():
-                    seen = self.correlator.observe(job.pod, job.at, type_, reason, message)
-                    if seen is not None:
-                        await self._write(seen)
+                for part in job.parts():
+                    for type_, reason, message in part.build():
+                        seen = self.correlator.observe(part.pod, part.at, type_, reason, message)
+                        if seen is not None:
+                            await self._write(seen)
             except asyncio.CancelledError:
                 raise
             except Exception:  # a bug in one event must not stop the writer
@@ -424,3 +488,7 @@ class EventRecorder:
     def _count_dropped(self, cause: str) -> None:
         if self.metrics is not None:
             self.metrics.events_dropped.labels(cause).inc()
+
+    def _count_merged(self, how: str) -> None:
+        if self.metrics is not None:
+            self.metrics.events_merged.labels(how).inc()
