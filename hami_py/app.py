@@ -325,6 +325,8 @@ class SchedulerApp:
         self.cache.on_pod_event(kind, pod)
         if charged is not None and charged.bound and uid not in self.cache.pods:
             self.requeue.freed(charged.node)     # a bound pod's devices released
+        if kind == "DELETED" and uid:
+            self.events.forget(uid)
         self.keeper.observe_pod(kind, pod)
         self.service.binder.observe_pod(kind, pod)   # the vgpu-node label the Binding carried
 

@@ -50,7 +50,7 @@ class Metrics:
         self.events_dropped = Counter(
             "hami_events_dropped_total",
             "Kubernetes Events not written, by cause (queue_full, spam: over the pod's spam filter, api_error, "
-            "internal_error).",
+            "internal_error, pod_deleted: a parked FilteringSucceed of a pod deleted before its bind).",
             ["cause"], registry=self.registry)
         self.events_merged = Counter(
             "hami_events_merged_total",

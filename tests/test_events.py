@@ -205,6 +205,28 @@ async def test_a_filtered_pod_never_bound_gets_its_filtering_succeed_after_the_w
         assert len(app.events.parked) == 0
 
 
+async def test_a_pod_deleted_before_its_bind_drops_its_parked_filtering_succeed(api):
+    """Nobody reads an Event about a pod that is gone: deleting a filtered, unbound pod drops
+    its parked FilteringSucceed (counted as dropped, pod_deleted) instead of writing it later."""
+    async with running_scheduler(api, options=embedded_options(filtering_succeed_window_s=0.2)) as app:
+        names = await register_nodes(api, app, gpu_node("n1", gpus=1))
+        client = ExtenderClient(app.url)
+        try:
+            pod = api.create("pods", gpu_pod("gone", gpumem=1000))
+            assert (await client.filter(pod, names))["NodeNames"] == ["n1"]
+            assert pod["metadata"]["uid"] in app.events.parked
+            api.delete("pods", "gone", namespace="default")
+            await wait_until(lambda: pod["metadata"]["uid"] not in app.events.parked, "the parked event dropped")
+            # A filter of another pod parks and, past the window, writes: the sweep has run since.
+            other = api.create("pods", gpu_pod("other", gpumem=1000))
+            assert (await client.filter(other, names))["NodeNames"] == ["n1"]
+            await wait_until(lambda: _events(api, "other"), "the other pod's FilteringSucceed")
+        finally:
+            await client.close()
+        assert _events(api, "gone") == []
+        assert _sample(app, "hami_events_dropped_total", cause="pod_deleted") == 1
+
+
 async def test_a_new_filter_of_the_pod_writes_the_previous_decisions_event(api):
     async with running_scheduler(api, options=embedded_options()) as app:   # the default window, 10 s
         names = await register_nodes(api, app, gpu_node("n1", gpus=1), gpu_node("n2", gpus=1))

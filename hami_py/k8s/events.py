@@ -342,6 +342,12 @@ class EventRecorder:
         its preemptor, as kube-scheduler records them (type Normal)."""
         self.record(pod, lambda: [(NORMAL, reason, message)])
 
+    def forget(self, uid: str) -> None:
+        """The pod is deleted: its parked FilteringSucceed tells nobody anything now (an Event
+        about a deleted pod is garbage for the API server to expire), so it is dropped."""
+        if self._unpark(uid) is not None:
+            self._count_dropped("pod_deleted")
+
     def _filter_succeeded(self, pod: dict, decision) -> None:
         # Only the few values the message needs are kept, not the decision (whose failed-node map
         # can hold thousands of reasons), since a parked job may wait for the whole window.
