@@ -101,6 +101,7 @@ class ClusterPlan:
     # sustained with filter p99 <= 5 ms; 120 leaves a margin):
     # the filter's latency at a sustained rate, not while the loop is saturated by as many as it takes.
     schedule_rate: float | None = None
+    schedule_rate_rounds: int = 3      # the paced row: the round with the median filter p99
     contention: ContentionPlan | None = None
     write_delay: WriteDelayPlan | None = None
     # The /filter stream's pods, round robin: None is NVIDIA's (1 GPU, 4 GiB, 10 %), else a
@@ -413,21 +414,33 @@ async def phase_schedule(ctx: Context) -> list[dict]:
         modes.append((1, True, ctx.plan.schedule_rate))
     for concurrency, async_binds, rate in modes:
         mode = ("kube-scheduler paced" if rate else "kube-scheduler") if async_binds else "whole pods"
-        pods = await ctx.pending(ctx.plan.schedule_pods, what=f"bind-c{concurrency}{'-ks' if async_binds else ''}"
-                                 f"{f'-r{rate:g}' if rate else ''}",
-                                 annotations={"hami.io/node-scheduler-policy": "spread"})
-        async with ctx.window() as used:
-            run = await run_schedule(ctx.session, ctx.scheduler.url, ctx.cluster, pods, ctx.names_raw,
-                                     concurrency=concurrency, time_limit_s=ctx.plan.phase_time_limit_s,
-                                     async_binds=async_binds, rate=rate)
-        rows.append({"concurrency": concurrency, "mode": mode, "rate": rate,
-                     "pods_per_s": run.bound / run.wall_s if run.wall_s else 0.0,
-                     "bound": run.bound, "attempted": run.attempted,
-                     "filter": summarize_ms(run.filter_latencies), "bind": summarize_ms(run.bind_latencies),
-                     "server_cpu_ms_per_pod": 1000 * used["cpu_s"] / run.bound if run.bound else float("nan"),
-                     "outcomes": dict(run.outcomes), "errors": dict(run.errors)})
-        await ctx.cleanup(pods)
+        # The paced row's p99 is its 5th-worst filter: like /filter at concurrency 1, it is the
+        # round with the median p99 of several, so that one spoilt round does not decide it.
+        rounds = [await _schedule_round(ctx, concurrency=concurrency, async_binds=async_binds, rate=rate,
+                                        mode=mode, round_=k)
+                  for k in range(ctx.plan.schedule_rate_rounds if rate else 1)]
+        ordered = sorted(rounds, key=lambda r: r["filter"]["p99"])
+        rows.append({**ordered[len(ordered) // 2], "p99_rounds": [r["filter"]["p99"] for r in ordered]})
     return rows
+
+
+async def _schedule_round(ctx: Context, *, concurrency: int, async_binds: bool, rate: float | None,
+                          mode: str, round_: int) -> dict:
+    pods = await ctx.pending(ctx.plan.schedule_pods, what=f"bind-c{concurrency}{'-ks' if async_binds else ''}"
+                             f"{f'-r{rate:g}-{round_}' if rate else ''}",
+                             annotations={"hami.io/node-scheduler-policy": "spread"})
+    await ctx.settle()     # the last row's Events and deletes written: each row starts quiet
+    async with ctx.window() as used:
+        run = await run_schedule(ctx.session, ctx.scheduler.url, ctx.cluster, pods, ctx.names_raw,
+                                 concurrency=concurrency, time_limit_s=ctx.plan.phase_time_limit_s,
+                                 async_binds=async_binds, rate=rate)
+    await ctx.cleanup(pods)
+    return {"concurrency": concurrency, "mode": mode, "rate": rate,
+            "pods_per_s": run.bound / run.wall_s if run.wall_s else 0.0,
+            "bound": run.bound, "attempted": run.attempted,
+            "filter": summarize_ms(run.filter_latencies), "bind": summarize_ms(run.bind_latencies),
+            "server_cpu_ms_per_pod": 1000 * used["cpu_s"] / run.bound if run.bound else float("nan"),
+            "outcomes": dict(run.outcomes), "errors": dict(run.errors)}
 
 
 async def phase_requests(ctx: Context) -> dict:

@@ -28,7 +28,7 @@ from hami_py.config import DeviceConfig
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
-from hami_py.http.args import MAX_JSON_DEPTH, nesting_error
+from hami_py.http.args import MAX_JSON_DEPTH, may_nest_deeper, nesting_error
 from hami_py.http.server import DEFAULT_BODY_LIMIT
 from hami_py.k8s.client import load_configuration
 from hami_py.logs import configure_logging
@@ -54,6 +54,7 @@ async def test_the_running_extender_is_bound_to_loopback_only(app):
 def test_request_limits_are_bounded_by_default():
     assert DEFAULT_BODY_LIMIT == 1 << 20 and Options().body_limit == DEFAULT_BODY_LIMIT
     assert nesting_error([[[1]]], limit=3) is None
+    assert not may_nest_deeper(b'[[["x{"]]]', limit=4) and may_nest_deeper(b'[[["x{["]]]', limit=4)
     assert nesting_error([[[[1]]]], limit=3) == "request body nests deeper than 3 levels"
     # Deep enough for any real ExtenderArgs (managedFields nest about 15 deep), shallow enough
     # that what is handed back can always be written out again.

@@ -17,7 +17,7 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from hami_py.http.args import binding_args_error, extender_args_error, nesting_error
+from hami_py.http.args import binding_args_error, extender_args_error, may_nest_deeper, nesting_error
 from hami_py.metrics import Metrics
 from hami_py.scheduling.service import SchedulerService, filter_result
 
@@ -60,7 +60,7 @@ async def read_json(request: web.Request, limit: int, *, empty: str = "empty req
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         return None, f"{invalid}: {exc}"
-    error = nesting_error(value)
+    error = nesting_error(value) if may_nest_deeper(body) else None
     return (None, error) if error else (value, None)
 
 
