@@ -45,32 +45,42 @@ async def test_a_release_with_no_refusal_before_it_writes_nothing(api, app, exte
     assert stamp(api) is None and nudges(app) == 0
 
 
-async def test_nudges_are_bounded_per_node(api):
-    """Within the interval a node gets one write, however many releases; none when not leading."""
+async def test_one_write_per_refusal_and_at_most_one_a_second_for_the_cluster(api):
+    """One write wakes every pod kube-scheduler parked, so releases write again only after a new
+    refusal, no sooner than the interval (a release inside it is written when it ends), never
+    for a refusal older than the window, and never from a follower."""
     api.create("nodes", gpu_node("n1", gpus=1))
+    api.create("nodes", gpu_node("n2", gpus=1))
     with tempfile.TemporaryDirectory() as tmp:
         config = await load_configuration(write_kubeconfig(os.path.join(tmp, "kubeconfig"), api.url))
     client = KubeClient(config, qps=0, burst=100)
     now = [100.0]
     leading = [True]
     nudger = RequeueNudger(client, window_s=5, min_interval_s=1, clock=lambda: now[0], enabled=lambda: leading[0])
+
+    def writes() -> list:
+        return [r for r in api.requests if r[0] == "PATCH" and "/nodes/" in r[1]]
     try:
         nudger.freed("n1")                       # no refusal yet
         nudger.refused()
-        for _ in range(3):
-            nudger.freed("n1")
-        await wait_until(lambda: stamp(api) is not None, "the first nudge")
-        first = stamp(api)
+        for node in ("n1", "n2", "n1"):
+            nudger.freed(node)                   # one write for all three
+        await wait_until(lambda: stamp(api, "n1") is not None, "the first nudge")
+        nudger.freed("n2")                       # no refusal since that write
         now[0] += 0.5
-        nudger.freed("n1")                       # within the interval
+        nudger.refused()
+        nudger.freed("n2")                       # inside the interval: written when it ends
+        nudger.freed("n1")                       # ...and only once
+        await wait_until(lambda: stamp(api, "n2") is not None, "the second nudge, at the interval's end")
+        now[0] += 0.6
+        nudger.refused()
         now[0] += 5.1
-        nudger.freed("n1")                       # the refusal is too old now
+        nudger.freed("n1")                       # that refusal is older than the window
         leading[0] = False
         nudger.refused()
         now[0] += 2
         nudger.freed("n1")                       # a follower never writes
         await nudger.close()
-        writes = [r for r in api.requests if r[0] == "PATCH" and r[1].endswith("/nodes/n1")]
-        assert len(writes) == 1 and stamp(api) == first
+        assert [r[1].rsplit("/", 1)[1] for r in writes()] == ["n1", "n2"]
     finally:
         await client.close()

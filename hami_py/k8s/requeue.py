@@ -12,10 +12,11 @@ Upstream HAMi has the same race.
 So when the books free devices on a node (a pod deleted or finished) shortly after a /filter
 refused a pod, this module writes one node annotation, ``hami.io/requeue-time``. kube-scheduler
 treats an annotation change on a node as a cluster event (``UpdateNodeAnnotation``) and retries
-the pods its extender refused, now against books that include the release. The write is cheap
-and bounded: only within ``window_s`` of a refusal, at most one per node per ``min_interval_s``,
-one in flight per node, and a failed write is logged and dropped (the next event, or
-kube-scheduler's own flush, still comes).
+every pod its extender refused, now against books that include the release. One write wakes them
+all, so the writes are few whatever the churn: one only for a refusal that came after the last
+write, within ``window_s`` of it, and at most one every ``min_interval_s`` for the whole cluster
+(a release sooner than that is written when the interval ends). A failed write is logged and
+dropped: the next event, or kube-scheduler's own flush, still comes.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ log = structlog.get_logger(__name__)
 
 REQUEUE_ANNOTATION = "hami.io/requeue-time"
 WINDOW_S = 5.0          # a release this soon after a refusal may have come too late for it
-MIN_INTERVAL_S = 1.0    # per node: kube-scheduler's backoff is at least a second anyway
+MIN_INTERVAL_S = 1.0    # one write wakes every refused pod; kube-scheduler backs them off a second anyway
 
 
 class RequeueNudger:
@@ -47,8 +48,8 @@ class RequeueNudger:
         self.metrics = metrics
         self.clock = clock
         self._last_refusal = float("-inf")
-        self._last_write: dict[str, float] = {}
-        self._in_flight: set[str] = set()
+        self._last_nudge = float("-inf")   # when the last write was started
+        self._pending: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task] = set()
 
     def refused(self) -> None:
@@ -58,14 +59,23 @@ class RequeueNudger:
     def freed(self, node: str) -> None:
         """The books released a pod's devices on ``node``."""
         now = self.clock()
-        if not node or now - self._last_refusal > self.window_s or not self.enabled():
-            return
-        if node in self._in_flight or now - self._last_write.get(node, float("-inf")) < self.min_interval_s:
-            return
-        self._last_write[node] = now
-        if len(self._last_write) > 4096:     # forget the oldest: nodes come and go
-            del self._last_write[next(iter(self._last_write))]
-        self._in_flight.add(node)
+        if not node or self._pending is not None or not self.enabled():
+            return                          # a write already due wakes the same pods
+        if self._last_refusal <= self._last_nudge or now - self._last_refusal > self.window_s:
+            return                          # every refusal has been followed by a write already
+        wait = self._last_nudge + self.min_interval_s - now
+        if wait > 0:
+            self._pending = asyncio.get_running_loop().call_later(wait, self._due, node)
+        else:
+            self._start(node)
+
+    def _due(self, node: str) -> None:
+        self._pending = None
+        if self.enabled():
+            self._start(node)
+
+    def _start(self, node: str) -> None:
+        self._last_nudge = self.clock()
         task = asyncio.get_running_loop().create_task(self._write(node=node))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -80,10 +90,11 @@ class RequeueNudger:
         except KubeApiError as exc:
             if not exc.not_found:
                 log.warning("requeue nudge not written", node=node, error=str(exc))
-        finally:
-            self._in_flight.discard(node)
 
     async def close(self) -> None:
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
         for task in list(self._tasks):
             task.cancel()
         if self._tasks:
