@@ -50,6 +50,7 @@ from hami_py.fakeapi import ApiError, FakeApiServer
 from hami_py.fakeapi.objects import gpu_uuid
 from hami_py.k8s.client import api_resource
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
+from hami_py.k8s.requeue import REQUEUE_ANNOTATION
 from hami_py.logs import configure_logging
 
 HISTORY_LIMIT = 50_000    # watch history kept: a watch re-opened mid-burst resumes instead of relisting
@@ -315,17 +316,39 @@ class ClusterControl:
 
     async def reset_requests(self, _: web.Request) -> web.Response:
         self.api.api.requests.clear()
+        self._reset_rv = self.api.api._store.rv
         return _json({"ok": True})
 
     async def request_counts(self, _: web.Request) -> web.Response:
         """The API requests served over HTTP since the reset (the scheduler's: the cluster's own
-        writes are in-process), by method and resource; watches apart."""
+        writes are in-process), by method and resource; watches apart. The node patches that are
+        upkeep, not a pod's (handshake stamps the registration keeper owed from before the
+        heartbeats were paused, requeue writes), are told from the commits and counted apart."""
         counts: dict[str, int] = {}
         for method, path, query in self.api.api.requests:
             watch = "watch=true" in query or "watch=1" in query
             key = f"{'WATCH' if watch else method} {api_resource(path)}"
             counts[key] = counts.get(key, 0) + 1
+        for kind, n in self._upkeep_commits().items():
+            if n:
+                counts["PATCH nodes"] = counts.get("PATCH nodes", 0) - n
+                counts[f"PATCH nodes ({kind})"] = n
         return _json(counts)
+
+    def _upkeep_commits(self) -> dict[str, int]:
+        found = {"handshake stamps": 0, "requeue writes": 0}
+        for entry in self.api.api._store.history["nodes"]:
+            if entry.rv <= getattr(self, "_reset_rv", 0) or entry.type != "MODIFIED" or entry.prev is None:
+                continue
+            new = entry.obj["metadata"].get("annotations") or {}
+            old = entry.prev["metadata"].get("annotations") or {}
+            changed = {k for k in new.keys() | old.keys() if new.get(k) != old.get(k)}
+            if changed and all(k.startswith("hami.io/node-handshake") and str(new.get(k, "")).startswith("Requesting_")
+                               for k in changed):
+                found["handshake stamps"] += 1
+            elif changed == {REQUEUE_ANNOTATION}:
+                found["requeue writes"] += 1
+        return found
 
     async def seed(self, request: web.Request) -> web.Response:
         args = await _args(request)

@@ -39,6 +39,7 @@ from bench.load import filter_body, filter_outcome, post, run_filters, run_sched
 from bench.cluster import PLUGIN_PERIOD_S
 from bench.procs import BenchError, ClusterProcess, SchedulerProcess, parse_prometheus, process_cpu_seconds
 from bench.profiling import Profiler
+from hami_py.k8s.requeue import MIN_INTERVAL_S
 
 from bench.seed import (
     BENCH_NAMESPACE, FAMILY_VENDOR, MIXED_MODELS, ClusterShape, blocker_name, mixed_layout_text, mixed_unavailable,
@@ -47,6 +48,7 @@ from bench.seed import (
 
 PHASES = ("filter", "requests", "schedule", "burst", "lag", "contention", "write-delay", "all-mode")
 WRITES = ("POST", "PUT", "PATCH", "DELETE")
+REQUEUE_MIN_INTERVAL_S = MIN_INTERVAL_S
 POD_EVENTS = 'hami_watch_events_total{resource="pods"}'
 FILTER_SUM = 'hami_extender_request_duration_seconds_sum{verb="filter"}'
 FILTER_COUNT = 'hami_extender_request_duration_seconds_count{verb="filter"}'
@@ -274,12 +276,13 @@ class Context:
         first = shape.nodes - shape.probe_nodes
         self.sentinels = [Sentinel(self, node_index=first + i, probe_pod=pod) for i, pod in enumerate(probes)]
 
-    async def settle(self, *, timeout: float = 120.0) -> None:
+    async def settle(self, *, timeout: float = 120.0, heartbeats: bool = True) -> None:
         """Wait until the scheduler has stopped writing to the API server in bulk (its handshake
         stamps after start-up, its Kubernetes Events after a phase). Answering the plugins'
         heartbeats it keeps re-stamping about N/30 nodes a second, for ever: that much (with
-        slack) still counts as quiet."""
-        steady = self.plan.shape.nodes / PLUGIN_PERIOD_S
+        slack) still counts as quiet; with the heartbeats paused (``heartbeats=False``) only
+        silence does."""
+        steady = self.plan.shape.nodes / PLUGIN_PERIOD_S if heartbeats else 0.0
         deadline = time.monotonic() + timeout
         since, base = time.monotonic(), await self._foreign_writes()
         while True:
@@ -451,7 +454,11 @@ async def phase_requests(ctx: Context) -> dict:
                              annotations={"hami.io/node-scheduler-policy": "spread"})
     await ctx.cluster.call("POST", "/heartbeats", {"paused": True})
     try:
-        await ctx.settle()
+        # Nothing in flight when counting starts: the stamps answering heartbeats from before the
+        # pause, and a requeue write the sentinels' probes caused (a refused probe, then its
+        # blocker freed), which may wait up to its interval before it goes out.
+        await asyncio.sleep(REQUEUE_MIN_INTERVAL_S)
+        await ctx.settle(heartbeats=False)
         await ctx.cluster.call("POST", "/requests/reset")
         run = await run_schedule(ctx.session, ctx.scheduler.url, ctx.cluster, pods, ctx.names_raw,
                                  concurrency=1, time_limit_s=ctx.plan.phase_time_limit_s, async_binds=True)
@@ -461,17 +468,23 @@ async def phase_requests(ctx: Context) -> dict:
         await ctx.cluster.call("POST", "/heartbeats", {"paused": False})
     await ctx.cleanup(pods)
     bound = max(run.bound, 1)
-    per_pod = {k: v / bound for k, v in sorted(counts.items()) if not k.startswith("WATCH")}
+    upkeep = {k: v for k, v in counts.items() if _upkeep(k)}
+    per_pod = {k: v / bound for k, v in sorted(counts.items()) if not k.startswith("WATCH") and not _upkeep(k)}
     return {"pods": run.bound, "attempted": run.attempted, "counts": counts, "per_pod": per_pod,
             "critical_per_pod": sum(v for k, v in per_pod.items() if _critical(k)),
             "background_per_pod": sum(v for k, v in per_pod.items() if k in BACKGROUND_REQUESTS),
             "events_per_pod": sum(v for k, v in per_pod.items() if k.endswith(" events")),
-            "errors": dict(run.errors)}
+            "upkeep": upkeep, "errors": dict(run.errors)}
 
 
 # Requests a pod's bind causes after it has answered: the vgpu-node label, patched only where the
 # API server drops a Binding's labels (before Kubernetes 1.35; Binder.observe_pod).
 BACKGROUND_REQUESTS = ("PATCH pods",)
+
+
+def _upkeep(key: str) -> bool:
+    """Node upkeep in the window, not any pod's (bench/cluster.py tells it from the commits)."""
+    return key.startswith("PATCH nodes (")
 
 
 def _critical(key: str) -> bool:

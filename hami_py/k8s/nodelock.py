@@ -225,6 +225,7 @@ class NodeLocker:
             except KubeApiError as exc:
                 if not exc.conflict:
                     raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
+                log.debug("node lock compare-and-set met a newer node", node=node, resource_version=seen[1])
             tried = seen[1]
         return False
 
