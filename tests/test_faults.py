@@ -313,7 +313,7 @@ async def test_api_server_killed_and_restarted_mid_traffic(api, app, extender):
     await api.start(port=api.port)
     assert any(p.error for p in first), "the outage should have failed some requests"
     # kube-scheduler retries them all, concurrently. A node lock taken by a bind that the
-    # outage broke stays until its own pod is retried (re-entrant) or it expires.
+    # outage broke (its write landed, its answer lost) is released once the API server answers.
     retried = await asyncio.gather(*(schedule_with_retries(extender, api, pod, names, attempts=60)
                                      for pod, placement in zip(pods, first) if placement.error))
     assert all(r.node or not r.error for r in retried), retried
@@ -322,6 +322,39 @@ async def test_api_server_killed_and_restarted_mid_traffic(api, app, extender):
 
 
 # ---------------------------------------------------------------------------------------- pods vanish
+
+async def test_a_lock_write_whose_answer_is_lost_is_released_not_left_for_five_minutes(api, app, extender):
+    """The lock's compare-and-set lands, but its answer is lost (504 after apply): the bind
+    fails, and releases the lock it may hold, so the next bind onto the node goes through at
+    once instead of waiting for the lock to expire (before: 5 minutes of node lock contention)."""
+    names = await add_nodes(api, app, "n1")
+    first = api.create("pods", gpu_pod("first", gpumem=1000))
+    assert (await extender.filter(first, names))["NodeNames"] == names
+    api.faults.add(method="PATCH", path="/nodes/n1$", status=504, after_apply=True)
+    assert (await extender.bind(first, "n1"))["Error"]
+    await wait_lock_free(api, "n1", timeout=5)
+    second = api.create("pods", gpu_pod("second", gpumem=1000))
+    assert (await extender.schedule(second, names)).node == "n1"
+    await wait_books_balance(api, app)
+
+
+async def test_a_lock_release_that_fails_is_retried_once_the_api_server_answers(api, app, extender):
+    """The Binding fails and so does every attempt to release the lock (the API server refuses
+    node writes for a while): a background task keeps releasing it, and it is gone soon after
+    the API server answers again, with no other bind needed to notice."""
+    names = await add_nodes(api, app, "n1")
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    assert (await extender.filter(pod, names))["NodeNames"] == names
+    await wait_for(lambda: app.cache.lock_hint("n1") is not None, what="the node watch's view of n1")
+    api.faults.add(method="POST", path="/binding$", status=403)
+    # The lock is taken on the watch's view, with no read; a release reads the node first.
+    refused = api.faults.add(method="GET", path="/nodes/n1$", status=503, times=None)
+    assert (await extender.bind(pod, "n1"))["Error"]
+    assert refused.hits >= 1
+    assert LOCK_ANNOTATION in api.get("nodes", "n1")["metadata"]["annotations"]   # every release failed
+    api.faults.clear()
+    await wait_lock_free(api, "n1", timeout=10)
+
 
 async def test_pod_deleted_between_filter_and_bind(api, app, extender):
     names = await add_nodes(api, app, "n1")

@@ -37,11 +37,13 @@ class ExtraLock:
 
 
 class NodeLockError(Exception):
-    """The lock could not be taken; ``contention`` says whether another pod holds it."""
+    """The lock could not be taken; ``contention`` says whether another pod holds it, and
+    ``uncertain`` whether the lock's write may have landed all the same (the answer was lost)."""
 
-    def __init__(self, message: str, *, contention: bool):
+    def __init__(self, message: str, *, contention: bool, uncertain: bool = False):
         super().__init__(message)
         self.contention = contention
+        self.uncertain = uncertain
 
 
 def go_duration(seconds: float) -> str:
@@ -151,7 +153,8 @@ class NodeLocker:
                 return
             except KubeApiError as exc:
                 if not exc.conflict:
-                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
+                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False,
+                                        uncertain=exc.uncertain) from None
             if attempt < CAS_ATTEMPTS - 1:
                 await asyncio.sleep(0.1 * (2 ** attempt) * random.uniform(0.5, 1.0))
         raise NodeLockError(f"node {node} is locked: node lock contention", contention=True)
@@ -202,7 +205,8 @@ class NodeLocker:
                 return
             except KubeApiError as exc:
                 if not exc.conflict:
-                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
+                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False,
+                                        uncertain=exc.uncertain) from None
             if attempt < CAS_ATTEMPTS - 1:   # no wait after the last: the answer is known
                 await asyncio.sleep(0.1 * (2 ** attempt) * random.uniform(0.5, 1.0))
         raise NodeLockError(f"node {node} is locked: node lock contention", contention=True)
@@ -217,14 +221,16 @@ class NodeLocker:
             if seen is None or seen[1] == tried:
                 return False
             if seen[0]:
-                self._contention_seen(node, seen[0])
+                if not seen[0].endswith(f",{namespace},{name}"):   # this pod's own: re-entrant, read it
+                    self._contention_seen(node, seen[0])
                 return False
             try:
                 await self._take(node, lock_value(namespace, name), seen[1], uid)
                 return True
             except KubeApiError as exc:
                 if not exc.conflict:
-                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False) from None
+                    raise NodeLockError(f"failed to set node lock on {node}: {exc}", contention=False,
+                                        uncertain=exc.uncertain) from None
                 log.debug("node lock compare-and-set met a newer node", node=node, resource_version=seen[1])
             tried = seen[1]
         return False
@@ -243,12 +249,19 @@ class NodeLocker:
             raise NodeLockError(f"node {node} has been locked within {go_duration(self.timeout_s)}: "
                                 f"node lock contention", contention=True)
 
+    def written(self, node: str, uid: str) -> str | None:
+        """The lock value this locker last wrote on ``node`` for the pod with ``uid``, if any."""
+        taken = self._taken.get(node)
+        return taken[0] if taken is not None and uid and taken[1] == uid else None
+
     async def _take(self, node: str, value: str, rv: str, uid: str, extra: tuple[ExtraLock, ...] = ()) -> None:
-        await self._cas(node, value, rv, extra)
+        # Recorded before the write: a write whose answer is lost may have landed, and its
+        # release must know the value (one that never landed is never seen, so it is harmless).
         if uid:
             self._taken[node] = (value, uid)
         else:
             self._taken.pop(node, None)
+        await self._cas(node, value, rv, extra)
 
     async def _owner_gone(self, namespace: str | None, name: str | None) -> bool:
         if not namespace or not name:
@@ -261,15 +274,17 @@ class NodeLocker:
             raise NodeLockError(f"checking node lock owner {namespace}/{name}: {exc}", contention=False) from None
         return False
 
-    async def release(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = ()) -> bool:
-        """Drop the lock if (and only if) pod namespace/name holds it, with the ``extra`` locks
-        taken alongside it. Best effort, never raises: True once the pod holds no lock on the
-        node (released, or never held), False when every attempt failed."""
+    async def release(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = (),
+                      value: str | None = None) -> bool:
+        """Drop the lock if (and only if) pod namespace/name holds it (with ``value``: exactly
+        that lock), with the ``extra`` locks taken alongside it. Best effort, never raises: True
+        once the pod holds no such lock on the node (released, or never held), False when every
+        attempt failed."""
         suffix = f",{namespace},{name}"
         for attempt in range(CAS_ATTEMPTS):
             try:
                 current, rv = await self._read(node)
-                if not current or not current.endswith(suffix):
+                if not current or not current.endswith(suffix) or (value is not None and current != value):
                     return True
                 await self._cas(node, None, rv, extra, taking=False)
                 self._taken.pop(node, None)

@@ -35,6 +35,9 @@ LABEL_ATTEMPTS = 3
 # How long a bound pod's watch event may take to show whether the API server copied the Binding's
 # label before the label is patched anyway (the watch is down or far behind): a patch is harmless.
 LABEL_CHECK_S = 30.0
+# A lock whose release failed on every attempt is released again in the background, this often.
+RELEASE_RETRY_FIRST_S = 0.5
+RELEASE_RETRY_MAX_S = 10.0
 
 
 class BindError(Exception):
@@ -66,6 +69,7 @@ class Binder:
         self.lock_wait_s = lock_wait_s
         self.on_result = on_result
         self._background: set[asyncio.Task] = set()
+        self._releasing: set[asyncio.Task] = set()   # node locks whose release failed, tried again
         # Bound pods whose watch event has yet to show the vgpu-node label: uid -> (request,
         # timer that patches the label if no event shows it in time).
         self._awaiting_label: dict[str, tuple[BindRequest, asyncio.TimerHandle]] = {}
@@ -150,10 +154,10 @@ class Binder:
         except (KubeApiError, NodeLockError, BindError) as exc:
             if not isinstance(exc, BindOutcomeUnknown):    # it may have landed: the watch will tell
                 self._forget_label(req.uid)
-            if locked and shared:
-                await self.locker.release(req.node, req.namespace, req.name, extra=extra)
-            elif locked:
-                await self.locker.release_own(req.node, extra)
+            # A lock write whose answer was lost may have landed: released like one that did
+            # (only the exact value it wrote, only if it is there), or the node stays locked.
+            if locked or (locking and isinstance(exc, NodeLockError) and exc.uncertain):
+                await self._release(req, extra, shared=shared)
             if not isinstance(exc, BindOutcomeUnknown):
                 self.cache.release_pod(req.uid)
             # Reading the node is the lock's first step: a 404 there is upstream's missing node.
@@ -166,6 +170,40 @@ class Binder:
         if reservation is not None:
             reservation.bound = True
         self._report(pod, req, None)
+
+    async def _release(self, req: BindRequest, extra: tuple[ExtraLock, ...], *, shared: bool) -> None:
+        """Release the lock this bind took. When every attempt fails (the API server is down), a
+        background task keeps trying: a lock left behind would stop every bind onto the node
+        until it expires (5 minutes), for a pod that is not being allocated at all."""
+        value = self.locker.written(req.node, req.uid) if shared else None
+        if await self._release_once(req, extra, shared=shared):
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._release_until_done(req, extra, shared=shared, value=value))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
+    async def _release_once(self, req: BindRequest, extra: tuple[ExtraLock, ...], *, shared: bool,
+                            value: str | None = None) -> bool:
+        if shared:
+            return await self.locker.release(req.node, req.namespace, req.name, extra=extra, value=value)
+        return await self.locker.release_own(req.node, extra)
+
+    async def _release_until_done(self, req: BindRequest, extra: tuple[ExtraLock, ...], *, shared: bool,
+                                  value: str | None) -> None:
+        deadline = time.monotonic() + self.locker.timeout_s     # expired by then in any case
+        delay = RELEASE_RETRY_FIRST_S
+        while time.monotonic() < deadline:
+            await asyncio.sleep(delay)
+            again = self.cache.pods.get(req.uid)
+            if again is not None and again.node == req.node:
+                return      # the pod was filtered onto the node again: its new bind owns the lock now
+            if await self._release_once(req, extra, shared=shared, value=value):
+                log.info("node lock released after the API server came back", node=req.node,
+                         pod=f"{req.namespace}/{req.name}")
+                return
+            delay = min(delay * 2, RELEASE_RETRY_MAX_S)
+        log.warning("node lock left to expire", node=req.node, pod=f"{req.namespace}/{req.name}")
 
     def asks_for_devices(self, pod: dict) -> bool:
         """Whether the pod requests any device the scheduler manages (a malformed request counts:
@@ -323,9 +361,12 @@ class Binder:
 
     async def close(self) -> None:
         """Let the label patches in flight finish (at shutdown); labels still unseen are not
-        waited for (the next leader's books do not need them; the monitor reads them late)."""
+        waited for (the next leader's books do not need them; the monitor reads them late), and
+        a lock release still failing is left to expire."""
         for uid in list(self._awaiting_label):
             self._forget_label(uid)
+        for task in list(self._releasing):
+            task.cancel()
         if self._background:
             await asyncio.wait(set(self._background), timeout=5)
 
