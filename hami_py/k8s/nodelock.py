@@ -256,12 +256,22 @@ class NodeLocker:
 
     async def _take(self, node: str, value: str, rv: str, uid: str, extra: tuple[ExtraLock, ...] = ()) -> None:
         # Recorded before the write: a write whose answer is lost may have landed, and its
-        # release must know the value (one that never landed is never seen, so it is harmless).
+        # release must know the value. A write refused outright did not land: the lock this
+        # locker wrote before, still there, stays what the watch shortcut compares with.
+        previous = self._taken.get(node)
         if uid:
             self._taken[node] = (value, uid)
-        else:
+        try:
+            await self._cas(node, value, rv, extra)
+        except KubeApiError as exc:
+            if not exc.uncertain:
+                if previous is None:
+                    self._taken.pop(node, None)
+                else:
+                    self._taken[node] = previous
+            raise
+        if not uid:
             self._taken.pop(node, None)
-        await self._cas(node, value, rv, extra)
 
     async def _owner_gone(self, namespace: str | None, name: str | None) -> bool:
         if not namespace or not name:
