@@ -165,7 +165,7 @@ class SchedulerApp:
         self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout,
                                  observe=lambda method, resource, s: api_seconds.labels(method, resource).observe(s))
         locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint,
-                            alive=lambda uid: uid in self.cache.pods)
+                            allocating=self._allocating)
         filterer = Filterer(self.cache, self.vendors, default_node_policy=o.node_scheduler_policy,
                             default_gpu_policy=o.gpu_scheduler_policy)
         # Events get their own --kube-qps/--kube-burst bucket so they never delay a patch or Binding
@@ -312,6 +312,11 @@ class SchedulerApp:
             self.cache.quota.remove(quota)
         else:
             self.cache.quota.upsert(quota)
+
+    def _allocating(self, uid: str) -> bool:
+        """The pod watch shows the pod, its device plugin not yet done with it."""
+        usage = self.cache.pods.get(uid)
+        return usage is not None and not usage.allocated
 
     def _on_filter(self, pod: dict, what: str, detail) -> None:
         self.events.on_filter(pod, what, detail)

@@ -175,3 +175,24 @@ async def test_a_lock_whose_owner_this_process_has_seen_deleted_is_read_and_take
     second = await _filtered(api, extender, "second")
     assert await extender.bind(second, "n1") == {"Error": ""}
     assert _lock(api).endswith(",default,second")
+
+
+async def test_a_fresh_lock_whose_owner_the_device_plugin_has_finished_with_is_taken_over(api, app, extender):
+    """The device plugin allocated the owner (bind-phase success) but could not release the lock
+    (the API server was down then): the lock guards nothing, so a bind takes it over at once
+    instead of failing on contention until it expires. Upstream waits the 5 minutes. One whose
+    owner is still allocating blocks as before."""
+    await register(api, app, reference_node())
+    done = gpu_pod("done")
+    done["metadata"]["annotations"]["hami.io/bind-phase"] = "success"
+    api.create("pods", done)
+    busy = gpu_pod("busy")
+    busy["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
+    api.create("pods", busy)
+    _set_lock(api, lock_value("default", "busy"))
+    blocked = await _filtered(api, extender, "blocked")
+    assert await extender.bind(blocked, "n1") == {"Error": CONTENTION}
+    _set_lock(api, lock_value("default", "done"))
+    pod = await _filtered(api, extender, "p")
+    assert await extender.bind(pod, "n1") == {"Error": ""}
+    assert _lock(api).endswith(",default,p")

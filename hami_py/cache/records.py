@@ -41,6 +41,9 @@ class PodUsage:
     # carry a decision whose capacity was given to another pod since.
     decided: bool = False
     bound: bool = False             # the pod is bound (by our /bind, or as the watch shows it)
+    # The device plugin is done with the pod (``hami.io/bind-phase`` success or failed): a node
+    # lock it still holds is one whose release failed, not an allocation in progress.
+    allocated: bool = False
     # The decision's pod annotations, kept with a reservation of our own /filter until the bind
     # carries them in its Binding (the filter itself writes nothing).
     annotations: dict[str, str] | None = None

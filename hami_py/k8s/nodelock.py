@@ -26,6 +26,7 @@ from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
 log = structlog.get_logger(__name__)
 
 LOCK_ANNOTATION = "hami.io/mutex.lock"
+BIND_PHASE_ANNOTATION = "hami.io/bind-phase"   # the device plugin's progress with the lock's owner
 CAS_ATTEMPTS = 5
 
 
@@ -109,18 +110,19 @@ def parse_lock(value: str) -> tuple[datetime, str | None, str | None]:
 
 
 class NodeLocker:
-    def __init__(self, client: KubeClient, *, timeout_s: float = 300.0, hint=None, alive=None):
+    def __init__(self, client: KubeClient, *, timeout_s: float = 300.0, hint=None, allocating=None):
         self.client = client
         self.timeout_s = timeout_s
         # hint(node) -> (lock annotation, resourceVersion) from the node watch, or None. When
         # the watch shows the node unlocked, the compare-and-set is tried with that version at
         # once, saving a read; a stale version just gets 409 and the usual read-and-retry.
         self.hint = hint
-        # alive(uid) -> whether the pod watch still shows that pod. With it, a lock the watch
-        # shows held by a pod this locker locked for, still fresh and its pod alive, is
-        # contention known without a read of the node or of its owner pod: the common case of
-        # two binds in a row onto one node, the second waiting for the plugin to free the first.
-        self.alive = alive
+        # allocating(uid) -> whether the pod watch shows that pod, its device plugin not done
+        # with it yet. With it, a lock the watch shows held by a pod this locker locked for, still
+        # fresh and its allocation in progress, is contention known without a read of the node
+        # or of its owner pod: the common case of two binds in a row onto one node, the second
+        # waiting for the plugin to free the first.
+        self.allocating = allocating
         self._taken: dict[str, tuple[str, str]] = {}   # node -> (lock value written, its pod's UID)
 
     async def _read(self, node: str) -> tuple[str | None, str]:
@@ -195,7 +197,7 @@ class NodeLocker:
                 if current.endswith(suffix):
                     return  # re-entrant: this pod already holds it
                 age = (datetime.now(timezone.utc) - stamp).total_seconds()
-                if age <= self.timeout_s and not await self._owner_gone(owner_ns, owner_name):
+                if age <= self.timeout_s and not await self._owner_done(owner_ns, owner_name):
                     raise NodeLockError(
                         f"node {node} has been locked within {go_duration(self.timeout_s)}: node lock contention",
                         contention=True)
@@ -239,7 +241,7 @@ class NodeLocker:
         """Raise contention when the watch shows ``held``, a lock this locker wrote for a pod the
         pod watch still shows, younger than the expiry; else return (read the node to know)."""
         taken = self._taken.get(node)
-        if taken is None or taken[0] != held or self.alive is None or not self.alive(taken[1]):
+        if taken is None or taken[0] != held or self.allocating is None or not self.allocating(taken[1]):
             return
         try:
             stamp = parse_lock(held)[0]
@@ -273,16 +275,20 @@ class NodeLocker:
         if not uid:
             self._taken.pop(node, None)
 
-    async def _owner_gone(self, namespace: str | None, name: str | None) -> bool:
+    async def _owner_done(self, namespace: str | None, name: str | None) -> bool:
+        """Whether the lock's owner no longer needs it: the pod is gone, or its device plugin has
+        finished with it (bind-phase success or failed) and only failed to release the lock
+        (the API server was down then): waiting for the expiry would stop the node 5 minutes."""
         if not namespace or not name:
             return False
         try:
-            await self.client.get(pod_path(namespace, name))
+            owner = await self.client.get(pod_path(namespace, name))
         except KubeApiError as exc:
             if exc.not_found:
                 return True
             raise NodeLockError(f"checking node lock owner {namespace}/{name}: {exc}", contention=False) from None
-        return False
+        phase = ((owner.get("metadata") or {}).get("annotations") or {}).get(BIND_PHASE_ANNOTATION)
+        return phase in ("success", "failed")
 
     async def release(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = (),
                       value: str | None = None) -> bool:

@@ -70,6 +70,7 @@ class Binder:
         self.on_result = on_result
         self._background: set[asyncio.Task] = set()
         self._releasing: set[asyncio.Task] = set()   # node locks whose release failed, tried again
+        self._in_flight: set[tuple[str, str]] = set()  # (pod UID, node) of the binds under way
         # Bound pods whose watch event has yet to show the vgpu-node label: uid -> (request,
         # timer that patches the label if no event shows it in time).
         self._awaiting_label: dict[str, tuple[BindRequest, asyncio.TimerHandle]] = {}
@@ -130,6 +131,13 @@ class Binder:
 
     async def _bind_reserved(self, req: BindRequest, pod: dict, reservation) -> None:
         """Lock (when the pod's families lock), then the Binding with the decision; undo on failure."""
+        self._in_flight.add((req.uid, req.node))
+        try:
+            await self._lock_and_bind(req, pod, reservation)
+        finally:
+            self._in_flight.discard((req.uid, req.node))
+
+    async def _lock_and_bind(self, req: BindRequest, pod: dict, reservation) -> None:
         locked = locking = False
         shared, extra = self._locks_for(pod)
         needs_lock = shared or bool(extra)
@@ -196,8 +204,10 @@ class Binder:
         while time.monotonic() < deadline:
             await asyncio.sleep(delay)
             again = self.cache.pods.get(req.uid)
-            if again is not None and again.node == req.node:
-                return      # the pod was filtered onto the node again: its new bind owns the lock now
+            if again is not None and again.node == req.node and again.bound:
+                return      # bound there after all, by a later bind: the lock is its allocation's now
+            if (req.uid, req.node) in self._in_flight:
+                continue    # a bind of the pod onto the node holds the lock (re-entrant): not now
             if await self._release_once(req, extra, shared=shared, value=value):
                 log.info("node lock released after the API server came back", node=req.node,
                          pod=f"{req.namespace}/{req.name}")
