@@ -294,7 +294,7 @@ class SchedulerApp:
             self.cache.relist_pods_page(pods)
             for pod in pods:
                 self.keeper.observe_pod("ADDED", pod)
-                self.service.binder.observe_pod("ADDED", pod)
+                self.service.binder.labels.observe_pod("ADDED", pod)
 
         return PagedRelist(begin=begin, page=page, finish=self.cache.finish_pod_relist)
 
@@ -333,7 +333,7 @@ class SchedulerApp:
         if kind == "DELETED" and uid:
             self.events.forget(uid)
         self.keeper.observe_pod(kind, pod)
-        self.service.binder.observe_pod(kind, pod)   # the vgpu-node label the Binding carried
+        self.service.binder.labels.observe_pod(kind, pod)   # the vgpu-node label the Binding carried
 
     async def _serve(self, app: web.Application, host: str, port: int, ssl_context) -> str:
         # A handler whose caller hung up (a disconnect, kube-scheduler's httpTimeout) is

@@ -23,6 +23,7 @@ from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
 from hami_py.k8s.nodelock import ExtraLock, NodeLocker, NodeLockError, go_duration
+from hami_py.scheduling.bind_label import LabelFollower
 from hami_py.scheduling.filter import VGPU_NODE_LABEL
 from hami_py.scheduling.requests import parse_pod_requests
 
@@ -31,10 +32,6 @@ log = structlog.get_logger(__name__)
 BIND_PHASE_ANNOTATION = "hami.io/bind-phase"
 BIND_TIME_ANNOTATION = "hami.io/bind-time"
 LOCK_RECHECK_S = 1.0     # a bind waiting for a node lock tries again at least this often
-LABEL_ATTEMPTS = 3
-# How long a bound pod's watch event may take to show whether the API server copied the Binding's
-# label before the label is patched anyway (the watch is down or far behind): a patch is harmless.
-LABEL_CHECK_S = 30.0
 # A lock whose release failed on every attempt is released again in the background, this often.
 RELEASE_RETRY_FIRST_S = 0.5
 RELEASE_RETRY_MAX_S = 10.0
@@ -68,12 +65,9 @@ class Binder:
         self.lock_retry_timeout_s = lock_retry_timeout_s
         self.lock_wait_s = lock_wait_s
         self.on_result = on_result
-        self._background: set[asyncio.Task] = set()
+        self.labels = LabelFollower(client=client)   # the vgpu-node label, where the Binding's is dropped
         self._releasing: set[asyncio.Task] = set()   # node locks whose release failed, tried again
         self._in_flight: set[tuple[str, str]] = set()  # (pod UID, node) of the binds under way
-        # Bound pods whose watch event has yet to show the vgpu-node label: uid -> (request,
-        # timer that patches the label if no event shows it in time).
-        self._awaiting_label: dict[str, tuple[BindRequest, asyncio.TimerHandle]] = {}
 
     async def bind(self, req: BindRequest) -> None:
         """Bind the pod or raise BindError with the message for the extender's ``Error``.
@@ -156,12 +150,12 @@ class Binder:
                     raise BindError(f"pod {req.namespace}/{req.name} has no device reservation on node "
                                     f"{req.node} (filter it again)")
             if reservation is not None:
-                self._expect_label(req)
+                self.labels.expect(uid=req.uid, namespace=req.namespace, name=req.name, node=req.node)
             await self._create_binding(req, reservation.annotations if reservation is not None else None,
                                        labels={VGPU_NODE_LABEL: req.node} if reservation is not None else None)
         except (KubeApiError, NodeLockError, BindError) as exc:
             if not isinstance(exc, BindOutcomeUnknown):    # it may have landed: the watch will tell
-                self._forget_label(req.uid)
+                self.labels.forget(req.uid)
             # A lock write whose answer was lost may have landed: released like one that did
             # (only the exact value it wrote, only if it is there), or the node stays locked.
             if locked or (locking and isinstance(exc, NodeLockError) and exc.uncertain):
@@ -302,83 +296,12 @@ class Binder:
             finally:
                 released.cancel()
 
-    def _expect_label(self, req: BindRequest) -> None:
-        """Watch for the ``hami.io/vgpu-node`` label (HAMi's vGPU monitor selects pods by it) the
-        Binding carries. An API server with PodTopologyLabelsAdmission (on by default since
-        Kubernetes 1.35) copies a Binding's labels onto the pod with spec.nodeName, so the label
-        costs no request; an older one drops them, and the pod's watch event, seen without the
-        label, has it patched (``observe_pod``). Registered before the Binding is sent: the watch
-        may deliver the bound pod before the Binding's answer arrives."""
-        if not req.uid:
-            return
-        loop = asyncio.get_running_loop()
-        timer = loop.call_later(LABEL_CHECK_S, self._label_unseen, req.uid)
-        previous = self._awaiting_label.pop(req.uid, None)
-        if previous is not None:
-            previous[1].cancel()
-        self._awaiting_label[req.uid] = (req, timer)
-
-    def _forget_label(self, uid: str) -> BindRequest | None:
-        entry = self._awaiting_label.pop(uid, None)
-        if entry is None:
-            return None
-        entry[1].cancel()
-        return entry[0]
-
-    def observe_pod(self, kind: str, pod: dict) -> None:
-        """The pod watch's hook: a pod bound by this process, seen without the label its Binding
-        carried, gets the label patched. Costs one dict lookup per event otherwise."""
-        if not self._awaiting_label:
-            return
-        meta = pod.get("metadata") or {}
-        uid = meta.get("uid")
-        entry = self._awaiting_label.get(uid) if uid else None
-        if entry is None:
-            return
-        req = entry[0]
-        if kind == "DELETED":
-            self._forget_label(uid)
-            return
-        if (pod.get("spec") or {}).get("nodeName") != req.node:
-            return                      # an event from before the Binding
-        self._forget_label(uid)
-        if (meta.get("labels") or {}).get(VGPU_NODE_LABEL) != req.node:
-            self._label_later(req)
-
-    def _label_unseen(self, uid: str) -> None:
-        req = self._forget_label(uid)
-        if req is not None:
-            self._label_later(req)
-
-    def _label_later(self, req: BindRequest) -> None:
-        """Patch the label off the critical path (a bind has already answered)."""
-        task = asyncio.get_running_loop().create_task(self._label(req))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _label(self, req: BindRequest) -> None:
-        body = {"metadata": {"uid": req.uid, "labels": {VGPU_NODE_LABEL: req.node}}}
-        for attempt in range(LABEL_ATTEMPTS):
-            try:
-                await self.client.patch(pod_path(req.namespace, req.name), body)
-                return
-            except KubeApiError as exc:
-                if exc.not_found or exc.conflict or attempt == LABEL_ATTEMPTS - 1:
-                    log.warning("node label not set on bound pod", pod=f"{req.namespace}/{req.name}",
-                                node=req.node, error=str(exc))
-                    return
-            await asyncio.sleep(0.2 * (2 ** attempt))
-
     async def close(self) -> None:
-        """Let the label patches in flight finish (at shutdown); labels still unseen are not
-        waited for (the next leader's books do not need them; the monitor reads them late), and
-        a lock release still failing is left to expire."""
-        for uid in list(self._awaiting_label):
-            self._forget_label(uid)
+        """At shutdown: a lock release still failing is left to expire; the label patches in
+        flight are let finish (``LabelFollower.close``)."""
         for task in list(self._releasing):
             task.cancel()
-        if self._background:
-            await asyncio.wait(set(self._background), timeout=5)
+        await self.labels.close()
 
     async def _create_binding(self, req: BindRequest, decision: dict[str, str] | None = None, *,
                               labels: dict[str, str] | None = None) -> None:
@@ -386,7 +309,7 @@ class Binder:
         # decision and the bind-phase the device plugin waits for land in the same write as
         # spec.nodeName: one call instead of upstream's patch at filter, patch at bind, then
         # bind, and the device plugin never sees a bound pod without its devices. Its labels
-        # too, since Kubernetes 1.35 (see _expect_label).
+        # too, since Kubernetes 1.35 (see bind_label.py).
         annotations = dict(decision or {})
         annotations.update({BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: str(int(time.time()))})
         metadata = {"name": req.name, "namespace": req.namespace, "annotations": annotations}
