@@ -19,10 +19,9 @@ import structlog
 from hami_py.cache.device_table import DeviceTable
 from hami_py.cache.partitions import PartitionTables
 from hami_py.cache.quota import QuotaBook
-from hami_py.cache.records import NodeEntry, PodUsage, UsageEntry
+from hami_py.cache.records import NodeEntry, PodUsage, UsageEntry, allocation_finished
 from hami_py.devices.base import AllocationDecodeError, DeviceVendor, PodDevices
 
-BIND_PHASE_ANNOTATION = "hami.io/bind-phase"   # HAMi's protocol: the device plugin's progress
 log = structlog.get_logger(__name__)
 
 VGPU_NODE_ANNOTATION = "hami.io/vgpu-node"
@@ -90,11 +89,6 @@ def _started(pod: dict) -> float:
             except ValueError:
                 continue
     return 0.0
-
-
-def _allocated(meta: dict) -> bool:
-    """Whether the device plugin has finished with the pod (its bind-phase success or failed)."""
-    return (meta.get("annotations") or {}).get(BIND_PHASE_ANNOTATION) in ("success", "failed")
 
 
 def _rv(obj: dict) -> int | None:
@@ -348,7 +342,7 @@ class PodLedger:
             if rv is not None:
                 current.resource_version = rv
             current.reserved = False
-            current.allocated = _allocated(meta)
+            current.allocated = allocation_finished(meta.get("annotations"))
             return
         try:
             usage = self.pod_usage_from_object(pod)
@@ -381,7 +375,7 @@ class PodLedger:
         record = self.pods[uid]
         record.fingerprint = fingerprint
         record.bound = record.bound or bool((pod.get("spec") or {}).get("nodeName"))   # never unbound
-        record.allocated = _allocated(meta)
+        record.allocated = allocation_finished(meta.get("annotations"))
 
     def _fingerprint(self, pod: dict, meta: dict) -> tuple | None:
         annotations = meta.get("annotations") or {}

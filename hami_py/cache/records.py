@@ -11,6 +11,17 @@ from dataclasses import dataclass, field
 from hami_py.devices.base import DeviceInfo
 
 
+# HAMi's protocol: the Binding sets the pod's bind-phase to "allocating"; the device plugin ends it
+# with "success" or "failed" (and then releases the node lock).
+BIND_PHASE_ANNOTATION = "hami.io/bind-phase"
+FINISHED_BIND_PHASES = frozenset(("success", "failed"))
+
+
+def allocation_finished(annotations: dict | None) -> bool:
+    """Whether the device plugin is done with the pod its annotations belong to."""
+    return (annotations or {}).get(BIND_PHASE_ANNOTATION) in FINISHED_BIND_PHASES
+
+
 @dataclass(slots=True)
 class UsageEntry:
     """One device's share held by one pod (already collapsed over its containers)."""

@@ -21,12 +21,12 @@ from datetime import datetime, timezone
 
 import structlog
 
+from hami_py.cache.records import allocation_finished
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
 
 log = structlog.get_logger(__name__)
 
 LOCK_ANNOTATION = "hami.io/mutex.lock"
-BIND_PHASE_ANNOTATION = "hami.io/bind-phase"   # the device plugin's progress with the lock's owner
 CAS_ATTEMPTS = 5
 
 
@@ -287,8 +287,7 @@ class NodeLocker:
             if exc.not_found:
                 return True
             raise NodeLockError(f"checking node lock owner {namespace}/{name}: {exc}", contention=False) from None
-        phase = ((owner.get("metadata") or {}).get("annotations") or {}).get(BIND_PHASE_ANNOTATION)
-        return phase in ("success", "failed")
+        return allocation_finished((owner.get("metadata") or {}).get("annotations"))
 
     async def release(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = (),
                       value: str | None = None) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 import structlog
 
+from hami_py.cache.records import BIND_PHASE_ANNOTATION
 from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
@@ -29,7 +30,6 @@ from hami_py.scheduling.requests import parse_pod_requests
 
 log = structlog.get_logger(__name__)
 
-BIND_PHASE_ANNOTATION = "hami.io/bind-phase"
 BIND_TIME_ANNOTATION = "hami.io/bind-time"
 LOCK_RECHECK_S = 1.0     # a bind waiting for a node lock tries again at least this often
 # A lock whose release failed on every attempt is released again in the background, this often.
