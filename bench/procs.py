@@ -211,7 +211,28 @@ def parse_prometheus(text: str) -> dict[str, float]:
 
 
 def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU time a process has used (from /proc/<pid>/stat)."""
+    """CPU time a process has used, to the nanosecond where the kernel says so.
+
+    /proc/<pid>/stat counts in clock ticks (10 ms), which rounds a short measuring window to zero:
+    ten /filter cycles of 0.4 ms each read as 0 or 10 ms. Each thread's schedstat keeps its run time
+    in nanoseconds, so the sum over the live threads is used; the process's threads (event loop,
+    executor pool, Go runtime) live as long as it does. Without schedstat, the ticks are all there is.
+    """
+    total_ns = read = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                total_ns += int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+                read += 1
+            except FileNotFoundError:
+                continue                    # the thread ended between the listing and the read
+    except (OSError, ValueError, IndexError):
+        return _stat_cpu_seconds(pid)
+    return total_ns / 1e9 if read else _stat_cpu_seconds(pid)
+
+
+def _stat_cpu_seconds(pid: int) -> float:
+    """User + system CPU time from /proc/<pid>/stat, in whole clock ticks."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks

@@ -168,3 +168,19 @@ async def test_the_all_mode_phase_measures_filter_prioritize_and_bind(tmp_path):
     results = {"command": "test", "plan": "quick", "machine": report.machine(), "clusters": [result], "kernel": []}
     table = "\n".join(report.render_tables(results))
     assert "--filter-mode=all" in table and "nan" not in table.lower()
+
+
+def test_the_cpu_meter_sees_a_window_shorter_than_a_clock_tick():
+    """Every per-request CPU figure divides a short window's CPU by its requests. /proc/<pid>/stat
+    counts 10 ms ticks, so ten 0.4 ms /filter cycles could read as zero CPU (a CI run did): the
+    meter must resolve a few milliseconds of work."""
+    import os
+    import time
+
+    from bench.procs import process_cpu_seconds
+    before = process_cpu_seconds(os.getpid())
+    spent_from = time.process_time()
+    while time.process_time() - spent_from < 0.002:
+        pass
+    used = process_cpu_seconds(os.getpid()) - before
+    assert 0 < used < 1, used
