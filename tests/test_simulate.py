@@ -233,6 +233,23 @@ def test_every_example_loads():
     assert 200 <= workload.total_pods <= 400
 
 
+def test_each_pod_device_shows_its_share_of_the_device_s_compute(capsys):
+    """The pod table reads "N% cores" as a share of the device, whatever the family counts: AMD
+    counts compute units (gpucores: 50 of a 304-CU MI300X is 152 CUs, once shown as "152%"), AWS
+    Neuron a core mask (both cores of a device are mask 3, once "3%"), NVIDIA percent already."""
+    args = ["--cluster", str(EXAMPLES / "all-families/cluster.yaml"),
+            "--workload", str(EXAMPLES / "all-families/workload.yaml"), "--no-progress"]
+    assert cli.main([*args, "--detail"]) == 0
+    rows = {line.split()[0]: " ".join(line.split()[3:]) for line in capsys.readouterr().out.splitlines()
+            if line.startswith("default/")}
+    assert rows["default/amd-infer-0"].endswith("65536 MiB 50% cores"), rows
+    assert rows["default/neuron-infer-0"] == "AWSNeuron #0 0 MiB 100% cores, AWSNeuron #1 0 MiB 100% cores"
+    assert rows["default/llm-serve-0"].endswith("20480 MiB 25% cores")
+    assert cli.main([*args, "--output", "json"]) == 0
+    pods = {p["name"]: p for p in json.loads(capsys.readouterr().out)["pods"]}
+    assert [(d["cores"], d["coresPercent"]) for d in pods["amd-infer-0"]["devices"]] == [(152, 50.0)]
+
+
 def test_workload_orders(tmp_path):
     text = "order: {order}\nseed: 7\npods:\n  - {{name: a, replicas: 3, gpumem: 1024}}\n  - {{name: b, replicas: 2, gpumem: 1024}}\n"
     cluster_path = _write(tmp_path, "c.yaml", _one_gpu_cluster())

@@ -352,6 +352,10 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
             return None
         return decode_pod_devices(text)
 
+    def core_share(self, total_cores: int, used_cores: int) -> float:
+        """Cores are masks here (the device's: every core's bit), so the share counts bits."""
+        return round(100.0 * popcount(used_cores & total_cores) / popcount(total_cores), 1) if total_cores > 0 else 0.0
+
 
 def build_family(config: DeviceConfig, switches) -> list[DeviceVendor]:
     return [AWSNeuronVendor(AWSNeuronConfig.from_section(config.section("awsneuron")))]

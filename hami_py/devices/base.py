@@ -317,3 +317,9 @@ class DeviceVendor:
         """(limit, allocated) cores as the ``hami_*`` metrics report them: a family that counts
         compute units rather than percent (AMD) converts here; the legacy names stay raw."""
         return total_cores, used_cores
+
+    def core_share(self, total_cores: int, used_cores: int) -> float:
+        """Percent of one device's compute that ``used_cores`` of its ``total_cores`` is, for
+        people to read (the simulator's pod table). Most families count cores in percent of a
+        device already; AMD counts compute units and AWS Neuron a core mask, and say so here."""
+        return round(100.0 * used_cores / total_cores, 1) if total_cores > 0 else 0.0

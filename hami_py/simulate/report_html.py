@@ -11,7 +11,7 @@ from html import escape
 
 from hami_py.simulate.report_text import DETAIL_MAX_PODS, node_devices
 from hami_py.simulate.results import (
-    BEST_RULE, Report, ScenarioResult, allocation_label, best_scenario, device_label, percent,
+    BEST_RULE, Report, ScenarioResult, allocation_label, best_scenario, cores_label, device_label, percent,
 )
 
 # Sequential colour scale for memory use: pale green (little) through amber to deep red (full).
@@ -208,7 +208,7 @@ def _pods(r: ScenarioResult) -> str:
     rows = ['<table><tr><th class="l">pod</th><th class="l">state</th><th class="l">node</th>'
             '<th class="l">devices / reason</th></tr>']
     for p in r.pods:
-        detail = (", ".join(f"{allocation_label(d, mixed=r.mixed)} {d['memoryMiB']} MiB {d['cores']}%"
+        detail = (", ".join(f"{allocation_label(d, mixed=r.mixed)} {d['memoryMiB']} MiB {cores_label(d)}"
                             for d in p.devices)
                   if p.node else p.reason)
         rows.append(f'<tr><td class="l">{escape(p.namespace + "/" + p.name)}</td><td class="l">{p.state}</td>'

@@ -7,7 +7,7 @@ small clusters (or with ``--detail``); larger ones have them in the JSON and HTM
 from __future__ import annotations
 
 from hami_py.simulate.results import (
-    BEST_RULE, Report, ScenarioResult, allocation_label, best_scenario,
+    BEST_RULE, Report, ScenarioResult, allocation_label, best_scenario, cores_label,
 )
 
 DETAIL_MAX_GPUS = 32
@@ -143,7 +143,7 @@ def _pod_table(r: ScenarioResult) -> list[str]:
     width = max([len("POD")] + [len(f"{p.namespace}/{p.name}") for p in r.pods])
     out = [f"{'POD':<{width}}  {'STATE':<9}  {'NODE':<12}  DEVICES"]
     for p in r.pods:
-        devices = ", ".join(f"{allocation_label(d, mixed=r.mixed)} {d['memoryMiB']} MiB {d['cores']}%"
+        devices = ", ".join(f"{allocation_label(d, mixed=r.mixed)} {d['memoryMiB']} MiB {cores_label(d)}"
                             for d in p.devices)
         out.append(f"{p.namespace + '/' + p.name:<{width}}  {p.state:<9}  {p.node or '-':<12}  "
                    + (devices if p.node else p.reason))

@@ -220,6 +220,13 @@ def allocation_label(entry: dict, *, mixed: bool) -> str:
     return f"{entry.get('vendor', 'NVIDIA')} #{entry['index']}" if mixed else f"gpu{entry['index']}"
 
 
+def cores_label(entry: dict) -> str:
+    """The compute one device gave a pod, as a share of the device (its family's unit, CUs or a
+    core mask, converted by ``DeviceVendor.core_share``)."""
+    share = entry.get("coresPercent")
+    return f"{share:g}% cores" if share is not None else f"{entry['cores']} cores"
+
+
 def best_scenario(results: list[ScenarioResult]) -> ScenarioResult:
     """The scenario that packs the workload best, by BEST_RULE (ties: the first listed)."""
     def rank(x: ScenarioResult) -> tuple:

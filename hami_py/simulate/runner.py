@@ -311,7 +311,8 @@ class _Run:
                     out.append({"container": containers[position] if position < len(containers) else "",
                                 "vendor": vendor.vendor_key, "uuid": dev.uuid, "index": info.index if info else None,
                                 "type": info.type if info else dev.type,
-                                "memoryMiB": dev.usedmem, "cores": dev.usedcores})
+                                "memoryMiB": dev.usedmem, "cores": dev.usedcores,
+                                "coresPercent": vendor.core_share(info.devcore, dev.usedcores) if info else None})
         return out
 
     def _sample_usage(self) -> None:
