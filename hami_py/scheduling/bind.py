@@ -105,7 +105,7 @@ class Binder:
             return
         if bound_to:
             message = f'pod {req.namespace}/{req.name} is already assigned to node "{bound_to}"'
-            self._report(pod, req, message)
+            self.report(pod, req, message)
             raise BindError(message)
         if req.node not in self.cache.nodes:
             # The node watch does not know the node (gone, or too new to have been seen): ask.
@@ -119,7 +119,7 @@ class Binder:
             reservation = self.cache.live_reservation(req.uid, req.node)
             if reservation is None:
                 message = f"pod {req.namespace}/{req.name} has no device reservation on node {req.node} (filter it again)"
-                self._report(pod, req, message)
+                self.report(pod, req, message)
                 raise BindError(message)
         await self._bind_reserved(req, pod, reservation)
 
@@ -165,13 +165,13 @@ class Binder:
             # Reading the node is the lock's first step: a 404 there is upstream's missing node.
             node_missing = locking and isinstance(exc, KubeApiError) and exc.not_found
             message = f"failed to get node {req.node}" if node_missing else str(exc)
-            self._report(pod, req, message)
+            self.report(pod, req, message)
             if isinstance(exc, BindError) and not node_missing:
                 raise
             raise BindError(message) from None
         if reservation is not None:
             reservation.bound = True
-        self._report(pod, req, None)
+        self.report(pod, req, None)
 
     async def _release(self, req: BindRequest, extra: tuple[ExtraLock, ...], *, shared: bool) -> None:
         """Release the lock this bind took. When every attempt fails (the API server is down), a
@@ -223,10 +223,10 @@ class Binder:
         except KubeApiError as exc:
             message = f"failed to get node {req.node}" if exc.not_found else f"get node {req.node}: {exc}"
             self.cache.release_pod(req.uid)
-            self._report(pod, req, message)
+            self.report(pod, req, message)
             raise BindError(message) from None
 
-    def _report(self, pod: dict, req: BindRequest, error: str | None) -> None:
+    def report(self, pod: dict, req: BindRequest, error: str | None) -> None:
         """Tell ``on_result`` (the BindingSucceed/BindingFailed events) how the bind ended;
         ``error`` is None for a bind that happened. The hook only queues, it never blocks."""
         if self.on_result is not None:

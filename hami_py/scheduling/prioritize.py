@@ -260,7 +260,7 @@ class AllNodes:
         if decision.node is None:
             reason = decision.failed.get(req.node) or "node unregistered"
             message = f"pod {key} no longer fits on node {req.node}: {reason} (filter it again)"
-            self.binder._report(pod, req, message)
+            self.binder.report(pod, req, message)
             raise BindError(message)
         decision.keep_for_bind(pod)
 
