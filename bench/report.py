@@ -136,7 +136,7 @@ def _render_budget(results: dict) -> list[str]:
                     f"- Events (a bucket of their own): {_num(r['events_per_pod'], 2)} a pod",
                     f"- in all: **{_num(total, 2)}** a pod (target ≤ 4: {_verdict(total <= 4)})",
                     f"- by method and resource: {verbs}",
-                    *([f"- not any pod's, in the same window (node upkeep): "
+                    *(["- not any pod's, in the same window (node upkeep): "
                        + ", ".join(f"{k} {v}" for k, v in sorted(r["upkeep"].items()))] if r.get("upkeep") else []),
                     ""]
     rows = []

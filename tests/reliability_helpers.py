@@ -40,7 +40,6 @@ def registered_devices(api, app) -> dict[str, dict[str, dict]]:
         labels = meta.get("labels") or {}
         if any(labels.get(k) != v for k, v in selector.items()):
             continue
-        annotations = meta.get("annotations") or {}
         devices: dict[str, dict] = {}
         for vendor in app.vendors.values():
             try:

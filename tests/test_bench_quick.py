@@ -11,7 +11,6 @@ import dataclasses
 import math
 
 import aiohttp
-import pytest
 
 from bench import report
 from bench.scenarios import QUICK, ClusterPlan, ContentionPlan, EventsPlan, WriteDelayPlan, run_cluster, run_mixed

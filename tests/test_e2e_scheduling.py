@@ -219,7 +219,7 @@ async def test_bind_on_a_node_locked_by_another_live_pod_fails_and_rolls_back(ap
 
 
 async def test_expired_or_orphaned_lock_is_taken_over(api, app, extender):
-    names = await register_nodes(api, app, gpu_node("n1", gpus=1), gpu_node("n2", gpus=1))
+    await register_nodes(api, app, gpu_node("n1", gpus=1), gpu_node("n2", gpus=1))
     api.patch("nodes", "n1", {"metadata": {"annotations": {LOCK_ANNOTATION: "2020-01-01T00:00:00Z,default,old"}}})
     from hami_py.k8s.nodelock import lock_value
     api.patch("nodes", "n2", {"metadata": {"annotations": {LOCK_ANNOTATION: lock_value("default", "gone-pod")}}})

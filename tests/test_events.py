@@ -18,9 +18,9 @@ from hami_py.fakeapi import write_kubeconfig
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
 from hami_py.k8s.client import KubeClient, load_configuration
-from hami_py.k8s.events import (AGGREGATE_PREFIX, BINDING_SUCCEED, FILTERING_FAILED, NORMAL, SPAM_BURST, WARNING,
-                                EventRecorder, filtering_failed_messages, filtering_succeeded_message,
-                                reason_types, rfc3339)
+from hami_py.k8s.event_correlator import AGGREGATE_PREFIX, SPAM_BURST
+from hami_py.k8s.events import (BINDING_SUCCEED, FILTERING_FAILED, NORMAL, WARNING, EventRecorder,
+                                filtering_failed_messages, filtering_succeeded_message, reason_types, rfc3339)
 from hami_py.metrics import Metrics
 from tests.conftest import UNBOUND_WINDOW_S, register_nodes, wait_until
 

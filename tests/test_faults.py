@@ -234,7 +234,7 @@ async def test_a_late_decision_of_another_node_on_the_pod_is_replaced_by_the_bin
     """A decision naming n1 lands on the pod (an older scheduler's patch, resent late) after this
     scheduler's filter placed it on n2: the Binding carries this decision, which replaces the
     other in the same write as spec.nodeName, so the pod runs where its devices are."""
-    names = await add_nodes(api, app, "n1", "n2")
+    await add_nodes(api, app, "n1", "n2")
     pod = api.create("pods", gpu_pod("p", gpumem=20000))
     late = await leave_decision(api, app, extender, pod, "n1")
     assert (await extender.filter(pod, ["n2"]))["NodeNames"] == ["n2"]

@@ -15,7 +15,7 @@ import pytest
 
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.embedded import embedded_options
-from hami_py.fakeapi.families import find_device_model, family_node
+from hami_py.fakeapi.families import find_device_model
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from tests.conftest import assert_books_balance, device_pod, place, register_nodes, wait_until
 

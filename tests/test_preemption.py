@@ -374,7 +374,7 @@ async def test_preempt_verb_keeps_nodes_where_the_devices_fit_adding_device_vict
     """n1: kube-scheduler's victim is a CPU pod (not ours), the GPU is full of low: low is added.
     n2: its victim is the GPU pod itself: kept as is. n3: the GPU holds a pod of higher priority:
     left out. Both argument forms."""
-    nodes = await register_nodes(api, app, *(gpu_node(n, gpus=1, model=T4) for n in ("n1", "n2", "n3")))
+    await register_nodes(api, app, *(gpu_node(n, gpus=1, model=T4) for n in ("n1", "n2", "n3")))
     low = await running(api, app, extender, prio_pod("low", 15000, 1), ["n1"])
     mid = await running(api, app, extender, prio_pod("mid", 15000, 2), ["n2"])
     await running(api, app, extender, prio_pod("top", 15000, 5000), ["n3"])

@@ -27,7 +27,7 @@ from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
-from hami_py.k8s.events import LRU_SIZE
+from hami_py.k8s.event_correlator import LRU_SIZE
 from tests.reliability_helpers import wait_books_balance
 
 SECONDS = float(os.environ.get("HAMI_SOAK_SECONDS", "10"))
@@ -247,7 +247,7 @@ async def test_soak_filter_and_bind_with_pods_coming_and_going():
 
     # The event correlator remembers recent events per pod in LRU caches of LRU_SIZE entries each
     # (as client-go's correlator does): they grow with pods up to that bound, checked below.
-    bounded = {"_Seen", "_SpamBucket", "PodRef"}
+    bounded = {"SeenEvent", "_SpamBucket", "PodRef"}
     grown = {k: objects[k] - baseline_objects[k] for k in objects
              if objects[k] > baseline_objects[k] and k not in bounded}
     summary = {"seconds": SECONDS, "rate_per_s": RATE, **stats.summary(),

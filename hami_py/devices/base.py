@@ -12,7 +12,7 @@ templates and NetworkID groups) overrides what it needs. Nothing is read with ``
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 from hami_py._kernel import CODES
 

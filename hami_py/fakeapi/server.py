@@ -775,8 +775,8 @@ async def _read_json(request: web.Request, *, optional: bool = False) -> Any:
 def _require_json(request: web.Request) -> None:
     content_type = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
     if content_type not in ("", "application/json", "*/*"):
-        raise ApiError(415, f'the body of the request was in an unknown format - accepted media '
-                            f'types include: application/json')
+        raise ApiError(415, 'the body of the request was in an unknown format - accepted media '
+                            'types include: application/json')
 
 
 async def _write_lines(response: web.StreamResponse, lines: list[bytes]) -> None:

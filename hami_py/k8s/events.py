@@ -49,7 +49,6 @@ import asyncio
 import re
 import socket
 import time
-from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Callable
@@ -57,6 +56,7 @@ from typing import Callable
 import structlog
 
 from hami_py.k8s.client import KubeApiError, KubeClient, TokenBucket
+from hami_py.k8s.event_correlator import EventCorrelator, PodRef, SeenEvent
 from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, FILTERING_SUCCEED_MODES, UNBOUND, ParkingLot
 
 log = structlog.get_logger(__name__)
@@ -70,13 +70,6 @@ WARNING = "Warning"
 DEFAULT_COMPONENT = "hami-scheduler"
 DEFAULT_QUEUE_SIZE = 1000      # client-go's broadcaster queue length
 RETRY_ATTEMPTS = 3
-# client-go's EventCorrelator defaults (tools/record/events_cache.go)
-LRU_SIZE = 4096                 # remembered events, similar-event groups and per-pod spam buckets
-AGGREGATE_MAX_EVENTS = 10       # different messages of one reason before they are combined
-AGGREGATE_INTERVAL_S = 600.0
-AGGREGATE_PREFIX = "(combined from similar events): "
-SPAM_BURST = 25                 # writes per pod at once ...
-SPAM_QPS = 1 / 300              # ... then one every five minutes
 
 # Upstream re-parses each node's reason text with Sscanf("%d/%d %s"): only "<int>/<int> <Word>"
 # tokens count, so fixed texts such as "node unregistered" produce no per-reason event.
@@ -126,20 +119,6 @@ def binding_succeeded_message(*, node: str, namespace: str, name: str) -> str:
 
 
 # ---------------------------------------------------------------------------------- recorder
-@dataclass(slots=True, frozen=True)
-class PodRef:
-    namespace: str
-    name: str
-    uid: str
-    resource_version: str
-
-    @classmethod
-    def of(cls, pod: dict) -> PodRef:
-        meta = pod.get("metadata") or {}
-        return cls(namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
-                   uid=meta.get("uid") or "", resource_version=meta.get("resourceVersion") or "")
-
-
 @dataclass(slots=True)
 class _Job:
     pod: PodRef
@@ -155,115 +134,6 @@ class _Job:
 
 def rfc3339(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-@dataclass(slots=True)
-class _Seen:
-    """One Event as the correlator remembers it: what was written, what is to be written."""
-    pod: PodRef
-    type: str
-    reason: str
-    message: str
-    name: str
-    first: datetime
-    last: datetime
-    count: int = 1
-    written: int = 0         # the count the API server has
-    created: bool = False    # a POST of it landed: further writes are PATCHes
-    busy: bool = False       # a writer has it (waiting for the budget or writing): repeats fold into that
-
-
-class _SpamBucket:
-    """client-go's spam filter for one pod: SPAM_BURST writes, then SPAM_QPS a second."""
-    __slots__ = ("tokens", "stamp")
-
-    def __init__(self, now: float):
-        self.tokens = float(SPAM_BURST)
-        self.stamp = now
-
-    def take(self, now: float) -> bool:
-        self.tokens = min(SPAM_BURST, self.tokens + (now - self.stamp) * SPAM_QPS)
-        self.stamp = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False
-
-
-def _lru_get(cache: OrderedDict, key, size: int = LRU_SIZE, *, make=None):
-    value = cache.get(key)
-    if value is not None:
-        cache.move_to_end(key)
-    elif make is not None:
-        value = cache[key] = make()
-        if len(cache) > size:
-            cache.popitem(last=False)
-    return value
-
-
-class EventCorrelator:
-    """client-go's EventCorrelator, on one event loop: aggregate similar events, merge identical
-    ones, filter spam. ``observe`` says which Event a new one should be written as, or None."""
-
-    def __init__(self, component: str, *, clock: Callable[[], float] = time.monotonic,
-                 name: Callable[[str], str] | None = None, metrics=None):
-        self.component = component
-        self.clock = clock
-        self.metrics = metrics
-        self._name = name or (lambda pod_name: f"{pod_name}.{time.time_ns():x}")
-        self._similar: OrderedDict[tuple, tuple[float, set[str]]] = OrderedDict()
-        self._seen: OrderedDict[tuple, _Seen] = OrderedDict()
-        self._spam: OrderedDict[tuple, _SpamBucket] = OrderedDict()
-
-    def observe(self, pod: PodRef, at: datetime, type_: str, reason: str, message: str) -> _Seen | None:
-        now = self.clock()
-        obj = (pod.namespace, pod.name, pod.uid)
-        # 1. Similar events: the same reason with ever new messages becomes one combined Event.
-        group = (*obj, type_, reason)
-        stamp, messages = _lru_get(self._similar, group, make=lambda: (now, set()))
-        if now - stamp > AGGREGATE_INTERVAL_S:
-            messages = set()
-        messages.add(message)
-        self._similar[group] = (now, messages)
-        key = (*obj, type_, reason, message)
-        if len(messages) >= AGGREGATE_MAX_EVENTS:
-            key = (*group, None)
-            message = AGGREGATE_PREFIX + message
-            self._merged("similar")
-        # 2. Identical events: one Event whose count grows.
-        seen = _lru_get(self._seen, key)
-        if seen is None:
-            seen = _lru_get(self._seen, key, make=lambda: _Seen(pod, type_, reason, message, self._name(pod.name),
-                                                                at, at))
-        else:
-            seen.count += 1
-            seen.last = max(seen.last, at)
-            seen.message = message
-            seen.pod = pod
-            if seen.busy:                 # a writer has it: it writes this one too before it lets go
-                self._merged("pending")
-                return None
-            self._merged("repeat")
-        # 3. Spam: every write takes a token of the pod's bucket.
-        if not _lru_get(self._spam, obj, make=lambda: _SpamBucket(now)).take(now):
-            self._dropped("spam")
-            return None
-        seen.busy = True
-        return seen
-
-    def renamed(self, seen: _Seen) -> None:
-        """The Event is gone from the API server (expired): the next write creates it anew."""
-        seen.name = self._name(seen.pod.name)
-        seen.created = False
-        seen.written = 0
-
-    def _merged(self, how: str) -> None:
-        if self.metrics is not None:
-            self.metrics.events_merged.labels(how).inc()
-
-    def _dropped(self, cause: str) -> None:
-        if self.metrics is not None:
-            self.metrics.events_dropped.labels(cause).inc()
 
 
 class EventRecorder:
@@ -429,7 +299,7 @@ class EventRecorder:
         self._last_stamp = stamp
         return f"{pod_name}.{stamp:x}"
 
-    def _event_body(self, seen: _Seen) -> dict:
+    def _event_body(self, seen: SeenEvent) -> dict:
         pod = seen.pod
         involved = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid,
                     "apiVersion": "v1"}
@@ -445,7 +315,7 @@ class EventRecorder:
             "reportingComponent": self.component, "reportingInstance": self.instance,
         }
 
-    async def _write(self, seen: _Seen) -> None:
+    async def _write(self, seen: SeenEvent) -> None:
         """Write ``seen`` once the budget allows: a POST of a new Event, or a PATCH of the existing
         one's count, lastTimestamp and message. One writer per Event at a time: repeats observed
         while it waits or writes are carried by it, with one more PATCH if they came too late."""

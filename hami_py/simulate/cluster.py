@@ -297,7 +297,6 @@ def _add_node(cluster: Cluster, node: dict, where: Where, *, vendors: dict[str, 
     name = node["metadata"]["name"]
     if name in cluster.devices:      # every node added is in both, at once
         raise where.error(f'node "{name}" is defined twice')
-    annotations = node["metadata"].get("annotations") or {}
     devices: list[DeviceInfo] = []
     for vendor in vendors.values():
         try:

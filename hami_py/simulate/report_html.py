@@ -106,7 +106,7 @@ def render_html(report: Report) -> str:
     r = report.primary
     s = r.summary()
     body = [
-        f"<h1>hami-scheduler simulate</h1>",
+        "<h1>hami-scheduler simulate</h1>",
         '<div class="inputs">',
         f"<div><b>Cluster</b> {escape(report.cluster_file)}: {escape(report.cluster)}</div>",
         f"<div><b>Workload</b> {escape(report.workload_file)}: {escape(report.workload)}</div>",
