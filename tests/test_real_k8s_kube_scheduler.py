@@ -260,10 +260,13 @@ async def test_node_lock_contention_is_retried_until_the_lock_is_free(hami, real
     await real_kube.create("pods", gpu_pod("holder", namespace=ns, scheduler_name="nobody"))
     await real_kube.patch("nodes", node, {"metadata": {"annotations": {LOCK_ANNOTATION: lock_value(ns, "holder")}}})
     pod = await real_kube.create("pods", scheduled_pod("waits", ns, real_nodes.label, gpumem=1000))
-    events = await wait_for_value(lambda: real_kube.events_for(pod),
-                                  lambda ev: any("node lock contention" in m for _, _, _, m in ev),
-                                  what="the bind refused for the lock")
-    assert any(r == "BindingFailed" for _, _, r, m in events if "node lock contention" in m), events
+    # Our BindingFailed, not just any Event naming the contention: kube-scheduler's FailedScheduling
+    # quotes the bind's error too, and may be written before ours (which follows the pod's parked
+    # FilteringSucceed through the same writer).
+    await wait_for_value(lambda: real_kube.events_for(pod),
+                         lambda ev: any(c == "hami-scheduler" and r == "BindingFailed" and "node lock contention" in m
+                                        for c, _, r, m in ev),
+                         what="hami-scheduler's BindingFailed for the lock")
     assert (await real_kube.get("pods", "waits", namespace=ns))["spec"].get("nodeName") is None
     refused = requests_of(app, "bind")
     await real_kube.patch("nodes", node, {"metadata": {"annotations": {LOCK_ANNOTATION: None}}})
