@@ -31,6 +31,7 @@ from hami_py.cli import build_parser, options_from_args
 from hami_py.embedded import wait_for
 from hami_py.fakeapi.objects import gpu_pod
 from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
+from hami_py.k8s.requeue import WINDOW_S
 from tests.realk8s import (
     ADMIN_TOKEN, SA_NAMESPACE, KubeSchedulerProcess, free_port, manifest_docs, poll_until, sidecar_args,
     sidecar_config, wait_books_balance, wait_for_value,
@@ -214,14 +215,20 @@ async def test_gpus_fill_until_a_pod_stays_pending_with_our_reason_then_a_delete
     assert sum(d["usedmem"] for d in app.cache.device_usage(node)) == 10000
 
 
+DELETE_DELAY_S = 2.0     # how late our pod watch delivers deletes in the next test
+
+
 async def test_a_pod_refused_on_books_a_delete_behind_is_retried_once_the_books_catch_up(
         hami, real_kube, real_namespace, real_nodes):
-    """The race of hami_py/k8s/requeue.py, made certain: our pod watch delivers deletes 5 s late.
+    """The race of hami_py/k8s/requeue.py, made certain: our pod watch delivers deletes 2 s late
+    (inside requeue's 5 s window, which starts at the refusal: a delay of the window itself would
+    race kube-scheduler's retry against the window's end, and did fail a run).
     kube-scheduler sees ``a`` deleted first and retries ``c`` at once; our books still charge
     ``a``, so ``c`` is refused again and parked as unschedulable, with no event left to bring it
     back (kube-scheduler's own flush comes after 5 minutes). When the books free ``a``'s share,
     the requeue annotation on the node is that event, and ``c`` is bound."""
     ns, app = real_namespace, hami
+    assert DELETE_DELAY_S < WINDOW_S
     (node,) = await real_nodes(1, gpus=1, model=T4)
     await registered(app, [node])
     informer = next(i for i in app.informers if i.path == "/api/v1/pods")
@@ -229,7 +236,7 @@ async def test_a_pod_refused_on_books_a_delete_behind_is_retried_once_the_books_
 
     def late_deletes(kind: str, pod: dict) -> None:
         if kind == "DELETED":
-            loop.call_later(5.0, deliver, kind, pod)
+            loop.call_later(DELETE_DELAY_S, deliver, kind, pod)
         else:
             deliver(kind, pod)
 
