@@ -91,13 +91,17 @@ def _lru_get(cache: OrderedDict, key, size: int = LRU_SIZE, *, make=None):
 
 class EventCorrelator:
     """client-go's EventCorrelator, on one event loop: aggregate similar events, merge identical
-    ones, filter spam. ``observe`` says which Event a new one should be written as, or None."""
+    ones, filter spam. ``observe`` says which Event a new one should be written as, or None;
+    ``merged(how)`` and ``dropped(cause)`` hear of each event it folds or drops (the metrics)."""
 
     def __init__(self, component: str, *, clock: Callable[[], float] = time.monotonic,
-                 name: Callable[[str], str] | None = None, metrics=None):
+                 name: Callable[[str], str] | None = None,
+                 merged: Callable[[str], None] = lambda how: None,
+                 dropped: Callable[[str], None] = lambda cause: None):
         self.component = component
         self.clock = clock
-        self.metrics = metrics
+        self._merged = merged
+        self._dropped = dropped
         self._name = name or (lambda pod_name: f"{pod_name}.{time.time_ns():x}")
         self._similar: OrderedDict[tuple, tuple[float, set[str]]] = OrderedDict()
         self._seen: OrderedDict[tuple, SeenEvent] = OrderedDict()
@@ -144,11 +148,3 @@ class EventCorrelator:
         seen.name = self._name(seen.pod.name)
         seen.created = False
         seen.written = 0
-
-    def _merged(self, how: str) -> None:
-        if self.metrics is not None:
-            self.metrics.events_merged.labels(how).inc()
-
-    def _dropped(self, cause: str) -> None:
-        if self.metrics is not None:
-            self.metrics.events_dropped.labels(cause).inc()

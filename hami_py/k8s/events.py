@@ -164,7 +164,8 @@ class EventRecorder:
         self._sweeper: asyncio.Task | None = None
         self._closing = False
         self._last_stamp = 0
-        self.correlator = EventCorrelator(self.component, name=self._event_name, metrics=metrics)
+        self.correlator = EventCorrelator(self.component, name=self._event_name,
+                                          merged=self._count_merged, dropped=self._count_dropped)
         # Bounded as the queue is: the parked wait for a bind, the queued for the budget.
         parking = filtering_succeed == UNBOUND and filtering_succeed_window_s > 0
         self.parked: ParkingLot[_Job] | None = (
