@@ -45,6 +45,7 @@ T4 = {"type": "NVIDIA T4", "devmem": 10000, "devcore": 100}
 DEPLOYMENT = next(d for d in manifest_docs("deployment.yaml") if d["kind"] == "Deployment")
 HAMI_ARGS = next(c for c in DEPLOYMENT["spec"]["template"]["spec"]["containers"] if c["name"] == "hami-py")["args"]
 DEVICE_CONFIG = next(d for d in manifest_docs("device-config.yaml") if d["kind"] == "ConfigMap")
+DEPLOYED_OPTIONS = options_from_args(build_parser().parse_args(HAMI_ARGS))
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +85,7 @@ def wait_for_log(scheduler: KubeSchedulerProcess, text: str, timeout: float = 30
 @pytest.fixture
 def real_options(tls_files, extender_port):
     cert_file, key_file = tls_files
-    options = options_from_args(build_parser().parse_args(HAMI_ARGS))
-    return replace(options, http_bind=f"127.0.0.1:{extender_port}", webhook_bind_address="127.0.0.1:0",
+    return replace(DEPLOYED_OPTIONS, http_bind=f"127.0.0.1:{extender_port}", webhook_bind_address="127.0.0.1:0",
                    metrics_bind_address="127.0.0.1:0", cert_file=cert_file, key_file=key_file,
                    device_config_file="", kube_qps=0, kube_burst=1000, gc_freeze=False,
                    node_lock_wait_s=1.0)   # not the manifests' 10 s: the contention test holds a lock on purpose
@@ -111,8 +111,8 @@ async def hami(sidecar, control_plane, real_options):
 @pytest.fixture
 async def hami_lock_wait_as_deployed(sidecar, control_plane, real_options):
     """``hami`` with the Deployment's own --node-lock-wait (the flag's default: the manifest sets none)."""
-    deployed = options_from_args(build_parser().parse_args(HAMI_ARGS))
-    async with hami_scheduler(control_plane, replace(real_options, node_lock_wait_s=deployed.node_lock_wait_s)) as app:
+    options = replace(real_options, node_lock_wait_s=DEPLOYED_OPTIONS.node_lock_wait_s)
+    async with hami_scheduler(control_plane, options) as app:
         yield app
 
 
@@ -334,7 +334,8 @@ async def test_a_burst_of_pods_onto_two_nodes_is_bound_with_no_bind_failed_on_th
                 if e.namespace == ns and (e.resource, e.verb) == ("pods/binding", "create")]
 
     await wait_for(lambda: len(bindings()) >= BURST_PODS, timeout=30, what="every Binding in the audit log")
-    assert len(bindings()) == BURST_PODS and all(e.code == 201 for e in bindings()), bindings()
+    logged = bindings()
+    assert len(logged) == BURST_PODS and all(e.code == 201 for e in logged), logged
     events = await wait_for_value(lambda: real_kube.list("events", namespace=ns),
                                   lambda items: sum(e["reason"] == "BindingSucceed" for e in items) >= BURST_PODS,
                                   what="a BindingSucceed for every pod")
