@@ -27,6 +27,7 @@ CODES = {
     "CARD_MIG_TOPOLOGY_INFEASIBLE": CARD_MIG_TOPOLOGY_INFEASIBLE,
     "ALLOCATED_CARDS_INSUFFICIENT_REQUEST": ALLOCATED_CARDS_INSUFFICIENT_REQUEST,
     "CARD_NOT_FOUND_CUSTOM_FILTER_RULE": CARD_NOT_FOUND_CUSTOM_FILTER_RULE, "MODE_NOT_FIT": MODE_NOT_FIT,
+    "CARD_QOS_POLICY_MISMATCH": CARD_QOS_POLICY_MISMATCH, "CARD_APP_CLASS_MISMATCH": CARD_APP_CLASS_MISMATCH,
     "N_DEVICE_REASONS": N_DEVICE_REASONS,
     "NODE_FIT": NODE_FIT, "NODE_DEVICE_REASONS": NODE_DEVICE_REASONS,
     "NODE_INSUFFICIENT_DEVICE": NODE_INSUFFICIENT_DEVICE, "NODE_UNREGISTERED": NODE_UNREGISTERED,
@@ -432,12 +433,15 @@ def filter_nodes(table, query):
                 base = r * ROW_WIDTH
                 container = rows[base + ROW_CONTAINER]
                 if rows[base + ROW_IS_INIT]:
+                    # An ordinary init container runs alone, beside the pod's native sidecars
+                    # started before it (KEP-753: rows of those are app rows, and come first):
+                    # it sees the node as the app rows have left it so far.
                     if container != current_container:
                         for k in range(n):
-                            ini_used[k] = used[off + k]
-                            ini_mem[k] = used_mem[off + k]
-                            ini_cores[k] = used_cores[off + k]
-                            ini_mig[k] = mig_used[off + k]
+                            ini_used[k] = app_used[k]
+                            ini_mem[k] = app_mem[k]
+                            ini_cores[k] = app_cores[k]
+                            ini_mig[k] = app_mig[k]
                     s_used = ini_used; s_mem = ini_mem; s_cores = ini_cores; s_mig = ini_mig
                 else:
                     s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
@@ -546,7 +550,10 @@ def filter_nodes(table, query):
                     if m != 0:
                         counts[m] += 1
                         continue
-                    if count[j] - s_used[k] < slots:
+                    # Upstream's first test is Count <= Used: is a slot left at all. A partition of several
+                    # slices (slots > 1) is checked for all of them after memory and cores, so that a
+                    # card too full for it is refused for its memory, as upstream words it.
+                    if count[j] - s_used[k] < 1:
                         if exclusive and s_used[k] > 0:
                             counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
                         else:
@@ -575,12 +582,9 @@ def filter_nodes(table, query):
                             if kk == k:
                                 add_m += mem
                                 add_c += cores
-                            if is_init:
-                                tm += max(max(q_init_mem[kk], add_m), q_app_mem[kk])
-                                tc += max(max(q_init_cores[kk], add_c), q_app_cores[kk])
-                            else:
-                                tm += max(q_init_mem[kk], q_app_mem[kk] + add_m)
-                                tc += max(q_init_cores[kk], q_app_cores[kk] + add_c)
+                            # An init row's picks sit beside the sidecars' app sum so far.
+                            tm += max(q_init_mem[kk], q_app_mem[kk] + add_m)
+                            tc += max(q_init_cores[kk], q_app_cores[kk] + add_c)
                         if (qm != UNLIMITED and tm > qm) or (qc != UNLIMITED and tc > qc):
                             counts[RESOURCE_QUOTA_NOT_FIT] += 1
                             continue
@@ -589,6 +593,9 @@ def filter_nodes(table, query):
                         continue
                     if not free_cores and total_cores[j] - s_cores[k] < cores:
                         counts[CARD_INSUFFICIENT_CORE] += 1
+                        continue
+                    if slots > 1 and count[j] - s_used[k] < slots:
+                        counts[CARD_TIME_SLICING_EXHAUSTED] += 1
                         continue
                     if equal_share and s_used[k] > 0 and s_mem[k] != s_used[k] * mem:
                         counts[CARD_NOT_FOUND_CUSTOM_FILTER_RULE] += 1
@@ -659,9 +666,9 @@ def filter_nodes(table, query):
                     s_used[k] += slots
                     s_mem[k] += use_mem
                     s_cores[k] += use_cores
-                    if is_init:
-                        q_init_mem[k] = max(q_init_mem[k], use_mem)
-                        q_init_cores[k] = max(q_init_cores[k], use_cores)
+                    if is_init:     # beside the sidecars so far (the app sums, while init rows run)
+                        q_init_mem[k] = max(q_init_mem[k], q_app_mem[k] + use_mem)
+                        q_init_cores[k] = max(q_init_cores[k], q_app_cores[k] + use_cores)
                     else:
                         q_app_mem[k] += use_mem
                         q_app_cores[k] += use_cores

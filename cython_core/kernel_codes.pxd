@@ -24,7 +24,9 @@ cdef enum:
     ALLOCATED_CARDS_INSUFFICIENT_REQUEST = 13
     CARD_NOT_FOUND_CUSTOM_FILTER_RULE = 14
     MODE_NOT_FIT = 15
-    N_DEVICE_REASONS = 16
+    CARD_QOS_POLICY_MISMATCH = 16        # Metax sGPU: the card's tasks hold another QoS policy
+    CARD_APP_CLASS_MISMATCH = 17         # Metax sGPU: the card's tasks are of another app class
+    N_DEVICE_REASONS = 18
 
     # Whole-node outcomes (out_status).
     NODE_FIT = 0

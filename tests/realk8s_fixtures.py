@@ -211,3 +211,31 @@ async def real_extender(real_hami):
         yield client
     finally:
         await client.close()
+
+
+# -- a device plugin's identity ----------------------------------------------------------------
+
+DEVICE_PLUGIN_NAMESPACE = "kube-system"    # where HAMi's chart runs its device plugins
+DEVICE_PLUGIN_ACCOUNT = "hami-device-plugin"
+
+
+@pytest.fixture(scope="session")
+def device_plugin_account(control_plane):
+    """A ServiceAccount standing in for a device plugin's (``kube-system/hami-device-plugin``),
+    with what the stand-in plugin does over the API: watch pods and patch their annotations,
+    release the node lock. ``(username, kubeconfig)``; the token comes from TokenRequest, as the
+    control plane's for hami-scheduler."""
+    name, namespace = DEVICE_PLUGIN_ACCOUNT, DEVICE_PLUGIN_NAMESPACE
+    control_plane.apply({"apiVersion": "v1", "kind": "ServiceAccount",
+                         "metadata": {"name": name, "namespace": namespace}})
+    control_plane.apply({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+        "rules": [{"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch", "patch"]}]})
+    control_plane.apply({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+    user = f"system:serviceaccount:{namespace}:{name}"
+    kubeconfig = control_plane.write_kubeconfig(control_plane.workdir / f"{name}.kubeconfig",
+                                                control_plane.token(namespace, name), user=user)
+    return user, kubeconfig

@@ -20,7 +20,8 @@ import asyncio
 import time
 from contextlib import AsyncExitStack
 
-from hami_py.cache.usage import VGPU_NODE_ANNOTATION, collapse, init_containers_done
+from hami_py.cache.usage import VGPU_NODE_ANNOTATION, collapse
+from hami_py.podshape import pod_shape
 from hami_py.devices.base import AllocationDecodeError, DeviceDecodeError, NodeView
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
@@ -103,11 +104,10 @@ def usage_from_annotations(api, app, *, bound_only: bool = False, only: set[str]
             continue
         if only is not None and meta.get("name") not in only:
             continue
-        num_init = len((pod.get("spec") or {}).get("initContainers") or [])
-        init_done = num_init > 0 and init_containers_done(pod)
+        shape = pod_shape(pod)
         try:
             entries = [entry for key, vendor in app.vendors.items()
-                       for entry in collapse(vendor.decode_allocation(annotations) or [], key, num_init, init_done)]
+                       for entry in collapse(vendor.decode_allocation(annotations) or [], key, shape)]
         except AllocationDecodeError:
             continue   # a garbled allocation charges nothing
         for entry in entries:

@@ -313,15 +313,16 @@ async def test_two_drs_pods_fill_a_card_by_slices_and_a_third_is_refused(api, ap
     assert_books_balance(app)
 
 
-async def test_slices_are_checked_before_memory_and_a_missing_profile_reads_mode_not_fit(api, app, extender):
+async def test_a_card_too_full_is_refused_for_its_memory_and_a_missing_profile_reads_mode_not_fit(api, app, extender):
     names = await register_nodes(api, app, enflame_node("e1", drs=ONE_CARD))
     for i in range(4):          # four 1-slice partitions: 4 slices, 24 GB of 40
         _, result = await place(api, extender, gcu_pod(f"s{i}", {"enflame.com/drs-gcu": "1"}), names)
         assert result["NodeNames"] == ["e1"], result
     assert usage(app, "e1") == (4, 4 * 6144, 4 * 17)
-    # 3 more slices do not fit in the 2 left (upstream would only see a free slot, then memory).
+    # 3 more slices (20 GB) do not fit: a slot is left, the memory is not, and upstream says so
+    # (its Fit tests one free slot, then memory); the slices are checked after memory and cores.
     _, result = await place(api, extender, gcu_pod("big", {"enflame.com/drs-gcu": "3"}), names)
-    assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}
+    assert result["FailedNodes"] == {"e1": "1/1 CardInsufficientMemory"}
     _, result = await place(api, extender, gcu_pod("two", {"enflame.com/drs-gcu": "2"}), names)
     assert result["FailedNodes"] == {"e1": "1/1 ModeNotFit"}          # no 2-slice profile
     assert_books_balance(app)
@@ -379,9 +380,10 @@ async def test_a_by_spec_request_gets_the_smallest_fitting_profile(api, app, ext
     # 6 slices on one card, 3 + 1 on the other.
     assert sorted(usage(app, "e1", i)[0] for i in range(2)) == [4, 6]
     # A value above twice the largest profile is MiB: 15000 MiB is 15 GB, a 3g.20gb, which the
-    # 2 slices left cannot hold.
+    # 2 slices (14 GB) left cannot hold: that card is refused for its memory, the full one for its
+    # slices (upstream counts tasks, not slices, in its slot test, so it says memory for both).
     _, result = await place(api, extender, gcu_pod("mib", {"enflame.com/gcu-memory": "15000"}), names)
-    assert result["FailedNodes"] == {"e1": "2/2 CardTimeSlicingExhausted"}
+    assert result["FailedNodes"] == {"e1": "1/2 CardInsufficientMemory, 1/2 CardTimeSlicingExhausted"}
     _, result = await place(api, extender, gcu_pod("huge", {"enflame.com/gcu-memory": "41"}), names)
     assert result["FailedNodes"] == {"e1": "1/2 ModeNotFit"}
     assert_books_balance(app)
@@ -407,7 +409,7 @@ async def test_a_restarted_scheduler_charges_drs_pods_from_their_annotations(api
         client = ExtenderClient(second.url)
         try:
             _, result = await place(api, client, gcu_pod("c", {"enflame.com/drs-gcu": "3"}), ["e1"])
-            assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}   # 2 slices left
+            assert result["FailedNodes"] == {"e1": "1/1 CardInsufficientMemory"}   # 2 slices, 14 GB left
         finally:
             await client.close()
 
@@ -424,7 +426,7 @@ async def test_upstreams_drs_pods_are_charged_their_slices(api, app, extender):
     await wait_until(lambda: usage(app, "e1") == (3, 20480, 50), "the upstream DRS pod charged its 3 slices")
     assert_books_balance(app)
     _, result = await place(api, extender, gcu_pod("d", {"enflame.com/drs-gcu": "6"}), names)
-    assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}
+    assert result["FailedNodes"] == {"e1": "1/1 CardInsufficientMemory"}       # upstream's words
     _, result = await place(api, extender, gcu_pod("d3", {"enflame.com/drs-gcu": "3"}), names)
     assert result["NodeNames"] == ["e1"]
     assert usage(app, "e1") == (6, 40960, 100)

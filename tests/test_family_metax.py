@@ -10,7 +10,7 @@ import pytest
 
 from hami_py.config import ConfigError, DeviceConfig, Section
 from hami_py.devices.base import (
-    FLAG_CHOOSE, FLAG_EXCLUSIVE, ContainerDevice, ContainerRequest, DeviceDecodeError, NodeView, RequestError,
+    FLAG_CHOOSE, ContainerDevice, ContainerRequest, DeviceDecodeError, NodeView, RequestError,
 )
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.metax import MetaxConfig
@@ -55,7 +55,7 @@ def sgpu_node(name: str, text: str, **extra_annotations) -> dict:
 def test_the_chart_config_names_upstreams_resources():
     assert GPU.resource_names() == ["metax-tech.com/gpu"]
     assert SGPU.resource_names() == ["metax-tech.com/sgpu", "metax-tech.com/vmemory", "metax-tech.com/vcore"]
-    assert GPU.kernel_flags == FLAG_EXCLUSIVE | FLAG_CHOOSE and SGPU.kernel_flags == FLAG_CHOOSE
+    assert GPU.kernel_flags == FLAG_CHOOSE and SGPU.kernel_flags == FLAG_CHOOSE   # cards of count 1: the slot check
     assert not GPU.uses_node_lock and SGPU.uses_node_lock
     assert GPU.quota_resources()[0] == "" and SGPU.quota_resources()[0] == ""     # upstream checks no quota
 
@@ -324,7 +324,8 @@ async def test_a_gpu_pod_is_filtered_bound_and_annotated(api, app, extender):
     _, result = await place(api, extender, device_pod("g2", {"metax-tech.com/gpu": "1"}), names)
     assert result["NodeNames"] == ["m1"]
     _, result = await place(api, extender, device_pod("g3", {"metax-tech.com/gpu": "1"}), names)
-    assert result["NodeNames"] is None and "ExclusiveDeviceAllocateConflict" in result["FailedNodes"]["m1"]
+    # Upstream's words for a node whose every card is taken (its Fit checks Count <= Used first).
+    assert result["NodeNames"] is None and result["FailedNodes"]["m1"] == "2/2 CardTimeSlicingExhausted"
     assert_books_balance(app)
 
 

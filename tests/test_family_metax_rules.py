@@ -43,12 +43,13 @@ async def test_a_shared_card_takes_only_pods_of_the_qos_its_tasks_have(api, app,
     # best-effort cannot join GPU-0 (its task is fixed-share, whatever the card reported)
     assert await placed_on(api, app, extender, share("be", **{QOS: "best-effort", USE: "GPU-0"}), names) is None
     _, result = await place(api, extender, share("be2", **{QOS: "best-effort", USE: "GPU-0"}), names)
-    assert "CardNotFoundCustomFilterRule" in result["FailedNodes"]["s1"], result
+    # Upstream's word for it (GPU-1 is not among the pod's USE list: its UUID gate refuses it).
+    assert "CardQosPolicyMismatch" in result["FailedNodes"]["s1"], result
     assert await placed_on(api, app, extender, share("be3", **{QOS: "best-effort"}), names) == ["GPU-1"]
     assert await placed_on(api, app, extender, share("fixed2", **{QOS: "fixed-share", USE: "GPU-0"}), names) == ["GPU-0"]
     # A whole-card request is not held to a QoS (it fails on cores here, not on QoS).
     _, result = await place(api, extender, share("whole", cores="100", **{QOS: "burst-share", USE: "GPU-0"}), names)
-    assert "CardNotFoundCustomFilterRule" not in result["FailedNodes"]["s1"], result
+    assert "CardQosPolicyMismatch" not in result["FailedNodes"]["s1"], result
     # The card's QoS goes with its tasks: once they are gone, any QoS may come.
     for name in ("fixed", "fixed2"):
         api.delete("pods", name, namespace="default")

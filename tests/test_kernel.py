@@ -131,6 +131,9 @@ def pods(draw):
     else:
         nums, memreqs = [1, 2, 3, 4], [0, 1000, 4096, 20000, 90000]
         mempcts, cores = [101, 10, 50, 100], [0, 10, 30, 100, 150, -1]   # -1: takes no cores, no core checks
+    # Some init containers are native sidecars (KEP-753): their rows are app rows, placed among
+    # the init containers, and the ordinary init containers after them see what they took.
+    sidecars = {c for c in range(n_init) if draw(st.sampled_from([False, False, True]))}
     rows = []
     for c in range(n_init + n_app):
         # The first app container always asks for a device (a pod that asks for nothing fits
@@ -140,7 +143,8 @@ def pods(draw):
         else:
             vendors = draw(st.sampled_from([[], [], [], [0], [1], [0, 1]]))
         for vendor in vendors:
-            rows += [c, int(c < n_init), vendor, draw(st.sampled_from(nums)), draw(st.sampled_from(memreqs)),
+            rows += [c, int(c < n_init and c not in sidecars), vendor, draw(st.sampled_from(nums)),
+                     draw(st.sampled_from(memreqs)),
                      draw(st.sampled_from(mempcts)), draw(st.sampled_from(cores))]
     return rows
 
@@ -626,7 +630,9 @@ def _family(flags, chooser=None):
             return chooser
 
     return Family(TemplateSpec(vendor_key="Example", count_resource="example.com/dev",
-                               memory_resource="example.com/devmem", register_annotation="example.com/register"))
+                               memory_resource="example.com/devmem", register_annotation="example.com/register",
+                               to_allocate_annotation="example.com/devices-to-allocate",
+                               allocated_annotation="example.com/devices-allocated"))
 
 
 def _decide(family, devices, pod_mem, *, used=()):

@@ -296,8 +296,18 @@ def test_managed_resources_are_exactly_the_vendors_resources():
 # admission webhook
 # ---------------------------------------------------------------------------------------------
 
-def test_webhook_reaches_the_server_route():
-    [hook] = find("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]
+WEBHOOKS = {h["name"]: h for h in find("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]}
+MUTATION, GUARD = WEBHOOKS["vgpu.hami.io"], WEBHOOKS["owned-annotations.vgpu.hami.io"]
+
+
+def _pod_rules(*operations: str) -> list[dict]:
+    return [{"apiGroups": [""], "apiVersions": ["v1"], "operations": list(operations), "resources": ["pods"],
+             "scope": "Namespaced"}]
+
+
+@pytest.mark.parametrize("name", sorted(WEBHOOKS))
+def test_webhook_reaches_the_server_route(name):
+    hook = WEBHOOKS[name]
     service = find("Service", "hami-scheduler")
     target = hook["clientConfig"]["service"]
     assert (target["name"], target["namespace"]) == (service["metadata"]["name"], NAMESPACE)
@@ -308,12 +318,21 @@ def test_webhook_reaches_the_server_route():
     assert container_port(HAMI, port["targetPort"]) == bind_port(OPTIONS.webhook_bind_address)
     assert ("POST", WEBHOOK_PATH) in WEBHOOK_ROUTES
     assert set(hook["admissionReviewVersions"]) <= {v.rsplit("/", 1)[1] for v in SUPPORTED_VERSIONS}
-    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                              "resources": ["pods"], "scope": "Namespaced"}]
 
 
-def test_webhook_failure_handling_is_deliberate():
-    [hook] = find("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]
+def test_webhooks_and_their_operations():
+    """The guard first (a forged pod is refused before any mutation is computed), on CREATE and
+    UPDATE; the mutation on CREATE only, for every pod it selects (no matchConditions)."""
+    assert list(WEBHOOKS) == ["owned-annotations.vgpu.hami.io", "vgpu.hami.io"]
+    assert GUARD["rules"] == _pod_rules("CREATE", "UPDATE")
+    assert MUTATION["rules"] == _pod_rules("CREATE") and "matchConditions" not in MUTATION
+    # The guard's conditions and the keys they name: tests/test_webhook_owned_annotations.py.
+    assert [c["name"] for c in GUARD["matchConditions"]] == ["scheduler-owned-annotation-changed"]
+
+
+@pytest.mark.parametrize("name", sorted(WEBHOOKS))
+def test_webhook_failure_handling_is_deliberate(name):
+    hook = WEBHOOKS[name]
     assert hook["sideEffects"] == "None"
     assert hook["failurePolicy"] == "Ignore"   # see the comment in manifests/webhook.yaml
     assert 1 <= hook["timeoutSeconds"] <= 10
@@ -330,16 +349,20 @@ def _selected(selector: dict, labels: dict) -> bool:
     return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
 
 
-def test_webhook_never_sees_system_namespaces_or_the_scheduler_itself():
-    [hook] = find("MutatingWebhookConfiguration", "hami-webhook")["webhooks"]
+@pytest.mark.parametrize("name", sorted(WEBHOOKS))
+def test_webhook_never_sees_system_namespaces_or_the_scheduler_itself(name):
+    hook = WEBHOOKS[name]
     for namespace in ("kube-system", "kube-public", "kube-node-lease", NAMESPACE):
         assert not _selected(hook["namespaceSelector"], {"kubernetes.io/metadata.name": namespace})
     assert _selected(hook["namespaceSelector"], {"kubernetes.io/metadata.name": "team-a"})
-    assert not _selected(hook["namespaceSelector"], {"kubernetes.io/metadata.name": "x", "hami.io/webhook": "ignore"})
+
+
+def test_the_mutation_honours_the_opt_out_label():
+    assert not _selected(MUTATION["namespaceSelector"], {"kubernetes.io/metadata.name": "x", "hami.io/webhook": "ignore"})
     # Even if the namespace were selected, the scheduler's and certgen's pods opt out by label.
     for workload in (DEPLOYMENT, find("Job", "hami-scheduler-certgen")):
-        assert not _selected(hook["objectSelector"], workload["spec"]["template"]["metadata"]["labels"])
-    assert _selected(hook["objectSelector"], {"app": "trainer"})
+        assert not _selected(MUTATION["objectSelector"], workload["spec"]["template"]["metadata"]["labels"])
+    assert _selected(MUTATION["objectSelector"], {"app": "trainer"})
 
 
 def _certgen(step: str) -> dict:

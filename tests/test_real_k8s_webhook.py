@@ -1,11 +1,15 @@
 """The admission webhook called by a real kube-apiserver, through manifests/webhook.yaml's
 MutatingWebhookConfiguration over TLS.
 
-The configuration is the manifest's, with one change: ``clientConfig`` names a loopback URL (the
-scheduler's webhook listener on a free port) and a ``caBundle`` of a throwaway CA instead of the
-Service (there is no Service network here). Pods created through the API server come out mutated
-(scheduler name, NVIDIA defaults, with the API server's own defaulting of the patched pod) or
-are refused with the webhook's reason; excluded namespaces and opted-out pods are never sent.
+The configuration is the manifest's, with one change: each webhook's ``clientConfig`` names a
+loopback URL (the scheduler's webhook listener on a free port) and a ``caBundle`` of a throwaway
+CA instead of the Service (there is no Service network here). Pods created through the API server
+come out mutated (scheduler name, NVIDIA defaults, with the API server's own defaulting of the
+patched pod) or are refused with the webhook's reason; excluded namespaces and opted-out pods are
+never sent. Scheduler-owned annotations: a forged pod is refused whatever its scheduler or
+labels, a person cannot rewrite a decision, a device plugin's ServiceAccount (the stand-in runs as
+one here) still writes its answers, and the API server evaluates the matchConditions itself:
+an ordinary update never reaches hami-py.
 """
 from __future__ import annotations
 
@@ -15,13 +19,25 @@ import pytest
 
 from hami_py.embedded import embedded_options, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
-from hami_py.fakeapi.objects import gpu_pod
+from hami_py.fakeapi.objects import gpu_pod, gpu_uuid
 from hami_py.k8s.client import KubeApiError
-from tests.realk8s import SA_NAMESPACE, manifest_docs, resource_path, wait_books_balance, wait_for_value
+from hami_py.scheduling.admission import scheduler_owned_annotations
+from tests.realk8s import (
+    SA_NAMESPACE, RealKube, manifest_docs, real_scheduler, resource_path, wait_books_balance, wait_for_value,
+)
+from tests.realk8s_fixtures import device_plugin_account  # noqa: F401  (a fixture, found by name)
 
 pytestmark = pytest.mark.real_k8s
 
 WEBHOOK = next(d for d in manifest_docs("webhook.yaml") if d["kind"] == "MutatingWebhookConfiguration")
+GUARD = "owned-annotations.vgpu.hami.io"
+# A decision as a person would forge it: a whole 80 GB GPU, bound and being allocated.
+FORGED = {"hami.io/vgpu-devices-to-allocate": "GPU-0f7a1c2e-5b8d-4e3f-9a6b-1c2d3e4f5a6b,NVIDIA,80000,100:;",
+          "hami.io/vgpu-devices-allocated": "GPU-0f7a1c2e-5b8d-4e3f-9a6b-1c2d3e4f5a6b,NVIDIA,80000,100:;",
+          "hami.io/vgpu-node": "gpu-node-1", "hami.io/bind-phase": "allocating"}
+FORGED_REFUSAL = (f'admission webhook "{GUARD}" denied the request: annotations hami.io/bind-phase, '
+                  "hami.io/vgpu-devices-allocated, hami.io/vgpu-devices-to-allocate, hami.io/vgpu-node "
+                  "are written by the scheduler and cannot be set when creating a pod")
 
 
 @pytest.fixture
@@ -40,11 +56,29 @@ def real_options(tls_files):
                             webhook_bind_address="127.0.0.1:0")
 
 
+@pytest.fixture
+async def real_hami(control_plane, real_options, device_plugin_account):
+    """hami-scheduler as in tests/realk8s_fixtures.py, with the device plugin stand-in running
+    as a device plugin's ServiceAccount (not the admin): its bind-phase answer passes the guard
+    only as an account's."""
+    _, plugin_kubeconfig = device_plugin_account
+    async with real_scheduler(kubeconfig=control_plane.sa_kubeconfig, plugin_kubeconfig=plugin_kubeconfig,
+                              options=real_options) as app:
+        yield app
+
+
 def webhook_configuration(url: str, ca_pem: bytes) -> dict:
     doc = copy.deepcopy(WEBHOOK)
-    (hook,) = doc["webhooks"]
-    hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_pem).decode()}
+    assert {h["clientConfig"]["service"]["path"] for h in doc["webhooks"]} == {"/webhook"}
+    for hook in doc["webhooks"]:
+        hook["clientConfig"] = {"url": url, "caBundle": base64.b64encode(ca_pem).decode()}
     return doc
+
+
+def reviews(app) -> float:
+    """How many AdmissionReviews hami-py has answered (its request histogram's count)."""
+    return app.metrics.registry.get_sample_value("hami_extender_request_duration_seconds_count",
+                                                 {"verb": "webhook"}) or 0
 
 
 def pod_without_scheduler(name: str, namespace: str, limits: dict, **kw) -> dict:
@@ -56,17 +90,29 @@ def pod_without_scheduler(name: str, namespace: str, limits: dict, **kw) -> dict
 
 @pytest.fixture
 async def webhook(control_plane, real_hami, real_kube, real_namespace, ca):
-    """The manifest's MutatingWebhookConfiguration pointing at this test's scheduler, active
-    (a dry-run create comes back mutated) before the test starts; deleted afterwards."""
+    """The manifest's MutatingWebhookConfiguration pointing at this test's scheduler, both of its
+    webhooks active (a dry-run create comes back mutated, a forged one is refused) before the
+    test starts; deleted afterwards."""
     doc = webhook_configuration(f"{real_hami.webhook_url}/webhook", ca.cert_pem.bytes())
     assert real_hami.webhook_url != real_hami.url
     control_plane.apply(doc)
     probe = pod_without_scheduler("probe", real_namespace, {"nvidia.com/gpu": "1"})
+    forged = pod_without_scheduler("forged-probe", real_namespace, {"nvidia.com/gpu": "1"}, annotations=FORGED)
+    forged["metadata"]["labels"] = {"hami.io/webhook": "ignore"}     # only the guard sees it
     path = resource_path("pods", namespace=real_namespace)
+
+    async def dry_run_forged() -> str:
+        try:
+            await real_kube.client.post(path, forged, query=[("dryRun", "All")])
+        except KubeApiError as exc:
+            return exc.message
+        return "admitted"
+
     try:
         await wait_for_value(lambda: real_kube.client.post(path, probe, query=[("dryRun", "All")]),
                              lambda created: created["spec"]["schedulerName"] == "hami-scheduler",
                              what="the MutatingWebhookConfiguration in effect")
+        await wait_for_value(dry_run_forged, lambda message: message == FORGED_REFUSAL, what="the guard in effect")
         yield doc
     finally:
         await real_kube.delete("mutatingwebhookconfigurations", doc["metadata"]["name"], grace=None)
@@ -131,11 +177,7 @@ async def test_a_real_resource_quota_refuses_the_pod_at_admission(webhook, real_
 
 
 async def test_excluded_namespaces_and_opted_out_pods_are_never_sent(webhook, real_hami, real_kube, real_namespace):
-    def reviews() -> float:
-        return real_hami.metrics.registry.get_sample_value(
-            "hami_extender_request_duration_seconds_count", {"verb": "webhook"}) or 0
-
-    before = reviews()
+    before = reviews(real_hami)
     system = await real_kube.create("pods", pod_without_scheduler("in-hami-system", SA_NAMESPACE,
                                                                   {"nvidia.com/gpu": "1"}))
     try:
@@ -145,7 +187,173 @@ async def test_excluded_namespaces_and_opted_out_pods_are_never_sent(webhook, re
     opted_out = pod_without_scheduler("opted-out", real_namespace, {"nvidia.com/gpu": "1"})
     opted_out["metadata"]["labels"] = {"hami.io/webhook": "ignore"}
     assert (await real_kube.create("pods", opted_out))["spec"]["schedulerName"] == "default-scheduler"
-    assert reviews() == before
+    assert reviews(real_hami) == before
     sent = await real_kube.create("pods", pod_without_scheduler("sent", real_namespace, {"nvidia.com/gpu": "1"}))
     assert sent["spec"]["schedulerName"] == "hami-scheduler"
-    assert reviews() == before + 1
+    assert reviews(real_hami) == before + 1
+
+
+# -- scheduler-owned annotations ----------------------------------------------------------------
+
+async def refusal(call) -> KubeApiError:
+    """The API server's refusal of ``call()`` (a coroutine function); fails if it succeeds."""
+    with pytest.raises(KubeApiError) as refused:
+        await call()
+    assert refused.value.status == 403, refused.value
+    return refused.value
+
+
+async def test_a_forged_pod_is_refused_whatever_its_scheduler_and_labels(webhook, real_hami, real_kube,
+                                                                        real_namespace):
+    ns = real_namespace
+    ours = pod_without_scheduler("forged", ns, {"nvidia.com/gpu": "1"}, annotations=FORGED)
+    other = gpu_pod("forged-other", namespace=ns, annotations=FORGED, scheduler_name="other-scheduler")
+    opted_out = pod_without_scheduler("forged-opted-out", ns, {"nvidia.com/gpu": "1"}, annotations=FORGED)
+    opted_out["metadata"]["labels"] = {"hami.io/webhook": "ignore"}    # the mutation's opt-out only
+    for pod in (ours, other, opted_out):
+        refused = await refusal(lambda: real_kube.create("pods", pod))
+        assert refused.message == FORGED_REFUSAL
+        assert await real_kube.get("pods", pod["metadata"]["name"], namespace=ns) is None
+    # One preset key is enough, and named alone in upstream's words.
+    one = gpu_pod("one-key", namespace=ns, annotations={"hami.io/bind-phase": "success"})
+    refused = await refusal(lambda: real_kube.create("pods", one))
+    assert refused.message == (f'admission webhook "{GUARD}" denied the request: annotation hami.io/bind-phase '
+                               "is written by the scheduler and cannot be set when creating a pod")
+
+
+async def test_the_device_plugin_writes_its_answers_and_a_person_cannot(webhook, real_hami, real_kube, real_namespace,
+                                                                       real_nodes, device_plugin_account, https):
+    """The whole path through the real API server: the pod is admitted and bound (the Binding
+    carries the decision, no UPDATE of the pod), the device plugin's ServiceAccount writes
+    bind-phase success and rewrites the allocation annotations; then a person's rewrite of the
+    decision is refused, and the same account's write on another scheduler's pod too."""
+    ns, app = real_namespace, real_hami
+    plugin_user, plugin_kubeconfig = device_plugin_account
+    (node,) = await real_nodes(1, gpus=2)
+    await wait_for(lambda: node in app.cache.node_index_of, timeout=20, what="the node registered")
+    created = await real_kube.create("pods", pod_without_scheduler("trainer", ns, {"nvidia.com/gpumem": "4000"}))
+    placement = await ExtenderClient(app.url, session=https).schedule(created, [node])
+    assert (placement.node, placement.error) == (node, "")
+    # The stand-in plugin, as the account, answered bind-phase success through the guard.
+    await wait_for(lambda: app.device_plugin.allocated == 1, timeout=20, what="the stand-in's allocation")
+    bound = await real_kube.get("pods", "trainer", namespace=ns)
+    annotations = bound["metadata"]["annotations"]
+    assert annotations["hami.io/bind-phase"] == "success"
+    decision = annotations["hami.io/vgpu-devices-to-allocate"]
+    assert ",NVIDIA,4000," in decision
+
+    plugin = await RealKube.connect(plugin_kubeconfig)
+    try:
+        # As HAMi's device plugin does once a container has its devices: the allocation written
+        # again, what is left to allocate emptied.
+        answered = await plugin.patch("pods", "trainer", {"metadata": {"annotations": {
+            "hami.io/vgpu-devices-allocated": decision, "hami.io/vgpu-devices-to-allocate": ";"}}}, namespace=ns)
+        assert answered["metadata"]["annotations"]["hami.io/vgpu-devices-to-allocate"] == ";"
+
+        before = reviews(app)
+        forged = "GPU-0f7a1c2e-5b8d-4e3f-9a6b-1c2d3e4f5a6b,NVIDIA,80000,100:;"
+        refused = await refusal(lambda: real_kube.patch("pods", "trainer", {"metadata": {"annotations": {
+            "hami.io/vgpu-devices-to-allocate": forged}}}, namespace=ns))
+        assert refused.message == (f'admission webhook "{GUARD}" denied the request: annotation '
+                                   "hami.io/vgpu-devices-to-allocate is written by the scheduler and cannot be set "
+                                   "by admin")
+        # Removing a decision is a change too.
+        refused = await refusal(lambda: real_kube.patch("pods", "trainer", {"metadata": {"annotations": {
+            "hami.io/vgpu-node": None}}}, namespace=ns))
+        assert "annotation hami.io/vgpu-node is written by the scheduler" in refused.message
+        assert reviews(app) == before + 2
+        kept = (await real_kube.get("pods", "trainer", namespace=ns))["metadata"]["annotations"]
+        assert kept["hami.io/vgpu-devices-to-allocate"] == ";" and kept["hami.io/vgpu-node"] == node
+
+        # An ordinary update is allowed, and the matchConditions keep it from hami-py altogether.
+        relabelled = await real_kube.patch("pods", "trainer", {"metadata": {
+            "labels": {"team": "vision"}, "annotations": {"owner": "alice"}}}, namespace=ns)
+        assert relabelled["metadata"]["labels"]["team"] == "vision"
+        assert reviews(app) == before + 2
+
+        # The same account on a pod kube-scheduler places without us: refused.
+        other = await real_kube.create("pods", gpu_pod("elsewhere", namespace=ns, scheduler_name="other-scheduler"))
+        assert other["spec"]["schedulerName"] == "other-scheduler"
+        refused = await refusal(lambda: plugin.patch("pods", "elsewhere", {"metadata": {"annotations": {
+            "hami.io/bind-phase": "success"}}}, namespace=ns))
+        assert refused.message == (f'admission webhook "{GUARD}" denied the request: annotation hami.io/bind-phase '
+                                   f'is written by the scheduler and cannot be set by {plugin_user} on a pod of '
+                                   'scheduler "other-scheduler"')
+    finally:
+        await plugin.close()
+
+
+async def test_the_scheduler_clears_a_void_decision_through_the_guard(webhook, real_hami, real_kube, real_namespace,
+                                                                     real_nodes, device_plugin_account, https):
+    """hami-scheduler's own write of scheduler-owned annotations (scheduling/stale.py) passes: a
+    pod of ours carrying a decision that a filter finds no node for has it removed, as the
+    hami-scheduler ServiceAccount (a refusal would be a 403 in the audit log, which fails every
+    real_k8s test)."""
+    ns, app = real_namespace, real_hami
+    (node,) = await real_nodes(1, gpus=1)
+    await wait_for(lambda: node in app.cache.node_index_of, timeout=20, what="the node registered")
+    created = await real_kube.create("pods", pod_without_scheduler("too-big", ns, {"nvidia.com/gpumem": "900000"}))
+    assert created["spec"]["schedulerName"] == "hami-scheduler"
+    # A decision left from an earlier scheduler (written here by an account, which the guard allows).
+    plugin = await RealKube.connect(device_plugin_account[1])
+    try:
+        void = await plugin.patch("pods", "too-big", {"metadata": {"annotations": {
+            "hami.io/vgpu-node": node,
+            "hami.io/vgpu-devices-to-allocate": f"{gpu_uuid(node, 0)},NVIDIA,1000,0:;"}}}, namespace=ns)
+    finally:
+        await plugin.close()
+    answer = await ExtenderClient(app.url, session=https).filter(void, [node])
+    assert not answer.get("NodeNames") and answer.get("FailedNodes"), answer
+    cleared = await wait_for_value(lambda: real_kube.get("pods", "too-big", namespace=ns),
+                                   lambda pod: "hami.io/vgpu-node" not in (pod["metadata"].get("annotations") or {}),
+                                   what="the void decision cleared")
+    assert "hami.io/vgpu-devices-to-allocate" not in (cleared["metadata"].get("annotations") or {})
+
+
+async def test_the_api_server_sends_only_updates_that_touch_scheduler_owned_keys(webhook, real_hami, real_kube,
+                                                                                 real_namespace, device_plugin_account):
+    """manifests/webhook.yaml's matchConditions as the real API server evaluates them: each
+    update by a person either never reaches hami-py and is applied, or reaches it (one review
+    more) and gets its answer."""
+    ns, app = real_namespace, real_hami
+    # A family's key outside hami.io/, in the guard's list; owned by this scheduler's families too
+    # (the list is the Deployment's, with every switch on; this scheduler runs with the defaults).
+    listed = "mthreads.com/gpu-index"
+    assert listed in scheduler_owned_annotations(app.vendors)
+    created = await real_kube.create("pods", gpu_pod("held", namespace=ns, annotations={"owner": "alice"}))
+    assert created["spec"]["schedulerName"] == "hami-scheduler"
+    plugin = await RealKube.connect(device_plugin_account[1])
+    try:
+        await plugin.patch("pods", "held", {"metadata": {"annotations": {
+            "hami.io/vgpu-node": "gpu-1", listed: "0"}}}, namespace=ns)
+    finally:
+        await plugin.close()
+
+    async def person_patches(metadata: dict) -> tuple[bool, float]:
+        """(applied, reviews it cost)."""
+        before = reviews(app)
+        try:
+            await real_kube.patch("pods", "held", {"metadata": metadata}, namespace=ns)
+            applied = True
+        except KubeApiError as exc:
+            assert exc.status == 403 and exc.message.startswith(f'admission webhook "{GUARD}" denied'), exc
+            applied = False
+        return applied, reviews(app) - before
+
+    cases = [   # (what a person patches, applied, reviews)
+        ({"labels": {"team": "vision"}}, True, 0),
+        ({"annotations": {"owner": "bob"}}, True, 0),
+        ({"annotations": {"hami.io/vgpu-node": "gpu-1"}}, True, 0),               # the same value: no change
+        ({"annotations": {"hami.io/gpu-scheduler-policy": "spread"}}, True, 1),    # hami.io/, not owned: asked
+        ({"annotations": {"hami.io/vgpu-node": "gpu-2"}}, False, 1),               # changed
+        ({"annotations": {"hami.io/vgpu-node": None}}, False, 1),                  # removed
+        ({"annotations": {listed: "1"}}, False, 1),                                # a listed key outside hami.io/
+        ({"annotations": {"hami.io/vgpu-devices-to-allocate": "GPU-a,NVIDIA,80000,100:;"}}, False, 1),   # added
+    ]
+    for metadata, applied, cost in cases:
+        assert await person_patches(metadata) == (applied, cost), metadata
+    kept = (await real_kube.get("pods", "held", namespace=ns))["metadata"]
+    assert kept["labels"]["team"] == "vision"
+    assert {k: kept["annotations"].get(k) for k in ("owner", "hami.io/vgpu-node", listed,
+                                                    "hami.io/vgpu-devices-to-allocate")} == \
+        {"owner": "bob", "hami.io/vgpu-node": "gpu-1", listed: "0", "hami.io/vgpu-devices-to-allocate": None}

@@ -21,6 +21,7 @@ from hami_py.cache.partitions import PartitionTables
 from hami_py.cache.quota import QuotaBook
 from hami_py.cache.records import NodeEntry, PodUsage, UsageEntry, allocation_finished
 from hami_py.devices.base import AllocationDecodeError, DeviceVendor, PodDevices
+from hami_py.podshape import PodShape, pod_shape
 
 log = structlog.get_logger(__name__)
 
@@ -29,27 +30,30 @@ _TERMINAL_PHASES = ("Succeeded", "Failed")
 DELETED_UIDS_KEPT = 16384      # pod UIDs remembered as deleted (a stale /filter of one is refused)
 
 
-def collapse(pod_devices: PodDevices, vendor: str, num_init: int, init_done: bool) -> list[UsageEntry]:
-    """Per-device usage of one vendor's allocation, init containers folded in as upstream does.
+def collapse(pod_devices: PodDevices, vendor: str, shape: PodShape) -> list[UsageEntry]:
+    """Per-device usage of one vendor's allocation, containers folded in as Kubernetes runs them.
 
-    Init containers run one at a time before the app containers, so a device's charge is the
-    larger of the peak over init containers and the sum over app containers. Once every init
-    container has succeeded only the app containers count. Slots likewise: each device holds
+    Ordinary init containers run one at a time, each beside the native sidecars started before
+    it; sidecars then run beside the app containers (KEP-753, hami_py/podshape.py). So a device's
+    charge is the larger of the peak over ordinary init containers (each plus the sidecars before
+    it) and the sum over app containers and sidecars. Once every ordinary init container has
+    succeeded only the app containers and sidecars count. Slots likewise: each device holds
     ``ContainerDevice.slots`` (1 unless a partition of several slices), at least 1.
     """
     peak: dict[str, list[int]] = {}
-    app: dict[str, list[int]] = {}
+    app: dict[str, list[int]] = {}      # app containers and the sidecars started so far
     for position, container in enumerate(pod_devices):
-        is_init = position < num_init
-        if is_init and init_done:
-            continue
-        for dev in container:
-            if is_init:
+        if shape.is_init(position):
+            if shape.init_done:
+                continue
+            for dev in container:
                 cur = peak.setdefault(dev.uuid, [0, 0, 0])
-                cur[0] = max(cur[0], dev.usedmem)
-                cur[1] = max(cur[1], dev.usedcores)
-                cur[2] = max(cur[2], dev.slots)
-            else:
+                side = app.get(dev.uuid, (0, 0, 0))
+                cur[0] = max(cur[0], side[0] + dev.usedmem)
+                cur[1] = max(cur[1], side[1] + dev.usedcores)
+                cur[2] = max(cur[2], side[2] + dev.slots)
+        else:
+            for dev in container:
                 cur = app.setdefault(dev.uuid, [0, 0, 0])
                 cur[0] += dev.usedmem
                 cur[1] += dev.usedcores
@@ -60,17 +64,6 @@ def collapse(pod_devices: PodDevices, vendor: str, num_init: int, init_done: boo
         a = app.get(uuid, (0, 0, 0))
         entries.append(UsageEntry(vendor, uuid, max(p[0], a[0]), max(p[1], a[1]), max(p[2], a[2], 1)))
     return entries
-
-
-def init_containers_done(pod: dict) -> bool:
-    statuses = (pod.get("status") or {}).get("initContainerStatuses") or []
-    if not statuses:
-        return False
-    for st in statuses:
-        term = (st.get("state") or {}).get("terminated")
-        if not term or term.get("exitCode") != 0:
-            return False
-    return True
 
 
 def pod_priority(pod: dict) -> int:
@@ -287,16 +280,15 @@ class PodLedger:
         present = {v for k in readers.keys() & annotations.keys() for v in readers[k]}
         return sorted(present, key=self._vendor_order.__getitem__) if len(present) > 1 else list(present)
 
-    def pod_usage_from_object(self, pod: dict) -> PodUsage | None:
-        """The usage a pod object's annotations claim, or None when it claims none."""
-        meta = pod.get("metadata") or {}
-        annotations = meta.get("annotations") or {}
-        node = annotations.get(VGPU_NODE_ANNOTATION)
-        if not node:
-            return None
-        spec = pod.get("spec") or {}
-        num_init = len(spec.get("initContainers") or [])
-        init_done = num_init > 0 and init_containers_done(pod)
+    def charge_of(self, annotations: dict[str, str], shape: PodShape) -> tuple[list[UsageEntry], list[tuple]]:
+        """What a pod carrying these annotations is charged: its devices (per device, folded over
+        its containers by ``shape``) and its partition instances.
+
+        The one computation of a charge. A reservation of our /filter is charged by it from the
+        annotations its Binding will write, a pod the watch shows and a restart's recount from
+        the annotations the pod carries: the same function of the same text, so a pod costs the
+        same in every state (docs/ARCHITECTURE.md, "one set of books"). Raises
+        AllocationDecodeError for an allocation annotation a family cannot read."""
         entries: list[UsageEntry] = []
         mig: list[tuple] = []
         instance = self.partitions.instance
@@ -304,11 +296,21 @@ class PodLedger:
             vendor = self.vendors[key]
             devices = vendor.decode_allocation(annotations)
             if devices:
-                entries.extend(collapse(devices, key, num_init, init_done))
+                entries.extend(collapse(devices, key, shape))
             for uuid, start, size, runtime in vendor.decode_partitions(annotations):
                 record = instance(uuid, start, size, runtime)
                 if record is not None:
                     mig.append(record)
+        return entries, mig
+
+    def pod_usage_from_object(self, pod: dict) -> PodUsage | None:
+        """The usage a pod object's annotations claim, or None when it claims none."""
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        node = annotations.get(VGPU_NODE_ANNOTATION)
+        if not node:
+            return None
+        entries, mig = self.charge_of(annotations, pod_shape(pod))
         return PodUsage(uid=meta.get("uid", ""), namespace=meta.get("namespace", ""),
                         name=meta.get("name", ""), node=node, entries=entries,
                         resource_version=_rv(pod), mig=mig, marks=self.marks_of(annotations),
@@ -381,11 +383,9 @@ class PodLedger:
         annotations = meta.get("annotations") or {}
         if VGPU_NODE_ANNOTATION not in annotations:
             return None
-        spec = pod.get("spec") or {}
-        num_init = len(spec.get("initContainers") or [])
         # The pod's own keys among every family's (some fifty): the few it carries, not the fifty.
-        return ({k: annotations[k] for k in annotations.keys() & self._allocation_key_set}, num_init,
-                num_init > 0 and init_containers_done(pod), bool(spec.get("nodeName")))
+        return ({k: annotations[k] for k in annotations.keys() & self._allocation_key_set}, pod_shape(pod),
+                bool((pod.get("spec") or {}).get("nodeName")))
 
     # ------------------------------------------------------------------ relists
     def replace_pods(self, pods: Iterable[dict], list_rv: int | None) -> None:

@@ -26,14 +26,14 @@ from hami_py.cache.node_inventory import (
     HANDSHAKE_TIMEOUT_S, REQUESTING_PREFIX, STAMP_FORMAT, NodeInventory, is_requesting, parse_handshake_deadline,
 )
 from hami_py.cache.partitions import PartitionTables
-from hami_py.cache.pod_ledger import VGPU_NODE_ANNOTATION, PodLedger, collapse, init_containers_done
+from hami_py.cache.pod_ledger import VGPU_NODE_ANNOTATION, PodLedger, collapse
 from hami_py.cache.quota import QuotaBook
 from hami_py.cache.records import NodeEntry, PodUsage, UsageEntry
 from hami_py.devices.base import DeviceInfo, DeviceVendor
 
 __all__ = [
     "HANDSHAKE_TIMEOUT_S", "REQUESTING_PREFIX", "STAMP_FORMAT", "VGPU_NODE_ANNOTATION", "NodeEntry", "PodUsage",
-    "UsageCache", "UsageEntry", "collapse", "init_containers_done", "is_requesting", "parse_handshake_deadline",
+    "UsageCache", "UsageEntry", "collapse", "is_requesting", "parse_handshake_deadline",
 ]
 
 # What each part shows through the facade, by name (state and verbs alike).
@@ -42,7 +42,7 @@ _PARTITION_ATTRIBUTES = ("prof_names", "place_spans", "mig_doubts")
 _LEDGER_ATTRIBUTES = (
     "pods", "node_pods", "released", "deleted",
     "live_reservation", "bound_node", "uid_of", "add_pod_usage", "release_pod", "release_unbound_reservations",
-    "forget_decision", "remove_pod", "marks_of",
+    "forget_decision", "remove_pod", "marks_of", "charge_of",
     "pod_usage_from_object", "on_pod_event", "replace_pods", "begin_pod_relist", "relist_pods_page",
     "finish_pod_relist", "recount",
 )

@@ -63,8 +63,8 @@ class AMDCharge(DeviceCharge):
     they all agree (the usual node: one model), else against the least any needs (1 CU, and
     memory only when asked); the chooser checks each device's own need."""
 
-    def __init__(self, cache, asks, row_container, num_init):
-        super().__init__(cache, AMD_KEY, asks, row_container, num_init)
+    def __init__(self, cache, asks, row_container, shape):
+        super().__init__(cache, AMD_KEY, asks, row_container, shape)
 
     def row_charge(self, node_index: int, ask: AMDAsk):
         devices = self.cache.devices_at(node_index)

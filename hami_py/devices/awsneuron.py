@@ -162,8 +162,8 @@ class NeuronCharge(DeviceCharge):
     devices upstream refuses on two-core devices and never one it accepts; the chooser applies
     upstream's rules and gives the mask."""
 
-    def __init__(self, cache, asks, row_container, num_init):
-        super().__init__(cache, NEURON_KEY, asks, row_container, num_init)
+    def __init__(self, cache, asks, row_container, shape):
+        super().__init__(cache, NEURON_KEY, asks, row_container, shape)
         self._node: dict[int, tuple[int, int, int, str]] = {}
 
     def node_shape(self, node_index: int) -> tuple[int, int, int, str]:

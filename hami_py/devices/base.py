@@ -311,6 +311,13 @@ class DeviceVendor:
         """The partitions a pod holds: (device id, slice start, size, runtime identity or None)."""
         return []
 
+    def upstream_refusal(self, counts: dict[int, int], total: int) -> tuple[dict[int, int], int]:
+        """How upstream words a node where a pod asking this family alone does not fit, from the
+        kernel's per-device reason counts and device total. Most families' upstream Fit counts a
+        reason per device as the kernel does (the default, unchanged); one whose Fit answers a
+        single summary reason rewrites the counts here (Kunlun vXPU)."""
+        return counts, total
+
     # -- metrics -----------------------------------------------------------------------------
 
     def core_metrics(self, total_cores: int, used_cores: int) -> tuple[int, int]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from hami_py.config import DeviceConfig, Section
+from hami_py import reasons as R
 from hami_py.devices.base import (
     FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, ContainerRequest, DeviceInfo, PodDevices,
 )
@@ -249,6 +250,16 @@ def _only_kunlun(devices: list) -> bool:
 
 # -- whole XPU ----------------------------------------------------------------------------------
 
+def summary_refusal(counts: dict[int, int], total: int, *kept: int) -> tuple[dict[int, int], int]:
+    """Upstream's Kunlun Fits look for a placement of the whole request at once and, finding none,
+    name one reason for the node: the first of ``kept`` any card was refused for (with its count),
+    else NumaNotFit once, whatever each card lacked (``DeviceVendor.upstream_refusal``)."""
+    for reason in kept:
+        if counts.get(reason):
+            return {reason: counts[reason]}, total
+    return {R.NUMA_NOT_FIT: 1}, total
+
+
 def card_index(uuid: str) -> int | None:
     """The index of a synthesised whole-XPU id ``<node>-kunlun-<i>``."""
     head, sep, tail = uuid.rpartition(f"-{KUNLUN_KEY}-")
@@ -281,6 +292,10 @@ class KunlunVendor(CapacityCards, TemplateVendor):
 
     def chooser(self, cache, ask):
         return topology_chooser(cache, score=True)
+
+    def upstream_refusal(self, counts: dict[int, int], total: int) -> tuple[dict[int, int], int]:
+        """Upstream's whole-XPU Fit: the cards its UUID annotations ruled out, else NumaNotFit once."""
+        return summary_refusal(counts, total, R.CARD_UUID_MISMATCH)
 
     def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions=(), now: float = 0.0,
                           pod_annotations=None):
@@ -355,6 +370,11 @@ class VXPUVendor(TemplateVendor):
 
     def chooser(self, cache, ask):
         return topology_chooser(cache, score=False)
+
+    def upstream_refusal(self, counts: dict[int, int], total: int) -> tuple[dict[int, int], int]:
+        """Upstream's vXPU Fit words a refusal as its whole-XPU Fit does (:func:`summary_refusal`),
+        naming first the busy cards under the mutex policy."""
+        return summary_refusal(counts, total, R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, R.CARD_UUID_MISMATCH)
 
 
 def build_family(config: DeviceConfig, switches) -> list:

@@ -22,6 +22,7 @@ same filter (``ChoiceAsk.charger``, see :class:`PerDeviceCharging`).
 from __future__ import annotations
 
 from hami_py.devices.base import Charger, ChoiceAsk, ContainerDevice
+from hami_py.podshape import PodShape, pod_shape
 
 
 def pod_containers(pod: dict) -> tuple[list[dict], int]:
@@ -38,15 +39,15 @@ class DeviceCharge(Charger):
     ``asks`` maps a container position (init containers first) to the family's parsed request.
     Subclasses implement :meth:`row_charge` (the kernel's lower-bound values for a row on a node)
     and :meth:`pick` (the exact choice); the base class keeps the pod's own usage per node, as the
-    kernel does: init containers each see the node as it was before the pod, app containers
-    accumulate."""
+    kernel does: app containers and native sidecars accumulate, each ordinary init container sees
+    the node as they have left it so far."""
 
-    def __init__(self, cache, vendor_key: str, asks: dict[int, object], row_container: list[int], num_init: int):
+    def __init__(self, cache, vendor_key: str, asks: dict[int, object], row_container: list[int], shape: PodShape):
         self.cache = cache
         self.vid = cache.vendor_ids[vendor_key]
         self.asks = asks
         self.row_container = row_container
-        self.num_init = num_init
+        self.shape = shape
         self._row: dict[int, int] = {}                         # node -> row being fitted there
         self._app: dict[int, dict[int, list[int]]] = {}        # node -> position -> [mem, cores] of app containers
         self._picks: dict[tuple[int, int, int], tuple[int, int, object]] = {}
@@ -63,7 +64,12 @@ class DeviceCharge(Charger):
             raise ValueError(f"chooser called for node {node_index} before its charger: not a FLAG_CHARGE row")
         container = self.row_container[row]
         ask = self.asks[container]
-        extra = {} if container < self.num_init else self._app.setdefault(node_index, {})
+        if self.shape.is_init(container):
+            # An ordinary init container runs beside the sidecars placed before it (app rows,
+            # which come first) and adds nothing to what the app containers see.
+            extra = {p: list(held) for p, held in self._app.get(node_index, {}).items()}
+        else:
+            extra = self._app.setdefault(node_index, {})
         answer = self.pick(node_index, ask, positions, nums, extra)
         if isinstance(answer, int):
             return answer
@@ -110,14 +116,14 @@ class PerDeviceCharging:
         raise NotImplementedError
 
     def charger(self, cache, pod: dict, row_container: list[int]) -> DeviceCharge:
-        containers, num_init = pod_containers(pod)
+        containers, _ = pod_containers(pod)
         asks = {}
         for position in set(row_container):
             if 0 <= position < len(containers):
                 ask = self.ask(containers[position])
                 if ask is not None:
                     asks[position] = ask
-        return self.charge_type(cache, asks, row_container, num_init)
+        return self.charge_type(cache, asks, row_container, pod_shape(pod))
 
     def chooser(self, cache, ask: ChoiceAsk):
         if not isinstance(ask.charger, DeviceCharge):

@@ -124,7 +124,8 @@ def vastai_chooser(cache, vendor_id: int, mutex: bool, init_rows: list[bool] = (
         devices = cache.devices_at(node_index)
         offset = cache.node_offset[node_index]
         mine = [k for k in range(len(devices)) if vendor[offset + k] == vendor_id]
-        earlier = () if is_init else app_picks.setdefault(node_index, [])
+        # An init container sees what the app rows (its native sidecars, which come first) took.
+        earlier = list(app_picks.get(node_index, ())) if is_init else app_picks.setdefault(node_index, [])
         if mine and is_die_mode(devices[mine[0]]):
             if mutex:
                 taken = set(earlier)

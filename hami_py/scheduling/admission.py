@@ -21,6 +21,8 @@ Deliberate differences from upstream (docs/COMPATIBILITY.md):
 * A device request that is present but malformed (a device count of ``"1.5"``) is refused at
   admission with the reason. Upstream admits the pod, which is later bound without devices.
 * The quota check falls back to the review's namespace when the pod object carries none.
+* A denial for scheduler-owned annotations (HAMi's later rule, ``admit_update``) names every key
+  concerned; upstream's names one (its wording is kept for one key).
 """
 from __future__ import annotations
 
@@ -33,6 +35,10 @@ import orjson
 import structlog
 
 from hami_py.devices.base import DeviceVendor, RequestError
+from hami_py.podshape import is_sidecar
+from hami_py.scheduling.owned_annotations import (  # noqa: F401  (GENERIC_OWNED_ANNOTATIONS: re-exported)
+    GENERIC_OWNED_ANNOTATIONS, is_service_account, owned_phrase, scheduler_owned_annotations,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -105,8 +111,12 @@ def review(body: object, *, settings: AdmissionSettings, vendors: Mapping[str, D
     uid = ""
     try:
         version, uid, request = _read_envelope(body)
-        verdict = admit_pod(_pod_of(request), settings=settings, vendors=vendors, fit_quota=fit_quota,
-                            request_namespace=_optional_str(request, "namespace", "request.namespace"))
+        if _optional_str(request, "operation", "request.operation") == "UPDATE":
+            verdict = admit_update(_pod_of(request, "object"), _pod_of(request, "oldObject"),
+                                   user=_username(request), settings=settings, vendors=vendors)
+        else:   # CREATE (the only other operation the manifests register)
+            verdict = admit_pod(_pod_of(request, "object"), settings=settings, vendors=vendors, fit_quota=fit_quota,
+                                request_namespace=_optional_str(request, "namespace", "request.namespace"))
     except MalformedReview as exc:
         verdict = Verdict.error(400, str(exc))
     except Exception as exc:  # noqa: BLE001 - a bug of ours must still produce an answer
@@ -146,14 +156,19 @@ def _read_envelope(body: object) -> tuple[str, str, dict]:
     return version, uid, request
 
 
-def _pod_of(request: dict) -> dict:
-    pod = request.get("object")
+def _pod_of(request: dict, key: str) -> dict:
+    pod = request.get(key)
     if not isinstance(pod, dict):
-        raise MalformedReview(f"request.object: expected a Pod object, got {_json_type(pod)}")
+        raise MalformedReview(f"request.{key}: expected a Pod object, got {_json_type(pod)}")
     kind = pod.get("kind")
     if kind is not None and kind != "Pod":
-        raise MalformedReview(f"request.object is a {_shown(kind)}, not a Pod")
-    return pod      # its shape is admit_pod's first check
+        raise MalformedReview(f"request.{key} is a {_shown(kind)}, not a Pod")
+    return pod      # its shape is the rules' first check
+
+
+def _username(request: dict) -> str:
+    info = _optional_dict(request, "userInfo", "request.userInfo") or {}
+    return _optional_str(info, "username", "request.userInfo.username") or ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,6 +189,15 @@ def admit_pod(pod: dict, *, settings: AdmissionSettings, vendors: Mapping[str, D
     if not spec.get("containers"):
         log.info("admission denied", pod=where, reason=NO_CONTAINERS)
         return Verdict.deny(NO_CONTAINERS)
+    # Before the other-scheduler exit below, which admits a pod as it is: a decision preset at
+    # create was not made by a scheduler (written by hand, or copied from a scheduled pod), and
+    # the device plugin would serve it all the same.
+    owned = scheduler_owned_annotations(vendors)
+    preset = sorted(k for k in meta.get("annotations") or () if k in owned)
+    if preset:
+        message = f"{owned_phrase(preset)} cannot be set when creating a pod"
+        log.warning("admission denied: scheduler-owned annotations preset", pod=where, annotations=preset)
+        return Verdict.deny(message)
     if not scheduler_applies(spec.get("schedulerName") or "", settings=settings):
         return Verdict.allow(OTHER_SCHEDULER)
 
@@ -205,6 +229,46 @@ def admit_pod(pod: dict, *, settings: AdmissionSettings, vendors: Mapping[str, D
     patch = json_patch(pod, mutated)
     log.debug("admission allowed", pod=where, devices=has_resource, patch_ops=len(patch))
     return Verdict.allow(patch=patch)
+
+
+def admit_update(pod: dict, old_pod: dict, *, user: str, settings: AdmissionSettings,
+                 vendors: Mapping[str, DeviceVendor]) -> Verdict:
+    """An UPDATE of a pod: refused when it adds, changes or removes a scheduler-owned annotation
+    unless ``user`` is a ServiceAccount and the pod is this scheduler's; otherwise allowed
+    without a patch (the create rules never run on an existing pod, whose scheduler name and
+    containers the API server would not let us change anyway).
+
+    Device plugins hand out devices from a pod's decision, so a person's edit of one would be
+    served outside the books and the quota. Any ServiceAccount may write, as in upstream's rule:
+    the scheduler clears a void decision, and each family's device plugin, which answers in the
+    same keys, runs under its own account, often in its vendor's namespace, so no one configured
+    account would do. Raises MalformedReview when either object does not have a Pod's shape.
+    """
+    _check_pod_shape(pod)
+    _check_pod_shape(old_pod)
+    new = (pod.get("metadata") or {}).get("annotations") or {}
+    old = (old_pod.get("metadata") or {}).get("annotations") or {}
+    owned = scheduler_owned_annotations(vendors)
+    changed = sorted(k for k in new.keys() | old.keys() if k in owned and new.get(k) != old.get(k))
+    if not changed:
+        return Verdict.allow()
+    meta = old_pod.get("metadata") or {}
+    where = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+    pod_scheduler = (old_pod.get("spec") or {}).get("schedulerName") or ""
+    message = f"{owned_phrase(changed)} cannot be set by {user or 'an unauthenticated user'}"
+    if not is_service_account(user):
+        # People (and any other client identity) never write a decision: only HAMi's components do.
+        log.warning("admission denied an update of scheduler-owned annotations", pod=where, user=user,
+                    annotations=changed)
+        return Verdict.deny(message)
+    if settings.scheduler_name and pod_scheduler != settings.scheduler_name:
+        # Our components act on our pods only; an account rewriting another scheduler's pod is not one.
+        log.warning("admission denied an update of scheduler-owned annotations on another scheduler's pod",
+                    pod=where, user=user, annotations=changed, scheduler=pod_scheduler)
+        return Verdict.deny(f"{message} on a pod of scheduler {_shown(pod_scheduler)}")
+    log.debug("admission allowed an update of scheduler-owned annotations", pod=where, user=user,
+              annotations=changed)
+    return Verdict.allow()
 
 
 def scheduler_applies(pod_scheduler: str, *, settings: AdmissionSettings) -> bool:
@@ -242,27 +306,34 @@ def privileged_container(spec: dict) -> str | None:
 
 
 def quota_fits(pod: dict, *, namespace: str, vendors: Mapping[str, DeviceVendor], fit_quota: FitQuota) -> bool:
-    """Upstream's admission quota pre-check, per vendor.
+    """Upstream's admission quota pre-check, per vendor, with Kubernetes' effective request.
 
-    The pod's device memory and cores are ``max(sum over containers, max over init
-    containers)`` of ``request x count``, as the vendor parses them after the webhook's own
-    defaults (a percentage or whole-card request counts 0 MiB here; the filter checks those).
-    Vendors whose pod asks for neither are skipped. Raises RequestError for a malformed request.
+    The pod's device memory and cores are the larger of (the app containers plus every native
+    sidecar) and (each ordinary init container plus the sidecars started before it), each
+    container's ``request x count`` as the vendor parses it after the webhook's own defaults (a
+    percentage or whole-card request counts 0 MiB here; the filter checks those), the same rule
+    the filter's quota check and the books follow (hami_py/podshape.py). Vendors whose pod asks
+    for neither are skipped. Raises RequestError for a malformed request.
     """
     spec = pod.get("spec") or {}
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     for key, vendor in vendors.items():
-        app_memory = app_cores = init_memory = init_cores = 0
+        side_memory = side_cores = init_memory = init_cores = 0
+        for container in spec.get("initContainers") or ():
+            request = vendor.container_request(container, pod_annotations=annotations)
+            memory, cores = (request.memreq * request.nums, request.coresreq * request.nums) \
+                if request is not None and request.nums else (0, 0)
+            if is_sidecar(container):
+                side_memory, side_cores = side_memory + memory, side_cores + cores
+            else:
+                init_memory = max(init_memory, side_memory + memory)
+                init_cores = max(init_cores, side_cores + cores)
+        app_memory, app_cores = side_memory, side_cores
         for container in spec.get("containers") or ():
             request = vendor.container_request(container, pod_annotations=annotations)
             if request is not None and request.nums:
                 app_memory += request.memreq * request.nums
                 app_cores += request.coresreq * request.nums
-        for container in spec.get("initContainers") or ():
-            request = vendor.container_request(container, pod_annotations=annotations)
-            if request is not None and request.nums:
-                init_memory = max(init_memory, request.memreq * request.nums)
-                init_cores = max(init_cores, request.coresreq * request.nums)
         memory, cores = max(app_memory, init_memory), max(app_cores, init_cores)
         if memory == 0 and cores == 0:
             continue

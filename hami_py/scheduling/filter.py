@@ -13,7 +13,7 @@ from array import array
 from itertools import compress, repeat
 
 from hami_py import _kernel
-from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache, collapse
+from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache
 from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ChoiceAsk, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
 from hami_py import reasons as R
 from hami_py.scheduling.fit_query import FitQuery
@@ -39,7 +39,7 @@ def _choice_ask(request: PodRequest, key: str, annotations: dict[str, str], poli
     them are init containers', the policies' names, and the charger built for the same filter."""
     mine = [c for c, k in zip(request.row_container, request.row_vendor) if k == key]
     return ChoiceAsk(annotations, tuple(request.per_container[c][key] for c in mine),
-                     tuple(c < request.num_init for c in mine), policies.node_name, policies.gpu_name, charger)
+                     tuple(request.shape.is_init(c) for c in mine), policies.node_name, policies.gpu_name, charger)
 
 
 class FilterDecision:
@@ -168,14 +168,15 @@ class Filterer:
                 devices, node=winner, partitions=mig.get(key, []), now=now, pod_annotations=annotations))
         reservation = None
         if reserve:
-            entries = []
-            for key, devices in allocation.items():
-                entries.extend(collapse(devices, key, request.num_init, False))
-            masks = [(i["gpuUUID"], ((1 << i["placement"]["size"]) - 1) << i["placement"]["start"])
-                     for instances in mig.values() for i in instances]
+            # One set of books: the reservation is charged from exactly the annotations the pod
+            # will carry once its Binding lands, by the same function that charges the bound pod
+            # and a restart's recount (never from the kernel's outputs, which a family's codec
+            # may write differently).
+            carried = {**annotations, **pod_annotations}
+            entries, instances = cache.charge_of(carried, request.shape)
             reservation = PodUsage(uid=uid, namespace=namespace, name=meta.get("name", ""),
-                                   node=winner, entries=entries, reserved=True, decided=True, mig=masks,
-                                   marks=cache.marks_of(annotations))
+                                   node=winner, entries=entries, reserved=True, decided=True, mig=instances,
+                                   marks=cache.marks_of(carried))
             cache.add_pod_usage(reservation)
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
 
@@ -219,6 +220,8 @@ class Filterer:
 
         failed: dict[str, str] = {}
         texts: dict[tuple[bytes, int], str] = {}
+        # A pod of one family is refused in that family's upstream words (DeviceVendor.upstream_refusal).
+        reword = self.vendors[next(iter(request.vendors))].upstream_refusal if len(request.vendors) == 1 else None
         for c in compress(range(n), out_status):   # the failing ones only (NODE_FIT is 0)
             status = out_status[c]
             name = node_names[c]
@@ -232,7 +235,10 @@ class Filterer:
                 key = (out_reasons[c * nr:(c + 1) * nr].tobytes(), out_total[c])
                 if (text := texts.get(key)) is None:
                     counts = {r: out_reasons[c * nr + r] for r in range(nr) if out_reasons[c * nr + r]}
-                    text = texts[key] = R.gen_reason(counts, out_total[c])
+                    total = out_total[c]
+                    if reword is not None:
+                        counts, total = reword(counts, total)
+                    text = texts[key] = R.gen_reason(counts, total)
                 failed[name] = text
         return Evaluation(policies, query, cand_idx, chargers, best, failed, now)
 

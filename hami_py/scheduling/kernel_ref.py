@@ -203,13 +203,13 @@ def filter_nodes(table, query):
             base = r * ROW_WIDTH
             container = rows[base + ROW_CONTAINER]
             if rows[base + ROW_IS_INIT]:
-                # Init containers run one after another: each is checked against the node as it
-                # was before this pod, so it gets a fresh copy (shared by its own rows).
+                # Ordinary init containers run one after another, each beside the native sidecars
+                # started before it (KEP-753; a sidecar's rows are app rows): each is checked
+                # against the node as the app rows have left it so far (before any app
+                # container, since init rows come first), in a copy shared by its own rows.
                 if container != current_container:
-                    s_used_l = [used[j] for j in range(off, off + n)]
-                    s_mem_l = [used_mem[j] for j in range(off, off + n)]
-                    s_cores_l = [used_cores[j] for j in range(off, off + n)]
-                    s_mig_l = [mig_used[j] for j in range(off, off + n)]
+                    s_used_l, s_mem_l, s_cores_l, s_mig_l = (
+                        list(app_used), list(app_mem), list(app_cores), list(app_mig))
             else:
                 s_used_l, s_mem_l, s_cores_l, s_mig_l = app_used, app_mem, app_cores, app_mig
             current_container = container
@@ -285,7 +285,10 @@ def filter_nodes(table, query):
                 if m != 0:
                     counts[m] += 1
                     continue
-                if count[j] - s_used_l[k] < slots:
+                # Upstream's first test is Count <= Used: is a slot left at all. A partition of several
+                # slices (slots > 1) is checked for all of them after memory and cores, so that a
+                # card too full for it is refused for its memory, as upstream words it.
+                if count[j] - s_used_l[k] < 1:
                     # A busy device of an exclusive family is refused for being busy, even when its
                     # slots are gone too (a whole card has one): upstream's reason. Tested inside
                     # the slot check so that rows of other families pay nothing for it (the
@@ -303,7 +306,7 @@ def filter_nodes(table, query):
                     continue
                 mem = resolve_mem(memreq, mempct, total_mem[j])
                 if qm != UNLIMITED or qc != UNLIMITED:
-                    tm, tc = _pod_total(cands, off, vendor, v, is_init, picked, k, mem, cores,
+                    tm, tc = _pod_total(cands, picked, k, mem, cores,
                                         q_init_mem, q_init_cores, q_app_mem, q_app_cores)
                     if (qm != UNLIMITED and tm > qm) or (qc != UNLIMITED and tc > qc):
                         counts[R.RESOURCE_QUOTA_NOT_FIT] += 1
@@ -313,6 +316,9 @@ def filter_nodes(table, query):
                     continue
                 if not free_cores and total_cores[j] - s_cores_l[k] < cores:
                     counts[R.CARD_INSUFFICIENT_CORE] += 1
+                    continue
+                if slots > 1 and count[j] - s_used_l[k] < slots:
+                    counts[R.CARD_TIME_SLICING_EXHAUSTED] += 1
                     continue
                 if equal_share and s_used_l[k] > 0 and s_mem_l[k] != s_used_l[k] * mem:
                     # Its tasks hold another size than this one asks.
@@ -370,9 +376,9 @@ def filter_nodes(table, query):
                 s_used_l[k] += slots
                 s_mem_l[k] += use_mem
                 s_cores_l[k] += use_cores
-                if is_init:
-                    q_init_mem[k] = max(q_init_mem[k], use_mem)
-                    q_init_cores[k] = max(q_init_cores[k], use_cores)
+                if is_init:     # beside the sidecars so far (the app sums, while init rows run)
+                    q_init_mem[k] = max(q_init_mem[k], q_app_mem[k] + use_mem)
+                    q_init_cores[k] = max(q_init_cores[k], q_app_cores[k] + use_cores)
                 else:
                     q_app_mem[k] += use_mem
                     q_app_cores[k] += use_cores
@@ -440,10 +446,11 @@ def _charge(chargers, v, ni, r):
     return answer
 
 
-def _pod_total(cands, off, vendor, v, is_init, picked, k_extra, mem_extra, cores_extra,
+def _pod_total(cands, picked, k_extra, mem_extra, cores_extra,
                q_init_mem, q_init_cores, q_app_mem, q_app_cores):
     """The pod's charge against vendor ``v``'s quota if it also took ``mem_extra`` on ``k_extra``:
-    per device max(init peak, app sum), summed, with this row's picks counted in."""
+    per device max(init peak, app sum), summed, with this row's picks counted in (an init row's
+    on top of the sidecars' app sum so far)."""
     tm = tc = 0
     for k in cands:
         add_m = add_c = 0
@@ -454,12 +461,9 @@ def _pod_total(cands, off, vendor, v, is_init, picked, k_extra, mem_extra, cores
         if k == k_extra:
             add_m += mem_extra
             add_c += cores_extra
-        if is_init:
-            tm += max(max(q_init_mem[k], add_m), q_app_mem[k])
-            tc += max(max(q_init_cores[k], add_c), q_app_cores[k])
-        else:
-            tm += max(q_init_mem[k], q_app_mem[k] + add_m)
-            tc += max(q_init_cores[k], q_app_cores[k] + add_c)
+        # An init row's picks sit beside the app sums so far (its sidecars), like an app row's.
+        tm += max(q_init_mem[k], q_app_mem[k] + add_m)
+        tc += max(q_init_cores[k], q_app_cores[k] + add_c)
     return tm, tc
 
 

@@ -11,6 +11,7 @@ from array import array
 from dataclasses import dataclass
 
 from hami_py.devices.base import ContainerRequest, DeviceVendor, RequestError
+from hami_py.podshape import PodShape, pod_shape
 from hami_py.scheduling.kernel_ref import ROW_WIDTH
 
 # Far beyond what any node offers (a few hundred device instances at most), and it bounds what a
@@ -24,9 +25,10 @@ class PodRequest:
     row_vendor: list[str]                        # vendor key of each row
     row_container: list[int]                     # container position of each row
     containers: list[str]                        # container names, init first
-    num_init: int
+    num_init: int                                # init containers, native sidecars among them
     total_nums: int
     per_container: list[dict[str, ContainerRequest]]
+    shape: PodShape                              # which containers are ordinary init, sidecars
 
     @property
     def vendors(self) -> set[str]:
@@ -48,6 +50,9 @@ def parse_pod_requests(pod: dict, vendors: dict[str, DeviceVendor],
     names: list[str] = []
     per_container: list[dict[str, ContainerRequest]] = []
     total = 0
+    # A native sidecar's rows are app rows (it runs beside the app containers); the kernel lets
+    # each ordinary init container's rows see the sidecars placed before it (hami_py/podshape.py).
+    shape = pod_shape(pod)
     for position, container in enumerate([*init, *app]):
         if not isinstance(container, dict):
             raise RequestError(f"container #{position} is not an object")
@@ -58,7 +63,7 @@ def parse_pod_requests(pod: dict, vendors: dict[str, DeviceVendor],
             if req is None or req.nums <= 0:
                 continue
             found[key] = req
-            rows.extend((position, int(position < len(init)), vendor_ids[key], req.nums,
+            rows.extend((position, int(shape.is_init(position)), vendor_ids[key], req.nums,
                          req.memreq, req.mempct, req.coresreq))
             row_vendor.append(key)
             row_container.append(position)
@@ -69,4 +74,4 @@ def parse_pod_requests(pod: dict, vendors: dict[str, DeviceVendor],
     if total > MAX_DEVICES_PER_POD:
         raise RequestError(f"asks for {total} devices in all; a pod may ask for at most {MAX_DEVICES_PER_POD}")
     assert len(rows) == ROW_WIDTH * len(row_vendor)
-    return PodRequest(rows, row_vendor, row_container, names, len(init), total, per_container)
+    return PodRequest(rows, row_vendor, row_container, names, len(init), total, per_container, shape)

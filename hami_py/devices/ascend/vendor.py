@@ -102,6 +102,10 @@ class AscendVendor(TemplateVendor):
 
     # -- inventory -------------------------------------------------------------------------
 
+    def registration_inputs(self, node) -> object:
+        """The registration, and whether the node runs the soft split (it sets the NPUs' cores)."""
+        return (*super().registration_inputs(node), node.annotations.get(NODE_HAMI_CORE_ANNOTATION))
+
     def parse_node_devices(self, node) -> list[DeviceInfo]:
         """The NPUs of ``hami.io/node-register-<cw>``, exactly as registered: every device of this
         annotation belongs to this kind (never to another kind whose name contains it), its type
@@ -116,8 +120,15 @@ class AscendVendor(TemplateVendor):
         devices = decode_json_devices(text)
         if not devices:
             raise DeviceDecodeError("no device found on node")
+        # On a node running the soft split, hami-vnpu-core enforces an NPU's cores as a percentage,
+        # and upstream checks a hami-core pod's cores against 100 whatever ``devcore`` the plugin
+        # registered (the only pods that ask for cores: the webhook refuses a core request
+        # outside hami-core mode). The NPU's cores are then 100 in the books.
+        percent = self.node_supports_hami_core(node.annotations)
         for position, device in enumerate(devices):
             device.mode = ""
+            if percent:
+                device.devcore = 100
             if topology.NETWORK_ID_KEY in device.custom and topology.network_id_of(device.custom) is None:
                 raw = orjson.dumps(device.custom[topology.NETWORK_ID_KEY]).decode()
                 raise DeviceDecodeError(

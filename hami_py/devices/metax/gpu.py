@@ -24,7 +24,7 @@ import re
 import orjson
 import structlog
 
-from hami_py.devices.base import FLAG_CHOOSE, FLAG_EXCLUSIVE, ContainerRequest, DeviceInfo
+from hami_py.devices.base import FLAG_CHOOSE, ContainerRequest, DeviceInfo
 from hami_py.devices.template import CapacityCards, TemplateSpec, TemplateVendor
 
 log = structlog.get_logger(__name__)
@@ -82,7 +82,10 @@ def topology_score(custom: dict, node_policy: str, cards: int) -> float:
 class MetaxGPUVendor(CapacityCards, TemplateVendor):
     """Whole Metax GPUs from ``status.capacity[metax-tech.com/gpu]``."""
 
-    kernel_flags = FLAG_EXCLUSIVE | FLAG_CHOOSE
+    # Each card registers a count of 1, so the kernel's slot check already gives a card to one
+    # container, refused as upstream words it (CardTimeSlicingExhausted: its Fit tests
+    # ``Count <= Used`` first). FLAG_EXCLUSIVE would word it ExclusiveDeviceAllocateConflict.
+    kernel_flags = FLAG_CHOOSE
     uses_node_lock = False
 
     def __init__(self, config):

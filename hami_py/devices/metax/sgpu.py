@@ -357,6 +357,7 @@ class SGPUChooser:
             own_at.setdefault(p, []).append(c)
         online_req = self.app_class == ONLINE
         feasible = []
+        class_refused = qos_refused = 0
         for p in positions:
             mine = own_at.get(p, ())
             if used[offset + p] == 0 and not mine:
@@ -367,14 +368,21 @@ class SGPUChooser:
                 on += len(mine) if self.app_class == ONLINE else 0
                 off += len(mine) if self.app_class == OFFLINE else 0
             if not app_class_fits(self.app_class, on, off):
+                class_refused += 1
                 continue
             if not online_req and cores != 100:
                 values = [task_qos(m, e.cores) for m, e in tasks[p] if m.get(APP_CLASS) != ONLINE]
                 values.extend(task_qos(self.marks, c) for c in mine)
                 if not qos_fits(self.qos, values, devices[p].custom.get("QosPolicy", "")):
+                    qos_refused += 1
                     continue
             feasible.append(p)
         if len(feasible) < nums:
+            # Upstream's words for the cards it ruled out (its Fit tests the class, then the QoS).
+            if qos_refused:
+                return R.CARD_QOS_POLICY_MISMATCH
+            if class_refused:
+                return R.CARD_APP_CLASS_MISMATCH
             return R.CARD_NOT_FOUND_CUSTOM_FILTER_RULE
         counts = {p: _classes(tasks[p]) for p in feasible} if online_req else {}
         if len(feasible) > nums:
