@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import aiohttp
+
 import orjson
 import structlog
 
@@ -25,6 +27,7 @@ log = structlog.get_logger(__name__)
 
 # The families whose plugins hold a lock of their own, by the allocation annotation that names
 # the pod theirs: the simulated plugin releases it once it has "allocated", as the real one does.
+ALLOCATION_RETRY_S = 60.0     # how long an answer the API server did not take is sent again
 _OWN_LOCKS = {"hami.io/cambricon-mlu-devices-allocated": ExtraLock("cambricon.com/dsmlu.lock", 120.0)}
 
 
@@ -86,29 +89,51 @@ class SimulatedDevicePlugin:
         mig = ann.get(MIG_ALLOCATIONS_ANNOTATION)
         own = tuple(lock for key, lock in _OWN_LOCKS.items() if key in ann)
         task = asyncio.create_task(self._allocate(meta.get("namespace", ""), meta.get("name", ""), node,
-                                                  realise_mig_instances(mig) if mig else None, own))
+                                                  realise_mig_instances(mig) if mig else None, own, uid=uid))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
     async def _allocate(self, namespace: str, name: str, node: str, mig: str | None,
-                        own: tuple[ExtraLock, ...] = ()) -> None:
-        try:
-            if self.allocation_delay_s > 0:
-                await asyncio.sleep(self.allocation_delay_s)   # the simulated device set-up
-            # The real plugin writes the MIG identity just before it marks success; one patch here.
-            annotations = {"hami.io/bind-phase": "success"}
-            if mig is not None:
-                annotations[MIG_ALLOCATIONS_ANNOTATION] = mig
-            await self.client.patch(pod_path(namespace, name), {"metadata": {"annotations": annotations}})
-            released = await self.locker.release(node, namespace, name)
-            if own:
-                # A family's plugin releases its own lock too (Cambricon's: cambricon.com/dsmlu.lock).
-                released = await self.locker.release_own(node, own) and released
-            if not released:
-                log.warning("simulated device plugin could not release the node lock", pod=f"{namespace}/{name}",
-                            node=node)
+                        own: tuple[ExtraLock, ...] = (), *, uid: str = "") -> None:
+        if self.allocation_delay_s > 0:
+            await asyncio.sleep(self.allocation_delay_s)   # the simulated device set-up
+        # An answer the API server did not take (down, refusing) is sent again with a backoff, as a
+        # plugin retries an allocation it could not report: the pod's events may not come again
+        # (a watch resumed after an outage replays nothing), and the node lock would otherwise be
+        # held until it expires.
+        delay = 0.1
+        deadline = asyncio.get_running_loop().time() + ALLOCATION_RETRY_S
+        while True:
+            try:
+                await self._answer(namespace, name, node, mig, own)
                 return
-            self.allocated += 1
-        except KubeApiError as exc:
-            log.warning("simulated device plugin could not finish allocation", pod=f"{namespace}/{name}",
-                        error=str(exc))
+            except KubeApiError as exc:
+                failure = exc
+                if exc.status not in (0, 429) and exc.status < 500:
+                    break          # gone (404) or refused outright: sending it again changes nothing
+            except (OSError, asyncio.TimeoutError, aiohttp.ClientError) as exc:
+                failure = exc
+            if asyncio.get_running_loop().time() + delay > deadline:
+                break
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+        self._done.discard(uid)        # a later event of the pod may still finish it
+        log.warning("simulated device plugin could not finish allocation", pod=f"{namespace}/{name}",
+                    error=str(failure) or type(failure).__name__)
+
+    async def _answer(self, namespace: str, name: str, node: str, mig: str | None,
+                      own: tuple[ExtraLock, ...]) -> None:
+        # The real plugin writes the MIG identity just before it marks success; one patch here.
+        annotations = {"hami.io/bind-phase": "success"}
+        if mig is not None:
+            annotations[MIG_ALLOCATIONS_ANNOTATION] = mig
+        await self.client.patch(pod_path(namespace, name), {"metadata": {"annotations": annotations}})
+        released = await self.locker.release(node, namespace, name)
+        if own:
+            # A family's plugin releases its own lock too (Cambricon's: cambricon.com/dsmlu.lock).
+            released = await self.locker.release_own(node, own) and released
+        if not released:
+            log.warning("simulated device plugin could not release the node lock", pod=f"{namespace}/{name}",
+                        node=node)
+            return
+        self.allocated += 1
