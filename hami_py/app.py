@@ -23,7 +23,7 @@ from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.http.server import DEFAULT_BODY_LIMIT, build_app, build_metrics_app
 from hami_py.http.tls import DEFAULT_CHECK_INTERVAL_S, ReloadingTLS
 from hami_py.http.webhook import build_webhook_app, webhook_route
-from hami_py.k8s.budget import warn_if_capped
+from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS, log_budget
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, UNBOUND
 from hami_py.k8s.events import DEFAULT_QUEUE_SIZE, EventRecorder
@@ -56,8 +56,10 @@ class Options:
     gpu_scheduler_policy: str = "spread"
     metrics_bind_address: str = ":9395"
     node_label_selector: dict[str, str] = field(default_factory=dict)
-    kube_qps: float = 5.0
-    kube_burst: int = 10
+    # Neither --kube-qps nor --kube-burst given: the budget of hami_py.k8s.budget (100 pods/s).
+    kube_qps: float = DEFAULT_QPS
+    kube_burst: int = DEFAULT_BURST
+    kube_budget_source: str = "default"      # or "flags": named in the start-up log
     kube_timeout: float = 0.0
     profiling: bool = False
     node_lock_timeout_s: float = 300.0
@@ -160,7 +162,7 @@ class SchedulerApp:
 
     async def start(self) -> None:
         o = self.options
-        warn_if_capped(o.kube_qps, o.kube_burst)   # upstream's defaults cap it at 1.25 pods/s
+        log_budget(o.kube_qps, o.kube_burst, o.kube_budget_source)
         api_seconds = self.metrics.api_request_seconds
         self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout,
                                  observe=lambda method, resource, s: api_seconds.labels(method, resource).observe(s))

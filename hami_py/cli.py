@@ -19,6 +19,7 @@ from hami_py.app import Options, SchedulerApp, split_host_port
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.devices.codec import parse_go_bool
 from hami_py.devices.registry import FamilySwitches, build_vendors
+from hami_py.k8s.budget import resolve_budget
 from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, FILTERING_SUCCEED_MODES, UNBOUND
 from hami_py.http.tls import TLSConfigError
 from hami_py.k8s.leader import check_leader_options, leader_identity
@@ -100,8 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--gpu-scheduler-policy", default="spread", help="default device policy: binpack or spread")
     flag("--metrics-bind-address", default=":9395", type=_address, help="metrics server address")
     flag("--node-label-selector", default={}, type=_selector, help="k=v,k2=v2: only nodes with these labels")
-    flag("--kube-qps", default=5.0, type=float, help="API client queries per second")
-    flag("--kube-burst", default=10, type=int, help="API client burst")
+    flag("--kube-qps", default=None, type=float,
+         help="API client queries per second (neither this nor --kube-burst given: 600, 100 pods/s)")
+    flag("--kube-burst", default=None, type=int, help="API client burst (neither flag given: 1200)")
     flag("--kube-timeout", default=0, type=int, help="API client timeout in seconds (0: none)")
     flag("--profiling", default=False, type=_bool, nargs="?", const=True, help="accepted for compatibility")
     flag("--node-lock-timeout", default=300.0, type=_duration, help="node lock expiry (Go duration)")
@@ -142,12 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def options_from_args(ns: argparse.Namespace) -> Options:
+    qps, burst, source = resolve_budget(ns.kube_qps, ns.kube_burst)
     return Options(
         http_bind=ns.http_bind, webhook_bind_address=ns.webhook_bind_address,
         cert_file=ns.cert_file, key_file=ns.key_file,
         scheduler_name=ns.scheduler_name, node_scheduler_policy=ns.node_scheduler_policy,
         gpu_scheduler_policy=ns.gpu_scheduler_policy, metrics_bind_address=ns.metrics_bind_address,
-        node_label_selector=ns.node_label_selector, kube_qps=ns.kube_qps, kube_burst=ns.kube_burst,
+        node_label_selector=ns.node_label_selector, kube_qps=qps, kube_burst=burst, kube_budget_source=source,
         kube_timeout=ns.kube_timeout, profiling=ns.profiling, node_lock_timeout_s=ns.node_lock_timeout,
         node_lock_retry_timeout_s=ns.node_lock_retry_timeout, node_lock_wait_s=ns.node_lock_wait,
         filtering_succeed_events=ns.filtering_succeed_events,

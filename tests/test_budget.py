@@ -1,8 +1,10 @@
-"""The API budget: the scheduler says at start when --kube-qps caps it below 10 pods a second.
+"""The API budget: HAMi's chart passes neither --kube-qps nor --kube-burst, and the scheduler
+then uses a budget that places 100 pods a second; explicit flags win, and the start-up log names
+the budget in force, with a warning when it caps scheduling below 10 pods a second.
 
-Upstream's client defaults (``--kube-qps 5 --kube-burst 10``) stay the flags' defaults, and with
-three requests a pod (lock and Binding on the critical path, the label after) they allow 1.67 pods/s: an operator who kept
-them must be told, in the log, what they cost.
+Upstream's client defaults (``--kube-qps 5 --kube-burst 10``), with three requests a pod (lock and
+Binding on the critical path, the label after), allow 1.67 pods/s: an operator who sets them must
+be told, in the log, what they cost.
 """
 from __future__ import annotations
 
@@ -11,22 +13,48 @@ from structlog.testing import capture_logs
 
 from hami_py.cli import build_parser, options_from_args
 from hami_py.embedded import embedded_options, running_scheduler
-from hami_py.k8s.budget import REQUESTS_PER_POD, pods_per_second_cap
+from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS, REQUESTS_PER_POD, pods_per_second_cap
 
 WARNING = "the API budget caps scheduling"
 
 
-async def _start_logs(api, **options) -> list[dict]:
+async def _start_logs(api, event: str = WARNING, **options) -> list[dict]:
     with capture_logs() as logs:
         async with running_scheduler(api, options=embedded_options(**options), device_plugin=False):
             pass
-    return [e for e in logs if e["event"] == WARNING]
+    return [e for e in logs if e["event"] == event]
 
 
-async def test_upstreams_default_budget_is_a_warning_with_the_cap(api):
-    defaults = options_from_args(build_parser().parse_args([]))
-    assert (defaults.kube_qps, defaults.kube_burst) == (5.0, 10)      # upstream's, unchanged
-    warnings = await _start_logs(api, kube_qps=defaults.kube_qps, kube_burst=defaults.kube_burst)
+def _options(*argv: str):
+    return options_from_args(build_parser().parse_args(list(argv)))
+
+
+def test_without_either_flag_the_budget_places_100_pods_a_second():
+    chart = _options()          # HAMi's chart renders neither flag
+    assert (chart.kube_qps, chart.kube_burst, chart.kube_budget_source) == (DEFAULT_QPS, DEFAULT_BURST, "default")
+    assert pods_per_second_cap(chart.kube_qps) >= 100
+    assert chart.kube_qps - 100 * REQUESTS_PER_POD >= 6000 / 30     # and 6 000 nodes' handshake stamps
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (("--kube-qps", "5", "--kube-burst", "10"), (5.0, 10)),      # upstream's client defaults, asked for
+    (("--kube-qps", "50"), (50.0, 100)),                          # the burst from the rate
+    (("--kube-burst", "20"), (DEFAULT_QPS, 20)),                  # the rate the default
+    (("--kube-qps", "0"), (0.0, DEFAULT_BURST)),                  # unlimited
+])
+def test_explicit_flags_win(argv, expected):
+    options = _options(*argv)
+    assert (options.kube_qps, options.kube_burst, options.kube_budget_source) == (*expected, "flags")
+
+
+async def test_the_start_up_log_names_the_budget_in_force(api):
+    [line] = await _start_logs(api, "API budget", kube_qps=600, kube_burst=1200, kube_budget_source="default")
+    assert (line["kube_qps"], line["kube_burst"], line["source"], line["pods_per_s"]) == (600, 1200, "default", 200.0)
+
+
+async def test_upstreams_client_defaults_asked_for_are_a_warning_with_the_cap(api):
+    asked = _options("--kube-qps", "5", "--kube-burst", "10")
+    warnings = await _start_logs(api, kube_qps=asked.kube_qps, kube_burst=asked.kube_burst)
     assert len(warnings) == 1
     assert warnings[0]["log_level"] == "warning"
     assert warnings[0]["pods_per_s"] == 1.67 == round(5.0 / REQUESTS_PER_POD, 2)
