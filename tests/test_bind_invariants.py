@@ -161,20 +161,24 @@ async def test_a_pod_without_device_requests_is_bound_as_before(api, app, extend
     assert LOCK_ANNOTATION not in api.get("nodes", "n1")["metadata"]["annotations"]
 
 
-async def test_a_filter_of_a_pod_whose_bind_is_in_flight_waits_and_keeps_its_devices(api, app, extender):
+async def test_a_filter_of_a_pod_whose_bind_is_in_flight_answers_at_once_and_keeps_its_devices(api, app, extender):
     """A second profile (or a retry) filters the pod while its Binding is on the wire: the filter
-    waits for the bind, and then answers that the pod is bound instead of releasing its devices."""
+    does not queue behind the bind (kube-scheduler's serial cycle, and every other pod, would wait
+    with it) but answers at once that the bind is running, and releases nothing; once bound, a
+    filter answers that the pod is bound."""
     await one_gpu_nodes(api, app, "n1", "n2")
     pod = api.create("pods", gpu_pod("p", gpumem=20000))
     assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
     hung = api.faults.add(method="POST", path="/binding$", hang=True)
     bind = asyncio.create_task(extender.bind(pod, "n1"))
     await wait_for(lambda: hung.hits == 1, what="the Binding in flight")
-    refilter = asyncio.create_task(extender.filter(pod, ["n1", "n2"]))
-    await wait_for(lambda: app.service.pod_locks.waiting(pod["metadata"]["uid"]) == 1, what="the filter queued")
+    refilter = await extender.filter(pod, ["n1", "n2"])
+    assert refilter["Error"] == "pod default/p: its bind is still running (kube-scheduler retries the pod)"
+    assert refilter["NodeNames"] is None and not bind.done()
+    assert used_mem(app, "n1") == 20000 and used_mem(app, "n2") == 0
     api.faults.release()
     assert (await bind) == {"Error": ""}
-    assert (await refilter)["Error"] == "pod default/p is already bound to node n1"
+    assert (await extender.filter(pod, ["n1", "n2"]))["Error"] == "pod default/p is already bound to node n1"
     assert used_mem(app, "n1") == 20000 and used_mem(app, "n2") == 0
     finish_allocation(api, "p", "n1")
     await wait_books_balance(api, app)
@@ -293,25 +297,23 @@ async def test_a_follower_drops_a_filter_whose_caller_disconnected_before_it_led
         assert untouched(api, app, "p")
 
 
-async def test_a_filter_queued_behind_the_same_pods_bind_is_dropped_when_its_caller_leaves(api, app, extender):
+async def test_a_filter_during_the_same_pods_failing_bind_decides_nothing(api, app, extender):
     """The pod's bind holds the pod's lock (its node lock write hangs, then its Binding fails): a
-    filter of the pod queued behind it whose caller left never runs, so nothing is reserved after."""
+    filter of the pod meanwhile answers at once and decides nothing, so nothing is reserved after."""
     await one_gpu_nodes(api, app, "n1")
     pod = api.create("pods", gpu_pod("p", gpumem=1000))
-    uid = pod["metadata"]["uid"]
     assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
     hung = api.faults.add(method="PATCH", path="/nodes/n1$", hang=True)
     api.faults.add(method="POST", path="/binding$", status=500)
     bind = asyncio.create_task(extender.bind(pod, "n1"))
     await wait_for(lambda: hung.hits == 1, what="the bind's node lock in flight")
-    await post_and_give_up(app.url, filter_body(pod, ["n1"]), cancel_when=lambda: app.service.pod_locks.waiting(uid) == 1)
-    await wait_for(lambda: app.service.pod_locks.waiting(uid) == 0, what="the queued filter to be cancelled")
+    assert "its bind is still running" in (await extender.filter(pod, ["n1"]))["Error"]
     api.faults.release()
     assert (await bind)["Error"]
     assert used_mem(app, "n1") == 0 and node_of(api, "p") is None
     await wait_until(lambda: any(r == "BindingFailed" for r, _ in events_of(api, "p")), "BindingFailed")
     filtered = [e for e in events_of(api, "p") if e[0] == "FilteringSucceed"]
-    assert len(filtered) == 1, filtered       # the queued filter never decided
+    assert len(filtered) == 1, filtered       # the refused filter never decided
     await wait_books_balance(api, app)
 
 

@@ -686,12 +686,13 @@ def filters_waiting(app, uid: str) -> int:
     return app.service.pod_locks.waiting(uid)
 
 
-async def test_a_filter_queued_behind_another_for_the_same_pod_is_never_overtaken(api, app, extender):
+async def test_a_filter_of_a_pod_whose_filter_is_still_running_never_runs_beside_it(api, app, extender):
     """Filters of one pod run one at a time (the cache relies on that to tell an older decision
-    from a newer one, and the stale-decision cleanup on no newer decision being in flight). The
-    per-pod lock must stay in place while filters still wait on it, or the next one takes a fresh
-    lock and runs beside them. Here each filter finds no node for a pod carrying an old decision,
-    and its cleanup's read of the pod hangs under the lock."""
+    from a newer one, and the stale-decision cleanup on no newer decision being in flight), and a
+    filter never waits for another (kube-scheduler's serial cycle waits for it): while one filter's
+    cleanup is in flight, the next answers at once that the filter is running and does nothing.
+    Here each filter finds no node for a pod carrying an old decision, and its cleanup's read of
+    the pod hangs under the lock."""
     await add_nodes(api, app, "n1")
     pod = api.create("pods", gpu_pod("p", gpumem=20000))
     uid = pod["metadata"]["uid"]
@@ -699,19 +700,16 @@ async def test_a_filter_queued_behind_another_for_the_same_pod_is_never_overtake
     pod = api.get("pods", "p", namespace="default")            # kube-scheduler's copy shows it
     hung = api.faults.add(method="GET", path="/pods/p$", hang=True, times=None)
     first = asyncio.create_task(extender.filter(pod, ["gone"]))
-    await wait_for(lambda: hung.hits == 1, what="the first cleanup read in flight")
-    second = asyncio.create_task(extender.filter(pod, ["gone"]))
-    await wait_for(lambda: filters_waiting(app, uid) == 1, what="the second filter queued")
-    api.faults.release()             # the first read is served; the second filter's read hangs
-    await wait_for(lambda: hung.hits == 2, what="the second cleanup read in flight")
-    third = asyncio.create_task(extender.filter(pod, ["gone"]))
     try:
-        await wait_for(lambda: filters_waiting(app, uid) == 1 or hung.hits == 3, what="the third filter")
-        assert hung.hits == 2, "a third filter ran while the second one's cleanup was in flight"
+        await wait_for(lambda: hung.hits == 1, what="the first cleanup read in flight")
+        second = await extender.filter(pod, ["gone"])
+        assert second["Error"] == "pod default/p: its filter is still running (kube-scheduler retries the pod)"
+        assert hung.hits == 1 and filters_waiting(app, uid) == 0, "a second filter ran beside the first"
     finally:
         api.faults.clear()
-        results = await asyncio.gather(first, second, third)
-    assert all(r["NodeNames"] is None and not r["Error"] for r in results)
+    assert (await first)["NodeNames"] is None and not (await first)["Error"]
+    third = await extender.filter(pod, ["gone"])               # the pod's lock is free again
+    assert third["NodeNames"] is None and not third["Error"]
     assert carried_decision(api, "p") == {}
     await wait_books_balance(api, app)
 

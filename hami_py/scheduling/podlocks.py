@@ -5,6 +5,11 @@ after the other, but a retry after a timeout, a second profile or a second kube-
 send a filter of a pod while its bind is still in flight. The filter would release the
 reservation the bind is about to trust (and reserve elsewhere), so both verbs of one pod run one
 at a time. Locks of different pods never wait for each other.
+
+A bind waits for the pod's lock; a filter never does (``try_hold``): kube-scheduler's scheduling
+cycle is serial and waits for our /filter, so a filter queued behind a bind that waits for a node
+lock (up to --node-lock-wait) would stall every pod of the cluster. It answers at once that the
+pod is busy, and kube-scheduler retries the pod.
 """
 from __future__ import annotations
 
@@ -12,19 +17,42 @@ import asyncio
 from contextlib import asynccontextmanager
 
 
+class PodBusy(Exception):
+    """The pod's lock is held: ``holder`` says by what ("bind", "filter")."""
+
+    def __init__(self, holder: str):
+        super().__init__(holder)
+        self.holder = holder
+
+
 class PodLocks:
     def __init__(self):
         self._locks: dict[str, asyncio.Lock] = {}
         self._users: dict[str, int] = {}   # holders and waiters of each pod's lock
+        self._holders: dict[str, str] = {}   # what holds each pod's lock now
 
     @asynccontextmanager
-    async def hold(self, key: str):
-        """Hold the lock of pod ``key`` (its UID) for the body of the ``async with``."""
+    async def try_hold(self, key: str, what: str):
+        """Hold the lock of pod ``key`` without waiting: raises PodBusy when anything holds it or
+        waits for it (the lock is not taken then)."""
+        if self._users.get(key):
+            raise PodBusy(self._holders.get(key, "another request"))
+        async with self.hold(key, what):
+            yield
+
+    @asynccontextmanager
+    async def hold(self, key: str, what: str = "bind"):
+        """Hold the lock of pod ``key`` (its UID) for the body of the ``async with``, waiting for
+        it if need be; ``what`` names the holder to a filter that finds it busy."""
         lock = self._locks.setdefault(key, asyncio.Lock())
         self._users[key] = self._users.get(key, 0) + 1
         try:
             async with lock:
-                yield
+                self._holders[key] = what
+                try:
+                    yield
+                finally:
+                    self._holders.pop(key, None)
         finally:
             # Dropped with its last user only: a released lock is not locked() while the waiter
             # it wakes has yet to run, and a fresh lock then would let a later one run beside it.

@@ -19,7 +19,7 @@ from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeClient
 from hami_py.scheduling.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.filter import FilterDecision, Filterer
-from hami_py.scheduling.podlocks import PodLocks
+from hami_py.scheduling.podlocks import PodBusy, PodLocks
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.preempt_verb import PreemptArgsError, process_preemption
 from hami_py.scheduling.prioritize import FILTER_MODES, AllNodes, HostPriorities
@@ -102,11 +102,18 @@ class SchedulerService:
             # The reservation is keyed by UID and the patch preconditioned on it: without one a
             # reservation could never be matched to the pod's watch events, and would leak.
             return filter_result(error=f"pod {_pod_key(pod)}: extender args pod has no metadata.name or metadata.uid")
-        # Waiting here (for the sync, leadership, or this pod's earlier filter or bind) is
-        # cancelled with the request when its caller goes away (handler cancellation, set where
-        # app.py starts the servers): a caller that gave up gets no reservation, no patch and no event.
-        async with self.pod_locks.hold(uid):
-            return await self._filter_live(pod, node_names, request)
+        # Waiting here (for the sync, leadership) is cancelled with the request when its caller
+        # goes away (handler cancellation, set where app.py starts the servers): a caller that
+        # gave up gets no reservation, no patch and no event. A filter never waits for the pod's
+        # earlier filter or bind: kube-scheduler's scheduling cycle waits for this answer, and
+        # every other pod with it.
+        try:
+            async with self.pod_locks.try_hold(uid, "filter"):
+                return await self._filter_live(pod, node_names, request)
+        except PodBusy as busy:
+            namespace = meta.get("namespace") or "default"
+            return filter_result(error=f"pod {namespace}/{meta['name']}: its {busy.holder} is still running "
+                                       f"(kube-scheduler retries the pod)")
 
     async def _filter_live(self, pod: dict, node_names: list[str], request) -> dict:
         meta = pod.get("metadata") or {}
@@ -256,7 +263,7 @@ class SchedulerService:
         # to its end even if the caller leaves: a lock taken or a Binding posted is never left
         # half undone.
         key = req.uid or self.cache.uid_of(req.namespace, req.name, req.node) or f"{req.namespace}/{req.name}"
-        async with self.pod_locks.hold(key):
+        async with self.pod_locks.hold(key, "bind"):
             work, cancelled = await run_to_end(self._bind(req))   # finished, still under the lock
         try:
             work.result()
