@@ -67,6 +67,9 @@ class Options:
     # Ours: how long any /bind waits for a node lock held by another pod's allocation in progress
     # (PodGroup members wait node_lock_retry_timeout_s, as upstream). 0 = fail at once (upstream).
     node_lock_wait_s: float = 10.0
+    # Ours: a /bind is answered within this, whatever it waits for (it runs on to its end): well
+    # inside kube-scheduler's 30 s httpTimeout (scheduling/service.py).
+    bind_answer_s: float = 25.0
     # Ours: device preemption by the extender (scheduling/preempting.py), and how long it holds
     # the room it freed for its pod.
     device_preemption: bool = False
@@ -183,7 +186,7 @@ class SchedulerApp:
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
                                         events=self._on_filter, preemptor=self._preemptor(filterer),
-                                        filter_mode=o.filter_mode)
+                                        filter_mode=o.filter_mode, bind_answer_s=o.bind_answer_s)
         # Pods refused just before the books freed devices get kube-scheduler's retry (requeue.py).
         self.requeue = RequeueNudger(self.client, enabled=lambda: self.service.synced.is_set(),
                                      metrics=self.metrics)
@@ -364,7 +367,7 @@ class SchedulerApp:
             await runner.cleanup()
         self._runners.clear()
         if self.service is not None:
-            await self.service.binder.close()   # label patches of binds just made
+            await self.service.close()   # binds answered early, then label patches of binds just made
             await self.requeue.close()
         if self.events is not None:
             await self.events.stop()   # after the servers: no new events; before the client closes

@@ -359,3 +359,28 @@ async def test_a_node_first_seen_requesting_with_allocatable_devices_is_used(api
     await wait_until(lambda: "n1" in app.cache.node_index_of, "n1 registered")
     pod = api.create("pods", gpu_pod("p", gpumem=1000))
     assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+
+
+@pytest.mark.parametrize("scheduler_options", [embedded_options(bind_answer_s=0.5)])
+async def test_a_bind_is_answered_in_time_whatever_it_waits_for_and_runs_on_to_its_end(api, app, extender):
+    """kube-scheduler gives up on a /bind after its httpTimeout: a bind whose Binding hangs is
+    answered within the bind's answer time (here 0.5 s) with what it is doing, runs on to its end,
+    keeps the pod's lock until then (the pod's next filter answers at once), and binds the pod."""
+    await one_gpu_nodes(api, app, "n1")
+    pod = api.create("pods", gpu_pod("p", gpumem=1000))
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    hung = api.faults.add(method="POST", path="/binding$", hang=True)
+    answer = await extender.bind(pod, "n1")
+    assert answer == {"Error": "bind of pod default/p to node n1 is still running after 500ms; "
+                               "its outcome goes to the pod's events"}
+    assert hung.hits == 1
+    assert "its bind is still running" in (await extender.filter(pod, ["n1"]))["Error"]
+    # A second bind of the pod meanwhile waits for the first one's lock, and is answered in time too.
+    assert (await extender.bind(pod, "n1")) == {"Error": "pod default/p: another bind of it is still running after 500ms"}
+    api.faults.release()
+    await wait_until(lambda: node_of(api, "p") == "n1", "the bind carried on to its end")
+    await wait_until(lambda: not app.service.pod_locks.waiting(pod["metadata"]["uid"])
+                     and not len(app.service.pod_locks), "the pod's lock released")
+    assert used_mem(app, "n1") == 1000
+    finish_allocation(api, "p", "n1")
+    await wait_books_balance(api, app)

@@ -13,10 +13,11 @@ from typing import Any
 
 import structlog
 
-from hami_py.aio import run_to_end
+from hami_py.aio import cancel_and_wait, run_to_end
 from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeClient
+from hami_py.k8s.nodelock import go_duration
 from hami_py.scheduling.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.podlocks import PodBusy, PodLocks
@@ -28,6 +29,9 @@ from hami_py.scheduling.requests import parse_pod_requests
 from hami_py.scheduling.stale import clear_stale_decision, may_carry_decision
 
 log = structlog.get_logger(__name__)
+# How long a /bind may take before its caller is answered (the bind runs on to its end): well
+# inside kube-scheduler's httpTimeout (30 s in HAMi's chart and manifests/scheduler-config.yaml).
+BIND_ANSWER_S = 25.0
 _STR_ONLY = frozenset((str,))   # NodeNames from orjson: exact str, checked at C speed
 
 
@@ -45,7 +49,7 @@ def lower_keys(obj: dict) -> dict:
 class SchedulerService:
     def __init__(self, *, cache: UsageCache, vendors: dict[str, DeviceVendor], client: KubeClient,
                  binder: Binder, filterer: Filterer, sync_timeout_s: float = 30.0, events=None,
-                 preemptor=None, filter_mode: str = "best"):
+                 preemptor=None, filter_mode: str = "best", bind_answer_s: float = BIND_ANSWER_S):
         self.cache = cache
         self.vendors = vendors
         self.client = client
@@ -55,6 +59,8 @@ class SchedulerService:
         self.synced = asyncio.Event()
         self.events = events
         self.pod_locks = PodLocks()   # a pod's filters and binds run one at a time
+        self.bind_answer_s = bind_answer_s
+        self._late_binds: set[asyncio.Future] = set()   # binds still running after their answer
         # --device-preemption (scheduling/preempting.py): None when off.
         self.preemptor = preemptor
         # --filter-mode=all (scheduling/prioritize.py): every fitting node, /prioritize, refit at bind.
@@ -261,19 +267,64 @@ class SchedulerService:
         # Under the pod's lock, so no filter of the pod can release the reservation this bind
         # relies on. Waiting for the lock ends with the caller; the bind itself, once begun, runs
         # to its end even if the caller leaves: a lock taken or a Binding posted is never left
-        # half undone.
+        # half undone. The caller is answered within bind_answer_s whatever the bind waits for
+        # (the pod's lock, a node lock, a slow API server): kube-scheduler gives up after its
+        # httpTimeout, and a bind still running then is reported in the pod's events and holds
+        # the pod's lock to its end, so the pod's next /filter answers at once that it runs.
         key = req.uid or self.cache.uid_of(req.namespace, req.name, req.node) or f"{req.namespace}/{req.name}"
-        async with self.pod_locks.hold(key, "bind"):
-            work, cancelled = await run_to_end(self._bind(req))   # finished, still under the lock
+        started = asyncio.Event()
+        work = asyncio.ensure_future(self._locked_bind(key, req, started))
+        try:
+            done, _ = await asyncio.wait([work], timeout=self.bind_answer_s)
+        except asyncio.CancelledError:
+            if not started.is_set():
+                work.cancel()            # still waiting for the pod's lock: dropped with its caller
+            else:
+                self._keep(work, req)   # begun: it runs to its end, logged and reported there
+            raise
+        if not done:
+            if not started.is_set():
+                work.cancel()
+                return {"Error": f"pod {req.namespace}/{req.name}: another bind of it is still running "
+                                 f"after {go_duration(self.bind_answer_s)}"}
+            self._keep(work, req)
+            return {"Error": f"bind of pod {req.namespace}/{req.name} to node {req.node} is still running after "
+                             f"{go_duration(self.bind_answer_s)}; its outcome goes to the pod's events"}
         try:
             work.result()
-            result = {"Error": ""}
+            return {"Error": ""}
         except BindError as exc:
             log.warning("bind failed", pod=f"{req.namespace}/{req.name}", node=req.node, error=str(exc))
-            result = {"Error": str(exc)}
-        if cancelled:
-            raise asyncio.CancelledError()   # nobody to answer; the outcome is logged and reported
-        return result
+            return {"Error": str(exc)}
+
+    async def _locked_bind(self, key: str, req: BindRequest, started: asyncio.Event) -> None:
+        async with self.pod_locks.hold(key, "bind"):
+            started.set()
+            await self._bind(req)
+
+    def _keep(self, work: asyncio.Future, req: BindRequest) -> None:
+        """A bind nobody waits for any more: kept until it ends (close() waits for it), its
+        failure logged (the Binder has reported it on the pod)."""
+        self._late_binds.add(work)
+
+        def ended(task: asyncio.Future) -> None:
+            self._late_binds.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.warning("bind failed after its caller was answered", pod=f"{req.namespace}/{req.name}",
+                            node=req.node, error=str(task.exception()))
+
+        work.add_done_callback(ended)
+
+    async def close(self) -> None:
+        """At shutdown: the binds nobody waits for any more are let finish (their lock and
+        Binding are never left half done) for up to a bind's answer time, then cancelled (one
+        hung on an API server that never answers must not hold the shutdown); then the Binder's
+        own work."""
+        if self._late_binds:
+            await asyncio.wait(list(self._late_binds), timeout=self.bind_answer_s)
+            for work in list(self._late_binds):
+                await cancel_and_wait(work)
+        await self.binder.close()
 
     async def _bind(self, req: BindRequest) -> None:
         if self.all_nodes is not None:
