@@ -26,7 +26,7 @@ from hami_py.http.webhook import build_webhook_app, webhook_route
 from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS, log_budget
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, UNBOUND
-from hami_py.k8s.events import DEFAULT_QUEUE_SIZE, EventRecorder
+from hami_py.k8s.events import DEFAULT_MAX_AGE_S, DEFAULT_QUEUE_SIZE, EventRecorder
 from hami_py.k8s.informer import Informer, PagedRelist
 from hami_py.k8s.leader import build_leadership, check_leader_options, leader_identity
 from hami_py.k8s.nodelock import NodeLocker
@@ -100,6 +100,7 @@ class Options:
     pod_name: str = ""          # empty = $POD_NAME (scheduler-role label)
     pod_namespace: str = ""     # empty = $POD_NAMESPACE
     event_queue_size: int = DEFAULT_QUEUE_SIZE  # Kubernetes Events waiting to be written; more are dropped
+    event_max_age_s: float = DEFAULT_MAX_AGE_S  # an Event queued longer is merged into a later one or dropped
     # Ours: "unbound" writes a FilteringSucceed only for a pod whose bind fails or does not come
     # within the window (a bound pod gets one Event, BindingSucceed); "always" is upstream's.
     filtering_succeed_events: str = UNBOUND
@@ -178,7 +179,8 @@ class SchedulerApp:
         self.events = EventRecorder(self.client, component=o.scheduler_name, metrics=self.metrics,
                                     queue_size=o.event_queue_size, qps=o.kube_qps, burst=o.kube_burst,
                                     filtering_succeed=o.filtering_succeed_events,
-                                    filtering_succeed_window_s=o.filtering_succeed_window_s)
+                                    filtering_succeed_window_s=o.filtering_succeed_window_s,
+                                    max_age_s=o.event_max_age_s)
         self.events.start()
         binder = Binder(client=self.client, cache=self.cache, vendors=self.vendors, locker=locker,
                         lock_retry_timeout_s=o.node_lock_retry_timeout_s, lock_wait_s=o.node_lock_wait_s,

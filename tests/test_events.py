@@ -594,3 +594,29 @@ def test_the_parking_lot_hands_back_what_is_due_oldest_first():
     assert lot.expired() == ["a2"]                # parked at 1: its window ends at 11
     assert lot.take("c") == "c1" and lot.take("c") is None
     assert lot.drain() == ["d1"] and len(lot) == 0
+
+
+async def test_events_that_waited_too_long_are_merged_or_dropped_so_a_fresh_one_is_written_at_once(api, make_recorder):
+    """Behind a backlog (a burst on a slow budget), an event that waited in the queue past its
+    bound is not written: merged into its pod's later event when there is one, else dropped, both
+    counted; the fresh events are written as soon as the budget allows, not after the backlog."""
+    now = [1000.0]
+    recorder = make_recorder(max_age_s=10.0, clock=lambda: now[0])
+    gate = recorder.bucket = _Gate()
+    for name in ("first", "second"):             # taken by the two writers, which then wait
+        recorder.record(_pod(name), _event(WARNING, FILTERING_FAILED, "old"))
+    await wait_until(lambda: gate.waiting == 2 and recorder.queue.qsize() == 0, "both writers waiting")
+    recorder.record(_pod("a"), _event(WARNING, FILTERING_FAILED, "no available node (old)"))
+    for i in range(5):
+        recorder.record(_pod(f"backlog{i}"), _event(WARNING, FILTERING_FAILED, "old"))
+    now[0] += 11.0                                # the backlog is now past its bound
+    recorder.record(_pod("a"), _event(NORMAL, BINDING_SUCCEED, "bound (fresh)"))
+    recorder.record(_pod("fresh"), _event(NORMAL, BINDING_SUCCEED, "bound (fresh)"))
+    gate.open.set()
+    await wait_until(lambda: recorder.queue.qsize() == 0 and _counter(recorder, "hami_events_written_total") == 4,
+                     "the writers' two and the two fresh events written")
+    assert [e["message"] for e in _events(api, "a")] == ["bound (fresh)"]
+    assert len(_events(api, "fresh")) == 1 and len(_events(api, "first")) == 1
+    assert all(_events(api, f"backlog{i}") == [] for i in range(5))
+    assert _counter(recorder, "hami_events_merged_total", how="superseded") == 1
+    assert _counter(recorder, "hami_events_dropped_total", cause="stale") == 5

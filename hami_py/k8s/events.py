@@ -38,6 +38,12 @@ once, as upstream.
 Merged and dropped events are counted (``hami_events_merged_total{how}``, ``how="filter_into_bind"``
 for a FilteringSucceed a bind made unnecessary; ``hami_events_dropped_total{cause}``).
 
+Events stay current: one that waited in the queue longer than ``max_age_s`` (10 s) is not
+written. When its pod has a later event queued it is merged into that one
+(``how="superseded"``), else dropped (``cause="stale"``). Behind a backlog (a burst of
+FilteringFailed on a slow budget) a fresh event is then written within seconds, not after the
+backlog.
+
 Deliberate difference from a literal reading of the core/v1 schema: ``eventTime`` is left unset,
 as client-go's legacy recorder leaves it. A core/v1 Event *with* ``eventTime`` is validated as a
 "new" event (``action`` and ``reportingInstance`` required, message capped at 1 KiB), and a
@@ -69,6 +75,7 @@ NORMAL = "Normal"
 WARNING = "Warning"
 DEFAULT_COMPONENT = "hami-scheduler"
 DEFAULT_QUEUE_SIZE = 1000      # client-go's broadcaster queue length
+DEFAULT_MAX_AGE_S = 10.0       # a queued event older than this is merged into a later one or dropped
 RETRY_ATTEMPTS = 3
 
 # Upstream re-parses each node's reason text with Sscanf("%d/%d %s"): only "<int>/<int> <Word>"
@@ -128,6 +135,11 @@ class _Job:
     # filter's Event lands before the bind's (two writers could otherwise reorder them).
     first: _Job | None = None
 
+    # When it was queued (the loop's clock) and its place in line: a job that waited past
+    # max_age_s is passed over (merged into the pod's later one, or dropped).
+    queued: float = 0.0
+    seq: int = 0
+
     def parts(self) -> list[_Job]:
         return [self] if self.first is None else [self.first, self]
 
@@ -146,7 +158,8 @@ class EventRecorder:
     def __init__(self, client: KubeClient, *, component: str = "", metrics=None,
                  queue_size: int = DEFAULT_QUEUE_SIZE, workers: int = 2, qps: float = 5.0,
                  burst: int = 10, drain_timeout_s: float = 2.0, retry_backoff_s: float = 0.5,
-                 filtering_succeed: str = UNBOUND, filtering_succeed_window_s: float = DEFAULT_WINDOW_S):
+                 filtering_succeed: str = UNBOUND, filtering_succeed_window_s: float = DEFAULT_WINDOW_S,
+                 max_age_s: float = DEFAULT_MAX_AGE_S, clock: Callable[[], float] = time.monotonic):
         if queue_size < 1:
             raise ValueError(f"event queue size must be at least 1, got {queue_size}")
         if filtering_succeed not in FILTERING_SUCCEED_MODES:
@@ -164,6 +177,14 @@ class EventRecorder:
         self._sweeper: asyncio.Task | None = None
         self._closing = False
         self._last_stamp = 0
+        # Events stay current: a job that waited in the queue longer than this is not written.
+        # If its pod has a later job queued, that one says what the pod is doing now (merged,
+        # how="superseded"); otherwise it is dropped (cause="stale"). A backlog behind a slow
+        # budget then drains in seconds, and a fresh event is written within seconds of it.
+        self.max_age_s = max_age_s
+        self._clock = clock
+        self._seq = 0
+        self._latest: dict[str, int] = {}     # pod UID -> the seq of its latest queued job
         self.correlator = EventCorrelator(self.component, name=self._event_name,
                                           merged=self._count_merged, dropped=self._count_dropped)
         # Bounded as the queue is: the parked wait for a bind, the queued for the budget.
@@ -239,11 +260,27 @@ class EventRecorder:
         return self.parked.take(uid) if uid and self.parked is not None else None
 
     def _enqueue(self, job: _Job) -> bool:
+        self._seq += 1
+        job.queued, job.seq = self._clock(), self._seq
         try:
             self.queue.put_nowait(job)
         except asyncio.QueueFull:
             self._count_dropped("queue_full")
             return False
+        self._latest[job.pod.uid] = job.seq
+        return True
+
+    def _stale(self, job: _Job) -> bool:
+        """Whether the job waited too long to be written; counted as merged or dropped then."""
+        latest = self._latest.get(job.pod.uid)
+        if latest == job.seq:
+            del self._latest[job.pod.uid]
+        if self.max_age_s <= 0 or self._clock() - job.queued <= self.max_age_s:
+            return False
+        if latest is not None and latest > job.seq:
+            self._count_merged("superseded")      # the pod's later event is still to be written
+        else:
+            self._count_dropped("stale")
         return True
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -280,6 +317,8 @@ class EventRecorder:
         while True:
             job = await self.queue.get()
             try:
+                if self._stale(job):
+                    continue
                 for part in job.parts():
                     for type_, reason, message in part.build():
                         seen = self.correlator.observe(part.pod, part.at, type_, reason, message)
