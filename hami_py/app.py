@@ -170,6 +170,9 @@ class SchedulerApp:
         api_seconds = self.metrics.api_request_seconds
         self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout,
                                  observe=lambda method, resource, s: api_seconds.labels(method, resource).observe(s))
+        # Work off the critical path (registration upkeep, label follow-ups, requeue nudges) draws
+        # on a bucket of its own at the same rate: a pod's lock and Binding never wait behind it.
+        background = self.client.with_budget(o.kube_qps, o.kube_burst)
         locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint,
                             allocating=self._allocating)
         filterer = Filterer(self.cache, self.vendors, default_node_policy=o.node_scheduler_policy,
@@ -184,19 +187,19 @@ class SchedulerApp:
         self.events.start()
         binder = Binder(client=self.client, cache=self.cache, vendors=self.vendors, locker=locker,
                         lock_retry_timeout_s=o.node_lock_retry_timeout_s, lock_wait_s=o.node_lock_wait_s,
-                        on_result=self.events.on_bind)
+                        on_result=self.events.on_bind, background_client=background)
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
                                         events=self._on_filter, preemptor=self._preemptor(filterer),
                                         filter_mode=o.filter_mode, bind_answer_s=o.bind_answer_s)
         # Pods refused just before the books freed devices get kube-scheduler's retry (requeue.py).
-        self.requeue = RequeueNudger(self.client, enabled=lambda: self.service.synced.is_set(),
+        self.requeue = RequeueNudger(background, enabled=lambda: self.service.synced.is_set(),
                                      metrics=self.metrics)
         self.leadership = build_leadership(
             leader_elect=o.leader_elect, client=self.client, namespace=o.leader_elect_resource_namespace,
             name=o.leader_elect_resource_name, identity=self.identity, on_change=self._on_leadership)
         self.keeper = RegistrationKeeper(
-            client=self.client, cache=self.cache, vendors=self.vendors, leadership=self.leadership,
+            client=background, cache=self.cache, vendors=self.vendors, leadership=self.leadership,
             handshake_timeout_s=o.handshake_timeout_s, interval_s=o.registration_interval_s,
             pod_name=o.pod_name or os.environ.get("POD_NAME", ""),
             pod_namespace=o.pod_namespace or os.environ.get("POD_NAMESPACE", ""))

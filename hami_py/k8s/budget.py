@@ -13,9 +13,10 @@ token bucket (``hami_py.k8s.client.TokenBucket``):
 ``make bench`` counts them at the in-repo API server (docs/BENCHMARKS.md, "API requests per
 scheduled pod"): 2.0 on the critical path at 1 000 nodes (a few hundredths more when a lock meets
 a stale node or a held lock), and nothing after it (1.0 more where the label is patched). Events are not in this figure: they have
-a budget of their own (``hami_py.k8s.events``). The registration upkeep (one node patch per
-device plugin heartbeat, nodes / 30 a second) shares the bucket, which is why the shipped
-settings leave room above pods/s × 3.
+a budget of their own (``hami_py.k8s.events``), and so does the work off the critical path
+(``KubeClient.with_budget``: the registration upkeep's node patch per device plugin heartbeat,
+nodes / 30 a second, the label follow-up and requeue nudges), at the same rate: the shipped
+settings leave room above pods/s × 3 for the API server's sake, not the bucket's.
 
 So the scheduler can place at most ``qps / REQUESTS_PER_POD`` pods a second in the long run,
 however fast it decides. Upstream's client defaults (``--kube-qps 5 --kube-burst 10``) cap it at

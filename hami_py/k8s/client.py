@@ -12,6 +12,7 @@ scheduler behaves towards the API server the way upstream's does; watches are no
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import time
 from typing import Any, Callable
@@ -110,7 +111,19 @@ class KubeClient:
         self.session = aiohttp.ClientSession(connector=rest.pool_manager.connector, connector_owner=False,
                                              trust_env=False, read_bufsize=2 ** 21)
 
+    def with_budget(self, qps: float, burst: int) -> "KubeClient":
+        """The same client (connection pool, authentication, session) drawing on a token bucket
+        of its own: work off the critical path (registration upkeep, label follow-ups, requeue
+        nudges) then never waits for tokens a bind's lock and Binding need, nor they for it.
+        Closing the view closes nothing: the client it came from owns the connections."""
+        view = copy.copy(self)
+        view.bucket = TokenBucket(qps, burst)
+        view._view = True
+        return view
+
     async def close(self) -> None:
+        if getattr(self, "_view", False):
+            return
         await self.session.close()
         await self.api.close()
 

@@ -57,7 +57,7 @@ class BindRequest:
 class Binder:
     def __init__(self, *, client: KubeClient, cache: UsageCache, vendors: dict[str, DeviceVendor],
                  locker: NodeLocker, lock_retry_timeout_s: float = 28.0, lock_wait_s: float = 10.0,
-                 on_result=None):
+                 on_result=None, background_client: KubeClient | None = None):
         self.client = client
         self.cache = cache
         self.vendors = vendors
@@ -65,7 +65,9 @@ class Binder:
         self.lock_retry_timeout_s = lock_retry_timeout_s
         self.lock_wait_s = lock_wait_s
         self.on_result = on_result
-        self.labels = LabelFollower(client=client)   # the vgpu-node label, where the Binding's is dropped
+        # The vgpu-node label, where the Binding's is dropped: after the bind's answer, so on the
+        # background budget (the next pods' locks and Bindings never wait for it).
+        self.labels = LabelFollower(client=background_client or client)
         self._releasing: set[asyncio.Task] = set()   # node locks whose release failed, tried again
         self._in_flight: set[tuple[str, str]] = set()  # (pod UID, node) of the binds under way
 
