@@ -32,7 +32,7 @@ from hami_py.k8s.leader import build_leadership, check_leader_options, leader_id
 from hami_py.k8s.nodelock import NodeLocker
 from hami_py.k8s.registration import RegistrationKeeper
 from hami_py.k8s.requeue import RequeueNudger
-from hami_py.metrics import Metrics
+from hami_py.metrics import Metrics, StuckLockCollector
 from hami_py.scheduling.admission import AdmissionSettings
 from hami_py.scheduling.bind import Binder
 from hami_py.scheduling.filter import Filterer
@@ -67,6 +67,9 @@ class Options:
     # Ours: how long any /bind waits for a node lock held by another pod's allocation in progress
     # (PodGroup members wait node_lock_retry_timeout_s, as upstream). 0 = fail at once (upstream).
     node_lock_wait_s: float = 10.0
+    # Ours: a node lock held this long by a bound pod whose allocation is unfinished is stuck: the
+    # filter passes the node over and a bind onto it fails at once (cache/stuck_locks.py). 0: never.
+    node_lock_stuck_after_s: float = 30.0
     # Ours: a /bind is answered within this, whatever it waits for (it runs on to its end): well
     # inside kube-scheduler's 30 s httpTimeout (scheduling/service.py).
     bind_answer_s: float = 25.0
@@ -135,7 +138,9 @@ class SchedulerApp:
         self._node_events_counter = self.metrics.watch_events.labels("nodes")
         self._quota_events_counter = self.metrics.watch_events.labels("resourcequotas")
         self.cache = UsageCache(self.vendors, node_selector=options.node_label_selector,
+                                lock_stuck_after_s=options.node_lock_stuck_after_s,
                                 handshake_timeout_s=options.handshake_timeout_s)
+        self.metrics.registry.register(StuckLockCollector(self.cache.stuck_locks))
         self.identity = leader_identity(options.hostname)
         check_leader_options(leader_elect=options.leader_elect, name=options.leader_elect_resource_name,
                              namespace=options.leader_elect_resource_namespace, identity=self.identity)

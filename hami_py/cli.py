@@ -110,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--node-lock-retry-timeout", default=28.0, type=_duration, help="PodGroup lock retry budget")
     flag("--node-lock-wait", default=10.0, type=_duration,
          help="ours: how long a bind waits for a node lock another pod's allocation holds (0: fail at once)")
+    flag("--node-lock-stuck-after", default=30.0, type=_duration,
+         help="ours: a node lock held this long by a bound pod whose allocation is unfinished is stuck: "
+              "filters pass the node over, binds onto it fail at once (0: never)")
     flag("--filtering-succeed-events", default=UNBOUND, choices=list(FILTERING_SUCCEED_MODES),
          help="ours: unbound = a FilteringSucceed Event only for a pod whose bind fails or does not come "
               "within --filtering-succeed-window (a bound pod gets one Event, BindingSucceed); "
@@ -153,6 +156,7 @@ def options_from_args(ns: argparse.Namespace) -> Options:
         node_label_selector=ns.node_label_selector, kube_qps=qps, kube_burst=burst, kube_budget_source=source,
         kube_timeout=ns.kube_timeout, profiling=ns.profiling, node_lock_timeout_s=ns.node_lock_timeout,
         node_lock_retry_timeout_s=ns.node_lock_retry_timeout, node_lock_wait_s=ns.node_lock_wait,
+        node_lock_stuck_after_s=ns.node_lock_stuck_after,
         filtering_succeed_events=ns.filtering_succeed_events,
         filtering_succeed_window_s=ns.filtering_succeed_window,
         device_preemption=ns.device_preemption, device_preemption_hold_s=ns.device_preemption_hold,

@@ -8,7 +8,10 @@ from __future__ import annotations
 import platform
 import sys
 
+from typing import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
 
 from hami_py import __version__
 
@@ -77,3 +80,20 @@ class Metrics:
             "hami_build_info", "Build of this scheduler, as labels; the value is always 1.",
             list(BUILD_INFO), registry=self.registry)
         self.build_info.labels(**BUILD_INFO).set(1)
+
+
+class StuckLockCollector:
+    """``hami_node_lock_stuck{node,holder}``: how long each stuck node lock has been held
+    (hami_py/cache/stuck_locks.py), read from the books at scrape time; absent when none is."""
+
+    def __init__(self, stuck: Callable[[], Iterable]):
+        self.stuck = stuck
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "hami_node_lock_stuck", "Seconds a node lock has been held by a pod whose allocation makes no "
+            "progress (bind-phase still allocating): binds onto the node fail at once, filters pass it over.",
+            labels=["node", "holder"])
+        for lock in self.stuck():
+            family.add_metric([lock.node, lock.holder], lock.held_s)
+        yield family

@@ -7,6 +7,7 @@ facade, composes the parts and re-exports these names).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 from hami_py.devices.base import DeviceInfo
 
@@ -20,6 +21,25 @@ FINISHED_BIND_PHASES = frozenset(("success", "failed"))
 def allocation_finished(annotations: dict | None) -> bool:
     """Whether the device plugin is done with the pod its annotations belong to."""
     return (annotations or {}).get(BIND_PHASE_ANNOTATION) in FINISHED_BIND_PHASES
+
+
+def parse_lock(value: str) -> tuple[datetime, str | None, str | None]:
+    """A node lock annotation (``hami.io/mutex.lock``) as (time, owner namespace, owner name);
+    legacy values carry only the time. Raises ValueError for a malformed one."""
+    if "," in value:
+        parts = value.split(",")
+        if len(parts) != 3:
+            raise ValueError(f"malformed lock annotation: expected 3 parts, got {len(parts)} from {value}")
+        stamp, ns, name = parts
+    else:
+        stamp, ns, name = value, None, None
+    try:
+        t = datetime.fromisoformat(stamp.strip())
+    except ValueError as exc:
+        raise ValueError(f"malformed lock annotation time {stamp!r} in {value!r}") from exc
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t, ns, name
 
 
 @dataclass(slots=True)

@@ -21,6 +21,8 @@ no part ever rebinds them: the device table compacts its columns in place.
 """
 from __future__ import annotations
 
+from datetime import datetime
+
 from hami_py.cache.device_table import DeviceTable
 from hami_py.cache.node_inventory import (
     HANDSHAKE_TIMEOUT_S, REQUESTING_PREFIX, STAMP_FORMAT, NodeInventory, is_requesting, parse_handshake_deadline,
@@ -29,6 +31,7 @@ from hami_py.cache.partitions import PartitionTables
 from hami_py.cache.pod_ledger import VGPU_NODE_ANNOTATION, PodLedger, collapse
 from hami_py.cache.quota import QuotaBook
 from hami_py.cache.records import NodeEntry, PodUsage, UsageEntry
+from hami_py.cache.stuck_locks import DEFAULT_STUCK_AFTER_S, StuckLock, stuck_lock, stuck_locks
 from hami_py.devices.base import DeviceInfo, DeviceVendor
 
 __all__ = [
@@ -57,7 +60,7 @@ class UsageCache:
     """The scheduler's books: what every registered device has and what is taken of it."""
 
     def __init__(self, vendors: dict[str, DeviceVendor], *, node_selector: dict[str, str] | None = None,
-                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S):
+                 handshake_timeout_s: float = HANDSHAKE_TIMEOUT_S, lock_stuck_after_s: float = DEFAULT_STUCK_AFTER_S):
         self.vendors = vendors
         self.vendor_ids = {key: i for i, key in enumerate(vendors)}
         self.table = DeviceTable()
@@ -69,6 +72,7 @@ class UsageCache:
                                        node_selector=node_selector, handshake_timeout_s=handshake_timeout_s)
         self.node_selector = self.inventory.node_selector
         self.handshake_timeout_s = handshake_timeout_s
+        self.lock_stuck_after_s = lock_stuck_after_s
         # Every kernel input by its name (total_mem, …, dev_mig, …, prof_mem, …, place_mask).
         for name in self.table.kernel_arrays():
             setattr(self, name, getattr(self.table, name))
@@ -88,6 +92,22 @@ class UsageCache:
     @property
     def synced(self) -> bool:
         return self.inventory.nodes_synced and self.ledger.pods_synced
+
+    def stuck_lock(self, node: str, now: datetime | None = None) -> StuckLock | None:
+        """The node's lock if its holder's allocation has made no progress (cache/stuck_locks.py)."""
+        entry = self.nodes.get(node)
+        if entry is None or not entry.lock_value:
+            return None
+        return stuck_lock(entry, allocating=self._allocating_holder, after_s=self.lock_stuck_after_s, now=now)
+
+    def stuck_locks(self) -> list[StuckLock]:
+        """Every stuck node lock (for the metrics)."""
+        return stuck_locks(self.nodes.values(), allocating=self._allocating_holder, after_s=self.lock_stuck_after_s)
+
+    def _allocating_holder(self, namespace: str, name: str, node: str) -> bool:
+        # Bound onto the node and its device plugin not done with it: the allocation the lock guards.
+        pod = self.pods.get(self.ledger.uid_of(namespace, name, node))
+        return pod is not None and pod.bound and not pod.allocated
 
     def device_usage(self, node: str) -> list[dict]:
         """A readable snapshot of one node's devices (for tests, the demo and metrics)."""

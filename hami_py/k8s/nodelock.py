@@ -21,7 +21,7 @@ from datetime import datetime, timezone
 
 import structlog
 
-from hami_py.cache.records import allocation_finished
+from hami_py.cache.records import allocation_finished, parse_lock
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
 
 log = structlog.get_logger(__name__)
@@ -89,24 +89,6 @@ def _check_extra_locks(node: str, extra: tuple[ExtraLock, ...], held: dict[str, 
         if (now - taken).total_seconds() <= lock.expiry_s:
             raise NodeLockError(f"node {node} has been locked within {go_duration(lock.expiry_s)} "
                                 f"({lock.annotation}): node lock contention", contention=True)
-
-
-def parse_lock(value: str) -> tuple[datetime, str | None, str | None]:
-    """(time, owner namespace, owner name); legacy values carry only the time."""
-    if "," in value:
-        parts = value.split(",")
-        if len(parts) != 3:
-            raise ValueError(f"malformed lock annotation: expected 3 parts, got {len(parts)} from {value}")
-        stamp, ns, name = parts
-    else:
-        stamp, ns, name = value, None, None
-    try:
-        t = datetime.fromisoformat(stamp.strip())
-    except ValueError as exc:
-        raise ValueError(f"malformed lock annotation time {stamp!r} in {value!r}") from exc
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=timezone.utc)
-    return t, ns, name
 
 
 class NodeLocker:

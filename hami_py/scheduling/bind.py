@@ -282,6 +282,11 @@ class Binder:
                 left = deadline - time.monotonic()
                 if not exc.contention or wait_s <= 0:
                     raise
+                stuck = self.cache.stuck_lock(req.node)
+                if stuck is not None and stuck.holder != f"{req.namespace}/{req.name}":
+                    # Its holder's allocation makes no progress: waiting would only hold this bind
+                    # (and the pod's next filter) up. The pod's next filter goes elsewhere.
+                    raise BindError(stuck.describe()) from None
                 if left <= 0:
                     raise BindError(f"timed out after {go_duration(wait_s)} waiting for node "
                                     f"{req.node} to be unlocked: node lock contention") from None

@@ -12,6 +12,8 @@ import time
 from array import array
 from itertools import compress, repeat
 
+import structlog
+
 from hami_py import _kernel
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache
 from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ChoiceAsk, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
@@ -20,6 +22,8 @@ from hami_py.scheduling.fit_query import FitQuery
 from hami_py.scheduling.kernel_ref import POLICY_SPREAD
 from hami_py.scheduling.policies import Policies, pod_policies
 from hami_py.scheduling.requests import PodRequest
+
+log = structlog.get_logger(__name__)
 
 VGPU_TIME_ANNOTATION = "hami.io/vgpu-time"
 VGPU_NODE_LABEL = "hami.io/vgpu-node"     # the decision's node, also as a label (upstream's)
@@ -154,13 +158,16 @@ class Filterer:
             # reservation below clears that mark.
             cache.release_pod(uid)
         fit = self.evaluate(pod, node_names, request, policies)
-        best, failed, query, cand_idx, chargers, now = (
-            fit.best, fit.failed, fit.query, fit.cand_idx, fit.chargers, fit.now)
-        if best < 0:
+        failed = fit.failed
+        if fit.best < 0:
             return FilterDecision(None, failed)
         fit_count, best_scored = fit.listed(node_names)
+        names = node_names
+        if cache.stuck_lock(node_names[fit.best]) is not None:
+            fit, names = self._avoid_stuck(pod, node_names, request, policies, fit)
+        best, query, cand_idx, chargers, now = fit.best, fit.query, fit.cand_idx, fit.chargers, fit.now
 
-        winner = node_names[best]
+        winner = names[best]
         allocation, mig = self._allocation(request, query, cand_idx[best], chargers)
         pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
         for key, devices in allocation.items():
@@ -179,6 +186,22 @@ class Filterer:
                                    marks=cache.marks_of(carried))
             cache.add_pod_usage(reservation)
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
+
+    def _avoid_stuck(self, pod: dict, node_names: list[str], request: PodRequest, policies: Policies,
+                     fit: "Evaluation") -> tuple["Evaluation", list[str]]:
+        """The policy's favourite fits only where a node lock is stuck (cache/stuck_locks.py): a
+        bind there would fail at once. The pod goes to the best of the fitting nodes without one
+        (a second kernel run over just those), else stays with the favourite (its bind then says
+        why)."""
+        cache = self.cache
+        fitting = [name for c, name in enumerate(node_names)
+                   if fit.query.out_status[c] == R.NODE_FIT and cache.stuck_lock(name) is None]
+        if not fitting:
+            return fit, node_names
+        log.info("passing over nodes whose node lock is stuck", pod=f"{(pod.get('metadata') or {}).get('namespace')}/"
+                 f"{(pod.get('metadata') or {}).get('name')}", stuck=cache.stuck_lock(node_names[fit.best]).describe())
+        again = self.evaluate(pod, fitting, request, policies)
+        return (again, fitting) if again.best >= 0 else (fit, node_names)
 
     def evaluate(self, pod: dict, node_names: list[str], request: PodRequest,
                  policies: Policies | None = None) -> Evaluation:
