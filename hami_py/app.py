@@ -26,7 +26,7 @@ from hami_py.http.webhook import build_webhook_app, webhook_route
 from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS, log_budget
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, UNBOUND
-from hami_py.k8s.events import DEFAULT_MAX_AGE_S, DEFAULT_QUEUE_SIZE, EventRecorder
+from hami_py.k8s.events import DEFAULT_MAX_AGE_S, DEFAULT_QUEUE_SIZE, NODE_LOCK_STUCK, WARNING, EventRecorder
 from hami_py.k8s.informer import Informer, PagedRelist
 from hami_py.k8s.leader import build_leadership, check_leader_options, leader_identity
 from hami_py.k8s.nodelock import NodeLocker
@@ -181,7 +181,7 @@ class SchedulerApp:
         locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint,
                             allocating=self._allocating)
         filterer = Filterer(self.cache, self.vendors, default_node_policy=o.node_scheduler_policy,
-                            default_gpu_policy=o.gpu_scheduler_policy)
+                            default_gpu_policy=o.gpu_scheduler_policy, on_stuck=self._on_stuck)
         # Events get their own --kube-qps/--kube-burst bucket so they never delay a patch or Binding
         # (hami_py/k8s/events.py: repeats merged, spam dropped, both counted).
         self.events = EventRecorder(self.client, component=o.scheduler_name, metrics=self.metrics,
@@ -192,7 +192,7 @@ class SchedulerApp:
         self.events.start()
         binder = Binder(client=self.client, cache=self.cache, vendors=self.vendors, locker=locker,
                         lock_retry_timeout_s=o.node_lock_retry_timeout_s, lock_wait_s=o.node_lock_wait_s,
-                        on_result=self.events.on_bind, background_client=background)
+                        on_result=self.events.on_bind, background_client=background, on_stuck=self._on_stuck)
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
                                         events=self._on_filter, preemptor=self._preemptor(filterer),
@@ -327,6 +327,11 @@ class SchedulerApp:
             self.cache.quota.remove(quota)
         else:
             self.cache.quota.upsert(quota)
+
+    def _on_stuck(self, stuck) -> None:
+        """A warning Event on the node of a stuck lock (cache/stuck_locks.py); repeats raise its count."""
+        if self.events is not None:
+            self.events.on_node(stuck.node, WARNING, NODE_LOCK_STUCK, stuck.event_message())
 
     def _allocating(self, uid: str) -> bool:
         """The pod watch shows the pod, its device plugin not yet done with it."""

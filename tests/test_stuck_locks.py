@@ -19,6 +19,12 @@ from tests.test_metrics import labels, scrape, series
 LOCK = "hami.io/mutex.lock"
 
 
+def _node_events(api, node: str) -> list[dict]:
+    return [e for e in api.list("events", namespace="default")
+            if e["involvedObject"].get("kind") == "Node" and e["involvedObject"]["name"] == node
+            and e["reason"] == "NodeLockStuck"]
+
+
 def _stamp(seconds_ago: float) -> str:
     return (datetime.now(timezone.utc) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -65,6 +71,11 @@ async def test_a_stuck_node_is_passed_over_and_a_bind_onto_it_fails_at_once(api)
             assert answer["Error"].startswith("node n1 is locked by pod default/holder, whose allocation has made "
                                               "no progress for ") and answer["Error"].endswith("node lock stuck")
             assert series(await scrape(app), "hami_node_lock_stuck").keys() == {labels(node="n1", holder="default/holder")}
+            # A warning on the node, once: the filter's and the bind's reports raise its count.
+            await wait_until(lambda: _node_events(api, "n1"), "the node's NodeLockStuck event")
+            [event] = _node_events(api, "n1")
+            assert (event["type"], event["involvedObject"]["kind"]) == ("Warning", "Node")
+            assert event["message"].startswith("node lock held by pod default/holder, whose allocation makes no progress")
             # The plugin answers at last and releases the lock: n1 is an ordinary node again.
             done = api.patch("pods", "holder", {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}},
                              namespace="default")

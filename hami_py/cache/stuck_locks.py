@@ -28,6 +28,11 @@ class StuckLock:
     holder: str          # namespace/name of the pod holding it
     held_s: float        # how long it has been held
 
+    def event_message(self) -> str:
+        """The node's Event: the same text each time, so repeats raise one Event's count."""
+        return (f"node lock held by pod {self.holder}, whose allocation makes no progress (bind-phase still "
+                f"allocating): binds onto this node fail and filters pass it over until it is released")
+
     def describe(self) -> str:
         return (f"node {self.node} is locked by pod {self.holder}, whose allocation has made no progress "
                 f"for {self.held_s:.0f}s (bind-phase still allocating): node lock stuck")

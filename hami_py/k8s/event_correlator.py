@@ -33,10 +33,13 @@ SPAM_QPS = 1 / 300              # ... then one every five minutes
 
 @dataclass(slots=True, frozen=True)
 class PodRef:
+    """The object an Event is about: a pod (the usual case) or, with ``kind`` "Node", a node (its
+    Events go to the "default" namespace, as Kubernetes files a cluster-scoped object's)."""
     namespace: str
     name: str
     uid: str
     resource_version: str
+    kind: str = "Pod"
 
     @classmethod
     def of(cls, pod: dict) -> PodRef:
@@ -109,7 +112,7 @@ class EventCorrelator:
 
     def observe(self, pod: PodRef, at: datetime, type_: str, reason: str, message: str) -> SeenEvent | None:
         now = self.clock()
-        obj = (pod.namespace, pod.name, pod.uid)
+        obj = (pod.kind, pod.namespace, pod.name, pod.uid)
         # 1. Similar events: the same reason with ever new messages becomes one combined Event.
         group = (*obj, type_, reason)
         stamp, messages = _lru_get(self._similar, group, make=lambda: (now, set()))

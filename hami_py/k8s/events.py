@@ -70,6 +70,7 @@ log = structlog.get_logger(__name__)
 FILTERING_FAILED = "FilteringFailed"
 FILTERING_SUCCEED = "FilteringSucceed"
 BINDING_FAILED = "BindingFailed"
+NODE_LOCK_STUCK = "NodeLockStuck"     # ours: a warning on a node whose lock holder makes no progress
 BINDING_SUCCEED = "BindingSucceed"
 NORMAL = "Normal"
 WARNING = "Warning"
@@ -144,6 +145,11 @@ class _Job:
         return [self] if self.first is None else [self.first, self]
 
 
+def _key(job: _Job) -> tuple[str, str, str]:
+    """Which object a job's events are about (a node's have no UID here)."""
+    return job.pod.kind, job.pod.namespace, job.pod.uid or job.pod.name
+
+
 def rfc3339(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -184,7 +190,7 @@ class EventRecorder:
         self.max_age_s = max_age_s
         self._clock = clock
         self._seq = 0
-        self._latest: dict[str, int] = {}     # pod UID -> the seq of its latest queued job
+        self._latest: dict[tuple, int] = {}   # the object (_key) -> the seq of its latest queued job
         self.correlator = EventCorrelator(self.component, name=self._event_name,
                                           merged=self._count_merged, dropped=self._count_dropped)
         # Bounded as the queue is: the parked wait for a bind, the queued for the budget.
@@ -234,6 +240,13 @@ class EventRecorder:
         its preemptor, as kube-scheduler records them (type Normal)."""
         self.record(pod, lambda: [(NORMAL, reason, message)])
 
+    def on_node(self, node: str, type_: str, reason: str, message: str) -> None:
+        """An Event on a node (``kubectl describe node``): a stuck node lock."""
+        if self._closing:
+            return
+        self._enqueue(_Job(PodRef("default", node, "", "", kind="Node"), datetime.now(timezone.utc),
+                           lambda: [(type_, reason, message)]))
+
     def forget(self, uid: str) -> None:
         """The pod is deleted: its parked FilteringSucceed tells nobody anything now (an Event
         about a deleted pod is garbage for the API server to expire), so it is dropped."""
@@ -267,14 +280,14 @@ class EventRecorder:
         except asyncio.QueueFull:
             self._count_dropped("queue_full")
             return False
-        self._latest[job.pod.uid] = job.seq
+        self._latest[_key(job)] = job.seq
         return True
 
     def _stale(self, job: _Job) -> bool:
         """Whether the job waited too long to be written; counted as merged or dropped then."""
-        latest = self._latest.get(job.pod.uid)
+        latest = self._latest.get(_key(job))
         if latest == job.seq:
-            del self._latest[job.pod.uid]
+            del self._latest[_key(job)]
         if self.max_age_s <= 0 or self._clock() - job.queued <= self.max_age_s:
             return False
         if latest is not None and latest > job.seq:
@@ -341,8 +354,11 @@ class EventRecorder:
 
     def _event_body(self, seen: SeenEvent) -> dict:
         pod = seen.pod
-        involved = {"kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid,
-                    "apiVersion": "v1"}
+        involved = {"kind": pod.kind, "name": pod.name, "apiVersion": "v1"}
+        if pod.kind == "Pod":
+            involved["namespace"] = pod.namespace
+        if pod.uid:
+            involved["uid"] = pod.uid
         if pod.resource_version:
             involved["resourceVersion"] = pod.resource_version
         return {

@@ -57,7 +57,7 @@ class BindRequest:
 class Binder:
     def __init__(self, *, client: KubeClient, cache: UsageCache, vendors: dict[str, DeviceVendor],
                  locker: NodeLocker, lock_retry_timeout_s: float = 28.0, lock_wait_s: float = 10.0,
-                 on_result=None, background_client: KubeClient | None = None):
+                 on_result=None, background_client: KubeClient | None = None, on_stuck=None):
         self.client = client
         self.cache = cache
         self.vendors = vendors
@@ -65,6 +65,7 @@ class Binder:
         self.lock_retry_timeout_s = lock_retry_timeout_s
         self.lock_wait_s = lock_wait_s
         self.on_result = on_result
+        self.on_stuck = on_stuck      # called with a StuckLock a bind gave up on (its node's Event)
         # The vgpu-node label, where the Binding's is dropped: after the bind's answer, so on the
         # background budget (the next pods' locks and Bindings never wait for it).
         self.labels = LabelFollower(client=background_client or client)
@@ -286,6 +287,8 @@ class Binder:
                 if stuck is not None and stuck.holder != f"{req.namespace}/{req.name}":
                     # Its holder's allocation makes no progress: waiting would only hold this bind
                     # (and the pod's next filter) up. The pod's next filter goes elsewhere.
+                    if self.on_stuck is not None:
+                        self.on_stuck(stuck)
                     raise BindError(stuck.describe()) from None
                 if left <= 0:
                     raise BindError(f"timed out after {go_duration(wait_s)} waiting for node "

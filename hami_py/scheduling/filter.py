@@ -121,12 +121,13 @@ class Evaluation:
 class Filterer:
     def __init__(self, cache: UsageCache, vendors: dict[str, DeviceVendor], *,
                  default_node_policy: str = "binpack", default_gpu_policy: str = "spread",
-                 kernel=None):
+                 kernel=None, on_stuck=None):
         self.cache = cache
         self.vendors = vendors
         self.default_node_policy = default_node_policy
         self.default_gpu_policy = default_gpu_policy
         self.kernel = kernel or _kernel.filter_nodes
+        self.on_stuck = on_stuck          # called with a StuckLock the filter passed over (its node's Event)
         # The kernel's per-vendor rules, indexed by vendor id; choosers are made per filter, for
         # the FLAG_CHOOSE families the pod asks for (a list of None when it asks for none).
         self.vendor_flags = array("i", [vendors[key].kernel_flags if key in vendors else 0
@@ -198,8 +199,11 @@ class Filterer:
                    if fit.query.out_status[c] == R.NODE_FIT and cache.stuck_lock(name) is None]
         if not fitting:
             return fit, node_names
-        log.info("passing over nodes whose node lock is stuck", pod=f"{(pod.get('metadata') or {}).get('namespace')}/"
-                 f"{(pod.get('metadata') or {}).get('name')}", stuck=cache.stuck_lock(node_names[fit.best]).describe())
+        stuck = cache.stuck_lock(node_names[fit.best])
+        log.info("passing over a node whose node lock is stuck", pod=f"{(pod.get('metadata') or {}).get('namespace')}/"
+                 f"{(pod.get('metadata') or {}).get('name')}", stuck=stuck.describe())
+        if self.on_stuck is not None:
+            self.on_stuck(stuck)
         again = self.evaluate(pod, fitting, request, policies)
         return (again, fitting) if again.best >= 0 else (fit, node_names)
 
