@@ -32,6 +32,7 @@ import yaml
 from hami_py.cli import build_parser, options_from_args
 from hami_py.embedded import wait_for
 from hami_py.fakeapi.objects import gpu_pod
+from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS
 from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
 from hami_py.k8s.requeue import WINDOW_S
 from tests.realk8s import (
@@ -344,6 +345,61 @@ async def test_a_burst_of_pods_onto_two_nodes_is_bound_with_no_bind_failed_on_th
     await wait_for(lambda: app.device_plugin.allocated - allocated == BURST_PODS, timeout=30,
                    what="every allocation done")
     await wait_books_balance(real_kube, app)
+
+
+BACKLOG_PODS = 30
+NEW_PODS = 5
+
+
+async def test_new_pods_for_a_free_node_are_bound_beside_a_backlog_retrying_stuck_nodes(
+        sidecar, control_plane, real_kube, real_namespace, real_nodes, real_options, request):
+    """Issue 24's backlog: three nodes whose device plugin hangs, each lock held by a bound pod
+    whose allocation never finishes, and 30 one-GPU pods that fit only there, which kube-scheduler
+    keeps retrying. /filter still places them there (nowhere else fits) and their binds fail at
+    once, naming the stuck holder, instead of waiting on the lock; kube-scheduler's serial cycle
+    is never held up, so new pods for a free node are bound as they come. With the chart's budget
+    (no --kube-qps, --kube-burst) and the Deployment's --node-lock-wait. Times are recorded
+    (``seconds_to_bound_beside_backlog`` in ``--junitxml``), not asserted."""
+    ns = real_namespace
+    options = replace(real_options, kube_qps=DEFAULT_QPS, kube_burst=DEFAULT_BURST,
+                      node_lock_wait_s=DEPLOYED_OPTIONS.node_lock_wait_s, node_lock_stuck_after_s=2.0)
+    async with hami_scheduler(control_plane, options) as app:
+        stuck = [(await real_nodes(1, gpus=8, labels={"group": "stuck", "hold": f"h{i}"}))[0] for i in range(3)]
+        (free,) = await real_nodes(1, gpus=8, labels={"group": "free"})
+        await registered(app, [*stuck, free])
+        app.device_plugin.hung_nodes.update(stuck)
+        for i in range(3):
+            holder = scheduled_pod(f"holder-{i}", ns, real_nodes.label, gpumem=1000)
+            holder["spec"]["nodeSelector"]["hold"] = f"h{i}"
+            await real_kube.create("pods", holder)
+            await bound(real_kube, ns, f"holder-{i}")
+        await wait_for(lambda: all(app.cache.stuck_lock(n) is not None for n in stuck), timeout=30,
+                       what="the three locks judged stuck")
+        binds = requests_of(app, "bind")
+        backlog = [scheduled_pod(f"backlog-{i:02d}", ns, real_nodes.label, gpumem=1000) for i in range(BACKLOG_PODS)]
+        for pod in backlog:
+            pod["spec"]["nodeSelector"]["group"] = "stuck"
+        await asyncio.gather(*(real_kube.create("pods", pod) for pod in backlog))
+        await wait_for(lambda: requests_of(app, "bind") - binds >= BACKLOG_PODS, timeout=60,
+                       what="kube-scheduler has tried every backlog pod")
+        seconds = []
+        for i in range(NEW_PODS):
+            pod = scheduled_pod(f"new-{i}", ns, real_nodes.label, gpumem=1000)
+            pod["spec"]["nodeSelector"]["group"] = "free"
+            started = time.monotonic()
+            await real_kube.create("pods", pod)
+            assert (await bound(real_kube, ns, f"new-{i}"))["spec"]["nodeName"] == free
+            seconds.append(round(time.monotonic() - started, 2))
+        request.node.user_properties.append(("seconds_to_bound_beside_backlog", seconds))
+        pods = await real_kube.list("pods", namespace=ns)
+        assert not [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith("backlog")
+                    and p["spec"].get("nodeName")], "a backlog pod was bound onto a stuck node"
+        events = await real_kube.list("events", namespace=ns)
+        failed = [e["message"] for e in events if e["reason"] == "BindingFailed"]
+        assert failed and all("node lock stuck" in m for m in failed), failed[:3]
+        assert any(f"locked by pod {ns}/holder-" in m for m in failed)
+        nodes = await real_kube.list("events", namespace="default")
+        assert {e["involvedObject"]["name"] for e in nodes if e["reason"] == "NodeLockStuck"} <= set(stuck)
 
 
 async def test_a_pod_without_gpus_bypasses_the_extender(hami, real_kube, real_namespace, real_nodes):

@@ -68,6 +68,9 @@ class SimulatedDevicePlugin:
         self.informer = Informer(client=client, path="/api/v1/pods", on_event=self._on_event,
                                  on_relist=lambda items, rv: [self._on_event("ADDED", p) for p in items])
         self._pending: set[asyncio.Task] = set()
+        # Nodes whose plugin hangs (fault injection): their pods are never answered, so each keeps
+        # the node lock its bind took, as with a real plugin stuck in device setup.
+        self.hung_nodes: set[str] = set()
 
     def start(self) -> None:
         self.informer.start()
@@ -83,7 +86,8 @@ class SimulatedDevicePlugin:
         ann = meta.get("annotations") or {}
         node = (pod.get("spec") or {}).get("nodeName")
         uid = meta.get("uid", "")
-        if kind == "DELETED" or not node or ann.get("hami.io/bind-phase") != "allocating" or uid in self._done:
+        if kind == "DELETED" or not node or ann.get("hami.io/bind-phase") != "allocating" or uid in self._done \
+                or node in self.hung_nodes:
             return
         self._done.add(uid)
         mig = ann.get(MIG_ALLOCATIONS_ANNOTATION)
