@@ -113,6 +113,8 @@ class SchedulerProcess:
     log_path: Path
     wrap: list[str] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)
+    # False: neither --kube-qps nor --kube-burst, as HAMi's chart starts it (the defaults apply).
+    budget_flags: bool = True
     extra_env: dict[str, str] = field(default_factory=dict)
     port: int = 0
     metrics_port: int = 0
@@ -130,7 +132,8 @@ class SchedulerProcess:
     def command(self) -> list[str]:
         return [*self.wrap, sys.executable, "-m", "hami_py", "--kubeconfig", str(self.kubeconfig),
                 "--http_bind", f"127.0.0.1:{self.port}", "--metrics-bind-address", f"127.0.0.1:{self.metrics_port}",
-                "--kube-qps", "0", "--kube-burst", "1000", "--log-format", "json", *self.extra_args]
+                *(("--kube-qps", "0", "--kube-burst", "1000") if self.budget_flags else ()),
+                "--log-format", "json", *self.extra_args]
 
     def start(self) -> None:
         self.port, self.metrics_port = free_port(), free_port()

@@ -97,6 +97,7 @@ class ClusterPlan:
     filter_rounds: int = 1             # rounds at concurrency 1; the median-p99 round is reported
     request_count_pods: int = 0        # pods whose API requests are counted (kube-scheduler's pattern)
     manifest_budget: bool = False      # start the scheduler with manifests/deployment.yaml's --kube-qps/--kube-burst
+    chart_budget: bool = False         # start it with neither flag, as HAMi's chart does (the defaults apply)
     # Then kube-scheduler's pattern again with pods arriving at this rate (issue 13 asks 100 pods/s
     # sustained with filter p99 <= 5 ms; 120 leaves a margin):
     # the filter's latency at a sustained rate, not while the loop is saturated by as many as it takes.
@@ -145,11 +146,12 @@ FULL = Plan(
                     EventsPlan(burst_pods=10_000, load_rate=20_000, load_seconds=10.0, idle_probes=20,
                                replay_seconds=5.0),
                     phase_time_limit_s=40.0, filter_rounds=3),
-        # The API budget (issue 13): requests per pod counted at the API server, and throughput
-        # with exactly the shipped --kube-qps/--kube-burst, in kube-scheduler's pattern only.
+        # The API budget (issues 13, 24): requests per pod counted at the API server, and throughput
+        # on the budget HAMi's chart leaves (no --kube-qps/--kube-burst: the defaults, which are
+        # manifests/deployment.yaml's flags too), in kube-scheduler's pattern only.
         # And (write-delay) /filter at that size with every API write delayed by 50 ms.
         ClusterPlan("budget", ClusterShape(1000, 8000, probe_nodes=2), 0, 500, concurrencies=(),
-                    phase_time_limit_s=40.0, request_count_pods=200, manifest_budget=True, schedule_rate=120.0,
+                    phase_time_limit_s=40.0, request_count_pods=200, chart_budget=True, schedule_rate=120.0,
                     write_delay=WriteDelayPlan(delay_s=0.05, filter_samples=1000, schedule_pods=200)),
         # 50 pods onto 2 nodes (binpack: all want the same node), a device plugin taking 100 ms
         # per allocation: time to all bound, and how many binds met a held node lock.
@@ -709,9 +711,12 @@ async def started_cluster(plan: ClusterPlan, *, session: aiohttp.ClientSession, 
     budget = manifest_budget_args() if plan.manifest_budget else []
     if budget:   # as the scheduler got them: a later --scheduler-arg overrides the manifest's
         result["scheduler_args"] = [*budget, *scheduler_args]
+    if plan.chart_budget:   # as HAMi's chart starts it: no budget flags, the defaults in force
+        result["scheduler_args"] = [*plan.scheduler_args, *scheduler_args]
+        result["budget"] = "chart (no --kube-qps, --kube-burst)"
     scheduler = SchedulerProcess(kubeconfig=cluster.kubeconfig, log_path=workdir / "scheduler.log", wrap=wrap,
                                  extra_args=[*budget, *plan.scheduler_args, *scheduler_args],
-                                 extra_env=dict(scheduler_env or {}))
+                                 extra_env=dict(scheduler_env or {}), budget_flags=not plan.chart_budget)
     try:
         await cluster.start()
         say(f"[{plan.name}] seeding {shape.nodes} nodes, {shape.pods} pods")
