@@ -5,6 +5,7 @@ kubernetes-asyncio, and the test (playing kube-scheduler) to the scheduler's ext
 """
 from __future__ import annotations
 
+import asyncio
 import ssl
 
 import aiohttp
@@ -225,3 +226,18 @@ from tests.realk8s_fixtures import (  # noqa: E402,F401  (fixtures and hooks, fo
     pytest_deselected, pytest_runtest_makereport, pytest_terminal_summary, real_extender, real_hami,
     real_k8s_binaries, real_kube, real_namespace, real_nodes, real_options,
 )
+
+
+class Gate:
+    """A token bucket held shut until the test opens it (a stand-in for a drained budget)."""
+
+    def __init__(self):
+        self.open = asyncio.Event()
+        self.waiting = 0
+
+    async def acquire(self):
+        self.waiting += 1
+        try:
+            await self.open.wait()
+        finally:
+            self.waiting -= 1

@@ -8,8 +8,6 @@ be told, in the log, what they cost.
 """
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 from structlog.testing import capture_logs
 
@@ -17,7 +15,7 @@ from hami_py.cli import build_parser, options_from_args
 from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS, REQUESTS_PER_POD, pods_per_second_cap
-from tests.conftest import HANDSHAKE, handshake_of, place, register_nodes, wait_until
+from tests.conftest import HANDSHAKE, Gate, handshake_of, place, register_nodes, wait_until
 
 WARNING = "the API budget caps scheduling"
 
@@ -79,26 +77,11 @@ def test_zero_qps_means_no_cap():
     assert pods_per_second_cap(0) is None and pods_per_second_cap(-1) is None
 
 
-class _Gate:
-    """A token bucket held shut until the test opens it (a stand-in for a drained bucket)."""
-
-    def __init__(self):
-        self.open = asyncio.Event()
-        self.waiting = 0
-
-    async def acquire(self):
-        self.waiting += 1
-        try:
-            await self.open.wait()
-        finally:
-            self.waiting -= 1
-
-
 async def test_a_pods_lock_and_binding_never_wait_behind_background_work(api, app, extender):
     """Registration upkeep, label follow-ups and requeue nudges draw on a budget of their own: with
     that budget drained (its bucket held shut), the keeper's handshake stamp waits, and a pod is
     still filtered and bound at once (its lock and Binding draw on the critical path's budget)."""
-    gate = _Gate()
+    gate = Gate()
     app.keeper.client.bucket = gate        # the background view shared by keeper, labels and requeue
     assert app.service.binder.labels.client is app.keeper.client and app.requeue.client is app.keeper.client
     node = gpu_node("n1", gpus=1)

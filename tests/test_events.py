@@ -22,7 +22,7 @@ from hami_py.k8s.event_correlator import AGGREGATE_PREFIX, SPAM_BURST
 from hami_py.k8s.events import (BINDING_SUCCEED, FILTERING_FAILED, NORMAL, WARNING, EventRecorder,
                                 filtering_failed_messages, filtering_succeeded_message, reason_types, rfc3339)
 from hami_py.metrics import Metrics
-from tests.conftest import UNBOUND_WINDOW_S, register_nodes, wait_until
+from tests.conftest import UNBOUND_WINDOW_S, Gate, register_nodes, wait_until
 
 T4 = {"type": "NVIDIA T4", "devmem": 10000, "devcore": 100}   # round numbers for readable scores
 
@@ -354,21 +354,6 @@ def test_success_message_lists_the_best_nodes_only_at_scale():
 
 
 # -- client-go's correlator: repeats merged, similar events combined, spam filtered ---------------
-class _Gate:
-    """The events' budget, held shut until the test opens it (a stand-in for a drained bucket)."""
-
-    def __init__(self):
-        self.open = asyncio.Event()
-        self.waiting = 0
-
-    async def acquire(self):
-        self.waiting += 1
-        try:
-            await self.open.wait()
-        finally:
-            self.waiting -= 1
-
-
 @pytest.fixture
 async def make_recorder(api, tmp_path):
     """EventRecorders (started) writing to ``api``; each stopped at the end of the test."""
@@ -426,7 +411,7 @@ async def test_identical_events_raise_the_count_of_one_event(api, recorder):
 
 
 async def test_repeats_waiting_for_the_budget_fold_into_one_write(api, recorder):
-    gate = recorder.bucket = _Gate()
+    gate = recorder.bucket = Gate()
     pod = _pod("burst")
     for _ in range(50):
         recorder.record(pod, _event(WARNING, FILTERING_FAILED, "no available node, 2 nodes do not meet"))
@@ -602,7 +587,7 @@ async def test_events_that_waited_too_long_are_merged_or_dropped_so_a_fresh_one_
     counted; the fresh events are written as soon as the budget allows, not after the backlog."""
     now = [1000.0]
     recorder = make_recorder(max_age_s=10.0, clock=lambda: now[0])
-    gate = recorder.bucket = _Gate()
+    gate = recorder.bucket = Gate()
     for name in ("first", "second"):             # taken by the two writers, which then wait
         recorder.record(_pod(name), _event(WARNING, FILTERING_FAILED, "old"))
     await wait_until(lambda: gate.waiting == 2 and recorder.queue.qsize() == 0, "both writers waiting")
