@@ -39,9 +39,6 @@ class PodShape:
         """An ordinary init container: it runs to completion, alone, before the app containers."""
         return position < self.num_init and position not in self.sidecars
 
-    def init_positions(self) -> frozenset[int]:
-        return frozenset(p for p in range(self.num_init) if p not in self.sidecars)
-
 
 def pod_shape(pod: dict) -> PodShape:
     """The shape of a pod object (spec and, for ``init_done``, status)."""

@@ -6,8 +6,6 @@ restart (tests/books_model.py).
 """
 from __future__ import annotations
 
-import orjson
-import pytest
 
 from hami_py.fakeapi.families import BY_KEY
 from tests.books_model import World, books_pod
@@ -50,11 +48,7 @@ def test_metax_gpu_node_with_every_card_taken_is_refused_in_upstreams_words():
 
 def test_enflame_drs_card_too_full_for_a_partition_is_refused_for_its_memory():
     # One card of 6 slices and 40 GB: a 3-slice partition (20 GB) leaves no room for a 6-slice one.
-    node = _drs_node("e1", 1)
-    node["metadata"]["annotations"]["enflame.com/gcu-drs-capacity"] = orjson.dumps(
-        {"devices": [{"index": "0", "minor": "0", "capacity": 6}],
-         "profiles": {"1g.6gb": "0", "3g.20gb": "1", "6g.40gb": "2"}}).decode()
-    world = World([node])
+    world = World([_drs_node("e1", 1)])
     answers = _answers_in_every_state(
         world, [_pod("a", {"enflame.com/drs-gcu": 3})], _pod("probe", {"enflame.com/drs-gcu": 6}))
     _assert_all(answers, (None, {"e1": "1/1 CardInsufficientMemory"}))

@@ -303,14 +303,15 @@ class PodLedger:
                     mig.append(record)
         return entries, mig
 
-    def pod_usage_from_object(self, pod: dict) -> PodUsage | None:
-        """The usage a pod object's annotations claim, or None when it claims none."""
+    def pod_usage_from_object(self, pod: dict, shape: PodShape | None = None) -> PodUsage | None:
+        """The usage a pod object's annotations claim, or None when it claims none (``shape``:
+        the pod's, when the caller has it already)."""
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         node = annotations.get(VGPU_NODE_ANNOTATION)
         if not node:
             return None
-        entries, mig = self.charge_of(annotations, pod_shape(pod))
+        entries, mig = self.charge_of(annotations, pod_shape(pod) if shape is None else shape)
         return PodUsage(uid=meta.get("uid", ""), namespace=meta.get("namespace", ""),
                         name=meta.get("name", ""), node=node, entries=entries,
                         resource_version=_rv(pod), mig=mig, marks=self.marks_of(annotations),
@@ -347,7 +348,8 @@ class PodLedger:
             current.allocated = allocation_finished(meta.get("annotations"))
             return
         try:
-            usage = self.pod_usage_from_object(pod)
+            # The fingerprint holds the pod's shape already (it is computed once per event).
+            usage = self.pod_usage_from_object(pod, None if fingerprint is None else fingerprint[1])
         except AllocationDecodeError as exc:
             log.warning("pod allocation annotation rejected", pod=f"{meta.get('namespace')}/{meta.get('name')}",
                         error=str(exc))

@@ -25,12 +25,12 @@ from hami_py.devices.base import Charger, ChoiceAsk, ContainerDevice
 from hami_py.podshape import PodShape, pod_shape
 
 
-def pod_containers(pod: dict) -> tuple[list[dict], int]:
-    """The pod's containers, init containers first, and how many are init containers."""
+def pod_containers(pod: dict) -> list[dict]:
+    """The pod's containers, init containers first (the allocation annotations' positions)."""
     spec = pod.get("spec") or {}
     init = [c for c in spec.get("initContainers") or [] if isinstance(c, dict)]
     app = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
-    return init + app, len(init)
+    return init + app
 
 
 class DeviceCharge(Charger):
@@ -116,7 +116,7 @@ class PerDeviceCharging:
         raise NotImplementedError
 
     def charger(self, cache, pod: dict, row_container: list[int]) -> DeviceCharge:
-        containers, _ = pod_containers(pod)
+        containers = pod_containers(pod)
         asks = {}
         for position in set(row_container):
             if 0 <= position < len(containers):

@@ -102,6 +102,7 @@ class KubeClient:
         configuration.connection_pool_maxsize = max(getattr(configuration, "connection_pool_maxsize", 0) or 0, 64)
         self.api = k8s_client.ApiClient(configuration)
         self.bucket = TokenBucket(qps, burst)
+        self.owns_connections = True     # False for a view of another client (with_budget)
         self.timeout = timeout if timeout > 0 else None
         rest = self.api.rest_client
         # Our own session on the ApiClient's connector (its TLS context and pool). Theirs trusts
@@ -118,11 +119,11 @@ class KubeClient:
         Closing the view closes nothing: the client it came from owns the connections."""
         view = copy.copy(self)
         view.bucket = TokenBucket(qps, burst)
-        view._view = True
+        view.owns_connections = False
         return view
 
     async def close(self) -> None:
-        if getattr(self, "_view", False):
+        if not self.owns_connections:
             return
         await self.session.close()
         await self.api.close()

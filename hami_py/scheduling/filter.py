@@ -15,6 +15,7 @@ from itertools import compress, repeat
 import structlog
 
 from hami_py import _kernel
+from hami_py.cache.stuck_locks import StuckLock
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodUsage, UsageCache
 from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ChoiceAsk, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
 from hami_py import reasons as R
@@ -164,8 +165,8 @@ class Filterer:
             return FilterDecision(None, failed)
         fit_count, best_scored = fit.listed(node_names)
         names = node_names
-        if cache.stuck_lock(node_names[fit.best]) is not None:
-            fit, names = self._avoid_stuck(pod, node_names, request, policies, fit)
+        if (stuck := cache.stuck_lock(node_names[fit.best])) is not None:
+            fit, names = self._avoid_stuck(pod, node_names, request, policies, fit, stuck)
         best, query, cand_idx, chargers, now = fit.best, fit.query, fit.cand_idx, fit.chargers, fit.now
 
         winner = names[best]
@@ -189,7 +190,7 @@ class Filterer:
         return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
 
     def _avoid_stuck(self, pod: dict, node_names: list[str], request: PodRequest, policies: Policies,
-                     fit: "Evaluation") -> tuple["Evaluation", list[str]]:
+                     fit: Evaluation, stuck: StuckLock) -> tuple[Evaluation, list[str]]:
         """The policy's favourite fits only where a node lock is stuck (cache/stuck_locks.py): a
         bind there would fail at once. The pod goes to the best of the fitting nodes without one
         (a second kernel run over just those), else stays with the favourite (its bind then says
@@ -199,7 +200,6 @@ class Filterer:
                    if fit.query.out_status[c] == R.NODE_FIT and cache.stuck_lock(name) is None]
         if not fitting:
             return fit, node_names
-        stuck = cache.stuck_lock(node_names[fit.best])
         log.info("passing over a node whose node lock is stuck", pod=f"{(pod.get('metadata') or {}).get('namespace')}/"
                  f"{(pod.get('metadata') or {}).get('name')}", stuck=stuck.describe())
         if self.on_stuck is not None:

@@ -16,6 +16,7 @@ from hami_py.cache.records import BIND_PHASE_ANNOTATION
 from hami_py.devices.base import DeviceVendor
 from hami_py.scheduling.bind import BIND_TIME_ANNOTATION
 from hami_py.scheduling.filter import VGPU_TIME_ANNOTATION
+from hami_py.scheduling.stale import decision_keys
 
 # The username the API server reports for a ServiceAccount's token: system:serviceaccount:<ns>:<name>.
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
@@ -39,14 +40,10 @@ def scheduler_owned_annotations(vendors: Mapping[str, DeviceVendor]) -> frozense
 @functools.lru_cache(maxsize=16)
 def _owned_of(vendors: tuple[DeviceVendor, ...]) -> frozenset[str]:
     # Once per set of vendors (the app's is fixed at start): gathering the keys of every family
-    # costs some 80 µs, and every pod created in the cluster asks.
-    keys: set[str] = set(GENERIC_OWNED_ANNOTATIONS)
-    marks: set[str] = set()
-    for vendor in vendors:
-        keys.update(k for k in (vendor.to_allocate_annotation, vendor.allocated_annotation,
-                                *vendor.decision_annotations()) if k)
-        marks.update(vendor.pod_marks)
-    return frozenset(keys - marks)
+    # costs some 80 µs, and every pod created in the cluster asks. The decision's keys are the
+    # ones a stale decision is cleared of (scheduling/stale.py), plus what the Binding adds.
+    keys = {*decision_keys(dict(enumerate(vendors))), *GENERIC_OWNED_ANNOTATIONS}
+    return frozenset(keys - {k for vendor in vendors for k in vendor.pod_marks})
 
 
 def is_service_account(user: str) -> bool:

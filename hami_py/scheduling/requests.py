@@ -25,10 +25,9 @@ class PodRequest:
     row_vendor: list[str]                        # vendor key of each row
     row_container: list[int]                     # container position of each row
     containers: list[str]                        # container names, init first
-    num_init: int                                # init containers, native sidecars among them
     total_nums: int
     per_container: list[dict[str, ContainerRequest]]
-    shape: PodShape                              # which containers are ordinary init, sidecars
+    shape: PodShape                              # init containers (how many, which are sidecars)
 
     @property
     def vendors(self) -> set[str]:
@@ -74,4 +73,4 @@ def parse_pod_requests(pod: dict, vendors: dict[str, DeviceVendor],
     if total > MAX_DEVICES_PER_POD:
         raise RequestError(f"asks for {total} devices in all; a pod may ask for at most {MAX_DEVICES_PER_POD}")
     assert len(rows) == ROW_WIDTH * len(row_vendor)
-    return PodRequest(rows, row_vendor, row_container, names, len(init), total, per_container, shape)
+    return PodRequest(rows, row_vendor, row_container, names, total, per_container, shape)
