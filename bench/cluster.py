@@ -41,7 +41,7 @@ import orjson
 from aiohttp import web
 
 from bench.seed import (
-    FAMILY_LIMITS, ClusterShape, blocker_pod, build_nodes, build_placed_pods, node_name, pending_pod, place,
+    BENCH_NAMESPACE, FAMILY_LIMITS, ClusterShape, blocker_pod, build_nodes, build_placed_pods, node_name, pending_pod, place,
     realistic_pod,
 )
 from hami_py.aio import cancel_and_wait
@@ -49,7 +49,7 @@ from hami_py.devices.base import ContainerDevice
 from hami_py.fakeapi import ApiError, FakeApiServer
 from hami_py.fakeapi.objects import gpu_uuid
 from hami_py.k8s.client import api_resource
-from hami_py.k8s.nodelock import LOCK_ANNOTATION
+from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
 from hami_py.k8s.requeue import REQUEUE_ANNOTATION
 from hami_py.logs import configure_logging
 
@@ -285,7 +285,8 @@ class ClusterControl:
     def routes(self) -> list[web.RouteDef]:
         return [web.post("/seed", self.seed), web.post("/pending", self.pending),
                 web.post("/allocate", self.allocate), web.post("/delete", self.delete),
-                web.post("/blocker", self.blocker), web.post("/cleanup", self.cleanup), web.post("/burst", self.burst),
+                web.post("/blocker", self.blocker), web.post("/hang-lock", self.hang_lock),
+                web.post("/cleanup", self.cleanup), web.post("/burst", self.burst),
                 web.post("/load", self.start_load), web.get("/load", self.load_status),
                 web.post("/replay", self.start_replay), web.get("/replay", self.replay_status),
                 web.get("/stats", self.stats), web.post("/heartbeats", self.set_heartbeats),
@@ -428,6 +429,29 @@ class ClusterControl:
         except ApiError as exc:
             return _json({"error": exc.message}, status=exc.code)
         return _json({"t": time.monotonic(), "name": created["metadata"]["name"]})
+
+    async def hang_lock(self, request: web.Request) -> web.Response:
+        """A device plugin that hangs on node ``node_index``: a pod bound there whose allocation
+        never finishes (bind-phase ``allocating``) holds the node's lock, taken now. With
+        ``{"release": true}`` the plugin recovers: the node's lock (whoever holds it) and the pod go."""
+        args = await _args(request)
+        node = node_name(_int_arg(args, "node_index"))
+        name = f"hung-{node}"
+        try:
+            if args.get("release"):
+                self.api.patch("nodes", node, {"metadata": {"annotations": {LOCK_ANNOTATION: None}}})
+                if self.api.get("pods", name, namespace=BENCH_NAMESPACE) is not None:
+                    self.api.delete("pods", name, namespace=BENCH_NAMESPACE)
+                return _json({"ok": True})
+            pod = place(realistic_pod(name, namespace=BENCH_NAMESPACE, gpus=1, gpumem=1024, gpucores=1),
+                        node=node, devices=[ContainerDevice(gpu_uuid(node, 0), "NVIDIA", 1024, 1)])
+            pod["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
+            self.api.create("pods", pod)
+            self.api.patch("nodes", node, {"metadata": {"annotations": {
+                LOCK_ANNOTATION: lock_value(BENCH_NAMESPACE, name)}}})
+        except ApiError as exc:
+            return _json({"error": exc.message}, status=exc.code)
+        return _json({"node": node, "holder": f"{BENCH_NAMESPACE}/{name}"})
 
     async def cleanup(self, request: web.Request) -> web.Response:
         """Delete the named pods (those already gone are skipped): resets capacity between runs."""

@@ -175,8 +175,9 @@ class SchedulerApp:
         api_seconds = self.metrics.api_request_seconds
         self.client = KubeClient(self.configuration, qps=o.kube_qps, burst=o.kube_burst, timeout=o.kube_timeout,
                                  observe=lambda method, resource, s: api_seconds.labels(method, resource).observe(s))
-        # Work off the critical path (registration upkeep, label follow-ups, requeue nudges) draws
-        # on a bucket of its own at the same rate: a pod's lock and Binding never wait behind it.
+        # Work off the critical path (registration upkeep, label follow-ups, requeue nudges,
+        # stale-decision cleanups) draws on a bucket of its own at the same rate: a pod's lock and
+        # Binding never wait behind it.
         background = self.client.with_budget(o.kube_qps, o.kube_burst)
         locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint,
                             allocating=self._allocating)
@@ -196,7 +197,8 @@ class SchedulerApp:
         self.service = SchedulerService(cache=self.cache, vendors=self.vendors, client=self.client,
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
                                         events=self._on_filter, preemptor=self._preemptor(filterer),
-                                        filter_mode=o.filter_mode, bind_answer_s=o.bind_answer_s)
+                                        filter_mode=o.filter_mode, bind_answer_s=o.bind_answer_s,
+                                        background_client=background)
         # Pods refused just before the books freed devices get kube-scheduler's retry (requeue.py).
         self.requeue = RequeueNudger(background, enabled=lambda: self.service.synced.is_set(),
                                      metrics=self.metrics)

@@ -185,6 +185,14 @@ async def pod_events_applied(app, written: dict) -> None:
     await watch_applied(app, "pods", written["metadata"]["resourceVersion"])
 
 
+async def filtered(app, extender, pod: dict, nodes: list[str]) -> dict:
+    """A /filter's answer, once the work it left for after the answer (a preemption's evictions,
+    a stale decision's cleanup) has ended too."""
+    result = await extender.filter(pod, nodes)
+    await asyncio.wait_for(app.service.settled(), timeout=10.0)
+    return result
+
+
 async def create_quota(api, app, hard: dict, *, namespace: str = "team", name: str = "gpu") -> dict:
     """Create a ResourceQuota with ``spec.hard`` and wait until the scheduler's quota book has it."""
     created = api.create("resourcequotas", {"apiVersion": "v1", "kind": "ResourceQuota",

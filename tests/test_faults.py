@@ -25,7 +25,7 @@ from hami_py.k8s.client import KubeClient, load_configuration
 from hami_py.k8s.informer import Informer
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
 from hami_py.scheduling.stale import decision_keys
-from tests.conftest import informer_of, pod_events_applied
+from tests.conftest import filtered, informer_of, pod_events_applied
 from tests.reliability_helpers import schedule_with_retries, wait_books_balance, wait_lock_free
 
 WATCHED = r"^/api/v1/(pods|nodes)$"     # list and watch paths of the informers
@@ -592,7 +592,7 @@ async def test_a_rolled_back_decision_left_on_an_unschedulable_pod_is_not_charge
     """The filter that finds no node for a pod carrying a void decision clears it from the pod,
     so the annotations, and a scheduler restarted from them, agree with the live books."""
     first = await rolled_back_then_crowded_out(api, app, extender)
-    retry = await extender.filter(first, ["n1"])                # kube-scheduler retries: no room now
+    retry = await filtered(app, extender, first, ["n1"])                # kube-scheduler retries: no room now
     assert retry["NodeNames"] is None and not retry["Error"]
     assert carried_decision(api, "first") == {}
     await wait_books_balance(api, app)
@@ -613,7 +613,7 @@ async def test_a_failed_cleanup_of_a_stale_decision_loses_nothing_and_the_next_f
     held = [(d["used"], d["usedmem"]) for d in app.cache.device_usage("n1")]
     assert held == [(1, FULL_CARD)]                              # second only
     fault = api.faults.add(method="PATCH", path="/pods/first$", status=500)
-    retry = await extender.filter(first, ["n1"])
+    retry = await filtered(app, extender, first, ["n1"])
     assert fault.hits == 1
     assert retry["NodeNames"] is None and not retry["Error"]   # the filter's answer, untouched
     assert carried_decision(api, "first") == stale
@@ -625,7 +625,7 @@ async def test_a_failed_cleanup_of_a_stale_decision_loses_nothing_and_the_next_f
     await wait_for(lambda: app.cache.pods[second_uid].resource_version == rv, what="both events seen")
     assert [(d["used"], d["usedmem"]) for d in app.cache.device_usage("n1")] == held
     # kube-scheduler's next attempt clears it.
-    retry = await extender.filter(first, ["n1"])
+    retry = await filtered(app, extender, first, ["n1"])
     assert retry["NodeNames"] is None and not retry["Error"]
     assert carried_decision(api, "first") == {}
     await wait_books_balance(api, app)
@@ -637,15 +637,17 @@ async def test_the_cleanup_never_lands_on_a_pod_that_changed_after_it_was_read(a
     first = await rolled_back_then_crowded_out(api, app, extender)
     stale = carried_decision(api, "first")
     hung = api.faults.add(method="PATCH", path="/pods/first$", hang=True)
-    filtering = asyncio.create_task(extender.filter(first, ["n1"]))
+    retry = await extender.filter(first, ["n1"])                # answered; the cleanup runs after it
+    assert retry["NodeNames"] is None and not retry["Error"]
     await wait_for(lambda: hung.hits == 1, what="the cleanup patch in flight")
+    busy = await extender.filter(first, ["n1"])
+    assert busy["Error"] == "pod default/first: its cleanup is still running (kube-scheduler retries the pod)"
     api.patch("pods", "first", {"metadata": {"labels": {"changed": "meanwhile"}}}, namespace="default")
     api.faults.release()
-    retry = await filtering
-    assert retry["NodeNames"] is None and not retry["Error"]
+    await asyncio.wait_for(app.service.settled(), timeout=10)
     assert carried_decision(api, "first") == stale               # 409: nothing removed
     assert api.get("pods", "first", namespace="default")["metadata"]["labels"]["changed"] == "meanwhile"
-    retry = await extender.filter(first, ["n1"])                # the next attempt reads afresh
+    retry = await filtered(app, extender, first, ["n1"])                # the next attempt reads afresh
     assert carried_decision(api, "first") == {}
     await wait_books_balance(api, app)
 
@@ -686,31 +688,32 @@ def filters_waiting(app, uid: str) -> int:
     return app.service.pod_locks.waiting(uid)
 
 
-async def test_a_filter_of_a_pod_whose_filter_is_still_running_never_runs_beside_it(api, app, extender):
-    """Filters of one pod run one at a time (the cache relies on that to tell an older decision
-    from a newer one, and the stale-decision cleanup on no newer decision being in flight), and a
-    filter never waits for another (kube-scheduler's serial cycle waits for it): while one filter's
-    cleanup is in flight, the next answers at once that the filter is running and does nothing.
-    Here each filter finds no node for a pod carrying an old decision, and its cleanup's read of
-    the pod hangs under the lock."""
+async def test_a_filter_of_a_pod_whose_cleanup_is_still_running_never_runs_beside_it(api, app, extender):
+    """Filters of one pod, and the work one leaves for after its answer, run one at a time (the
+    cache relies on that to tell an older decision from a newer one, and the stale-decision
+    cleanup on no newer decision being in flight), and a filter never waits for any of it
+    (kube-scheduler's serial cycle waits for the filter): while one filter's cleanup is in
+    flight, the next answers at once that it runs, and does nothing. Here the filter finds no
+    node for a pod carrying an old decision, and its cleanup's read of the pod hangs."""
     await add_nodes(api, app, "n1")
     pod = api.create("pods", gpu_pod("p", gpumem=20000))
     uid = pod["metadata"]["uid"]
     await leave_decision(api, app, extender, pod, "n1")
     pod = api.get("pods", "p", namespace="default")            # kube-scheduler's copy shows it
     hung = api.faults.add(method="GET", path="/pods/p$", hang=True, times=None)
-    first = asyncio.create_task(extender.filter(pod, ["gone"]))
     try:
-        await wait_for(lambda: hung.hits == 1, what="the first cleanup read in flight")
+        first = await extender.filter(pod, ["gone"])           # answered before its cleanup
+        assert first["NodeNames"] is None and not first["Error"]
+        await wait_for(lambda: hung.hits == 1, what="the cleanup's read in flight")
         second = await extender.filter(pod, ["gone"])
-        assert second["Error"] == "pod default/p: its filter is still running (kube-scheduler retries the pod)"
-        assert hung.hits == 1 and filters_waiting(app, uid) == 0, "a second filter ran beside the first"
+        assert second["Error"] == "pod default/p: its cleanup is still running (kube-scheduler retries the pod)"
+        assert hung.hits == 1 and filters_waiting(app, uid) == 0, "a second filter ran beside the cleanup"
     finally:
         api.faults.clear()
-    assert (await first)["NodeNames"] is None and not (await first)["Error"]
-    third = await extender.filter(pod, ["gone"])               # the pod's lock is free again
-    assert third["NodeNames"] is None and not third["Error"]
+    await asyncio.wait_for(app.service.settled(), timeout=10)
     assert carried_decision(api, "p") == {}
+    third = await filtered(app, extender, pod, ["gone"])        # the pod's lock is free again
+    assert third["NodeNames"] is None and not third["Error"]
     await wait_books_balance(api, app)
 
 
@@ -747,7 +750,7 @@ async def test_a_decision_whose_cleanup_cannot_read_the_pod_is_not_charged_again
     await leave_decision(api, app, extender, pod, "n1")
     assert carried_decision(api, "p") and app.cache.device_usage("n1")[0]["usedmem"] == FULL_CARD
     fault = api.faults.add(method="GET", path="/pods/p$", status=500)
-    retry = await extender.filter(pod, ["n2"])                  # fits nowhere there: all cordoned
+    retry = await filtered(app, extender, pod, ["n2"])          # fits nowhere there: all cordoned
     assert retry["NodeNames"] is None and not retry["Error"] and fault.hits == 1
     api.faults.clear()
     touched = api.patch("pods", "p", {"status": {"conditions": [{"type": "PodScheduled", "status": "False"}]}},

@@ -11,7 +11,8 @@ import pytest
 
 from hami_py.embedded import embedded_options
 from hami_py.fakeapi.objects import T4, gpu_node, gpu_pod
-from tests.conftest import assert_books_balance, bind_placed, pod_events_applied, register_nodes, wait_until
+from tests.conftest import (assert_books_balance, bind_placed, filtered, pod_events_applied, register_nodes,
+                            wait_until)
 
 T4_MEM = T4["devmem"]   # 15360 MiB
 
@@ -39,7 +40,7 @@ def prio_pod(name: str, gpumem: int, priority: int, *, gpus: int = 1, policy: st
 async def running(api, app, extender, pod: dict, nodes: list[str]) -> dict:
     """Create, filter and bind a pod (the filter must place it): the stored, bound pod."""
     created = api.create("pods", pod)
-    result = await extender.filter(created, nodes)
+    result = await filtered(app, extender, created, nodes)
     assert result["NodeNames"], result
     await bind_placed(api, app, extender, created, result)
     # Its kubelet's part: the pod runs and is Ready (what a disruption budget counts).
@@ -72,7 +73,7 @@ async def test_a_high_priority_pod_evicts_the_batch_pod_then_lands_on_its_node(a
     batch = await running(api, app, extender, prio_pod("batch", 15000, 10), nodes)
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
 
-    result = await extender.filter(urgent, nodes)
+    result = await filtered(app, extender, urgent, nodes)
     assert result["NodeNames"] in (None, [])
     assert result["FailedNodes"] == {"n1": "preempting 1 pods on node n1"}
     assert not exists(api, "batch")
@@ -80,7 +81,7 @@ async def test_a_high_priority_pod_evicts_the_batch_pod_then_lands_on_its_node(a
     assert api.get("pods", "urgent")["status"]["nominatedNodeName"] == "n1"
     await wait_gone(app, batch)
 
-    placed = await extender.filter(urgent, nodes)
+    placed = await filtered(app, extender, urgent, nodes)
     assert placed["NodeNames"] == ["n1"], placed
     stored = await bind_placed(api, app, extender, urgent, placed)
     assert stored["spec"]["nodeName"] == "n1"
@@ -96,7 +97,7 @@ async def test_preempted_events_on_each_victim_and_on_the_preemptor(api, app, ex
     await running(api, app, extender, prio_pod("a", 7000, 1), nodes)
     await running(api, app, extender, prio_pod("b", 7000, 2), nodes)
     urgent = api.create("pods", prio_pod("urgent", 15000, 100))
-    result = await extender.filter(urgent, nodes)
+    result = await filtered(app, extender, urgent, nodes)
     assert result["FailedNodes"] == {"n1": "preempting 2 pods on node n1"}
 
     def preempted(name: str) -> list[str]:
@@ -123,7 +124,7 @@ async def test_fewest_victims_first_and_a_lower_pod_that_would_not_help_stays(ap
     await running(api, app, extender, prio_pod("b", 7000, 1), ["n1"])
     await running(api, app, extender, prio_pod("c", 15000, 5), ["n2"])
     urgent = api.create("pods", prio_pod("urgent", 15000, 100))
-    result = await extender.filter(urgent, nodes)
+    result = await filtered(app, extender, urgent, nodes)
     assert result["FailedNodes"]["n2"] == "preempting 1 pods on node n2"
     assert evictions(api) == ["c"]
     assert exists(api, "a") and exists(api, "b")
@@ -134,7 +135,7 @@ async def test_among_equal_counts_the_lowest_priority_goes(api, app, extender):
     await running(api, app, extender, prio_pod("low", 15000, 3), ["n2"])
     await running(api, app, extender, prio_pod("higher", 15000, 7), ["n1"])
     urgent = api.create("pods", prio_pod("urgent", 12000, 100))
-    result = await extender.filter(urgent, nodes)
+    result = await filtered(app, extender, urgent, nodes)
     assert result["FailedNodes"]["n2"] == "preempting 1 pods on node n2"
     assert evictions(api) == ["low"]
 
@@ -144,7 +145,7 @@ async def test_among_equal_priorities_the_least_running_time_is_lost(api, app, e
     await running(api, app, extender, prio_pod("old", 15000, 3, started="2026-01-01T00:00:00Z"), ["n1"])
     await running(api, app, extender, prio_pod("new", 15000, 3, started="2026-06-01T00:00:00Z"), ["n2"])
     urgent = api.create("pods", prio_pod("urgent", 12000, 100))
-    result = await extender.filter(urgent, nodes)
+    result = await filtered(app, extender, urgent, nodes)
     assert result["FailedNodes"]["n2"] == "preempting 1 pods on node n2"
     assert evictions(api) == ["new"]
 
@@ -154,7 +155,7 @@ async def test_equal_or_higher_priority_is_never_evicted(api, app, extender):
     await running(api, app, extender, prio_pod("same", 8000, 100), nodes)
     await running(api, app, extender, prio_pod("above", 7000, 200), nodes)
     urgent = api.create("pods", prio_pod("urgent", 12000, 100))
-    result = await extender.filter(urgent, nodes)
+    result = await filtered(app, extender, urgent, nodes)
     assert "preempting" not in result["FailedNodes"]["n1"], result
     assert evictions(api) == []
     assert not app.service.preemptor.holds
@@ -166,7 +167,7 @@ async def test_only_the_chosen_node_loses_pods(api, app, extender):
     await running(api, app, extender, prio_pod("a", 8000, 1), ["n1"])
     await running(api, app, extender, prio_pod("b", 9000, 2), ["n2"])
     urgent = api.create("pods", prio_pod("urgent", 14000, 100))
-    result = await extender.filter(urgent, nodes)
+    result = await filtered(app, extender, urgent, nodes)
     assert result["FailedNodes"]["n1"] == "preempting 1 pods on node n1"
     assert evictions(api) == ["a"] and exists(api, "b")
 
@@ -175,7 +176,7 @@ async def test_no_preemption_without_priority_or_with_policy_never(api, app, ext
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     await running(api, app, extender, prio_pod("batch", 15000, -5), nodes)
     for pod in (prio_pod("zero", 10000, 0), prio_pod("never", 10000, 1000, policy="Never")):
-        result = await extender.filter(api.create("pods", pod), nodes)
+        result = await filtered(app, extender, api.create("pods", pod), nodes)
         assert "preempting" not in result["FailedNodes"]["n1"]
     assert evictions(api) == [] and exists(api, "batch")
 
@@ -183,7 +184,7 @@ async def test_no_preemption_without_priority_or_with_policy_never(api, app, ext
 async def test_a_pod_that_cannot_fit_even_on_an_empty_node_preempts_nothing(api, app, extender):
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     await running(api, app, extender, prio_pod("batch", 15000, 1), nodes)
-    result = await extender.filter(api.create("pods", prio_pod("huge", 2 * T4_MEM, 1000)), nodes)
+    result = await filtered(app, extender, api.create("pods", prio_pod("huge", 2 * T4_MEM, 1000)), nodes)
     assert "preempting" not in result["FailedNodes"]["n1"]
     assert evictions(api) == []
 
@@ -193,7 +194,7 @@ async def test_exclusive_cores_and_slots_count(api, app, extender):
     would fit; on a split-1 GPU the one slot is the limit."""
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     await running(api, app, extender, prio_pod("small", 1000, 1), nodes)
-    result = await extender.filter(api.create("pods", prio_pod("whole", 4000, 100, gpucores=100)), nodes)
+    result = await filtered(app, extender, api.create("pods", prio_pod("whole", 4000, 100, gpucores=100)), nodes)
     assert result["FailedNodes"]["n1"] == "preempting 1 pods on node n1"
     assert evictions(api) == ["small"]
 
@@ -208,12 +209,12 @@ async def test_the_freed_room_is_held_for_the_preemptor(api, app, extender):
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     batch = await running(api, app, extender, prio_pod("batch", 15000, 1), nodes)
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
-    assert (await extender.filter(urgent, nodes))["FailedNodes"]["n1"].startswith("preempting 1 pods")
+    assert (await filtered(app, extender, urgent, nodes))["FailedNodes"]["n1"].startswith("preempting 1 pods")
     await wait_gone(app, batch)
     thief = api.create("pods", prio_pod("thief", 10000, 0))
-    stolen = await extender.filter(thief, nodes)
+    stolen = await filtered(app, extender, thief, nodes)
     assert stolen["NodeNames"] in (None, []), stolen
-    placed = await extender.filter(urgent, nodes)
+    placed = await filtered(app, extender, urgent, nodes)
     assert placed["NodeNames"] == ["n1"]
     await bind_placed(api, app, extender, urgent, placed)
     assert_books_balance(app)
@@ -223,18 +224,18 @@ async def test_while_victims_terminate_the_preemptor_waits_and_nothing_more_is_e
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     batch = await running(api, app, extender, prio_pod("batch", 15000, 1, grace=30), nodes)
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
-    assert (await extender.filter(urgent, nodes))["FailedNodes"]["n1"] == "preempting 1 pods on node n1"
+    assert (await filtered(app, extender, urgent, nodes))["FailedNodes"]["n1"] == "preempting 1 pods on node n1"
     terminating = api.get("pods", "batch")
     assert terminating["metadata"]["deletionTimestamp"]
     await pod_events_applied(app, terminating)
-    again = await extender.filter(urgent, nodes)
+    again = await filtered(app, extender, urgent, nodes)
     assert again["FailedNodes"] == {"n1": "preempting 1 pods on node n1: waiting for 1 to leave"}
     assert evictions(api) == ["batch"]
-    thief = await extender.filter(api.create("pods", prio_pod("thief", 300, 0)), nodes)
+    thief = await filtered(app, extender, api.create("pods", prio_pod("thief", 300, 0)), nodes)
     assert thief["NodeNames"] in (None, []), "the held room went to another pod"
     api.delete("pods", "batch")          # the kubelet's part: the containers have stopped
     await wait_gone(app, batch)
-    placed = await extender.filter(urgent, nodes)
+    placed = await filtered(app, extender, urgent, nodes)
     assert placed["NodeNames"] == ["n1"]
     await bind_placed(api, app, extender, urgent, placed)
     assert_books_balance(app)
@@ -244,7 +245,7 @@ async def test_a_bind_of_a_held_pod_is_sent_back_to_filter(api, app, extender):
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     await running(api, app, extender, prio_pod("batch", 15000, 1, grace=30), nodes)
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
-    await extender.filter(urgent, nodes)
+    await filtered(app, extender, urgent, nodes)
     answer = await extender.bind(urgent, "n1")
     assert "has no device reservation on node n1" in answer["Error"]
 
@@ -253,12 +254,12 @@ async def test_a_preemptor_deleted_while_holding_gives_the_room_back(api, app, e
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     batch = await running(api, app, extender, prio_pod("batch", 15000, 1), nodes)
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
-    await extender.filter(urgent, nodes)
+    await filtered(app, extender, urgent, nodes)
     await wait_gone(app, batch)
     api.delete("pods", "urgent")
     await wait_until(lambda: urgent["metadata"]["uid"] not in app.cache.pods, "the preemptor's delete event")
     other = api.create("pods", prio_pod("other", 10000, 0))
-    assert (await extender.filter(other, nodes))["NodeNames"] == ["n1"]
+    assert (await filtered(app, extender, other, nodes))["NodeNames"] == ["n1"]
 
 
 @pytest.mark.parametrize("scheduler_options", [embedded_options(device_preemption=True,
@@ -267,11 +268,11 @@ async def test_a_hold_expires(api, app, extender):
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     await running(api, app, extender, prio_pod("batch", 15000, 1), nodes)
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
-    await extender.filter(urgent, nodes)
+    await filtered(app, extender, urgent, nodes)
     await wait_until(lambda: urgent["metadata"]["uid"] not in app.cache.pods, "the hold's expiry")
     assert not app.service.preemptor.holds
     other = api.create("pods", prio_pod("other", 10000, 0))
-    assert (await extender.filter(other, nodes))["NodeNames"] == ["n1"]
+    assert (await filtered(app, extender, other, nodes))["NodeNames"] == ["n1"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,10 +289,19 @@ async def test_a_budget_that_allows_no_disruption_blocks_the_eviction(api, app, 
     await running(api, app, extender, prio_pod("batch", 15000, 1, labels={"app": "batch"}), nodes)
     api.create("poddisruptionbudgets", pdb("keep-batch", {"app": "batch"}, minAvailable=1))
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
-    result = await extender.filter(urgent, nodes)
-    reason = result["FailedNodes"]["n1"]
+    first = await filtered(app, extender, urgent, nodes)
+    assert first["FailedNodes"]["n1"] == "preempting 1 pods on node n1"   # answered before the eviction
+    gave_up = ("preemption gave up on node n1: eviction of default/batch refused: 429 Cannot evict pod as it "
+               "would violate the pod's disruption budget.")
+    await wait_until(lambda: [(e["type"], e["message"]) for e in api.list("events", namespace="default")
+                              if e["involvedObject"]["name"] == "urgent" and e["reason"] == "PreemptionFailed"]
+                     == [("Warning", gave_up)], "a PreemptionFailed warning on the pod")
+    # Its next filter says why, and tries no eviction again while the refusal is remembered.
+    again = await filtered(app, extender, urgent, nodes)
+    reason = again["FailedNodes"]["n1"]
     assert reason.endswith("preemption gave up: eviction of default/batch refused: 429 Cannot evict pod as it "
                            "would violate the pod's disruption budget."), reason
+    assert evictions(api) == ["batch"]
     assert exists(api, "batch")
     assert "nominatedNodeName" not in api.get("pods", "urgent")["status"]
     assert not app.service.preemptor.holds and urgent["metadata"]["uid"] not in app.cache.pods
@@ -307,8 +317,8 @@ async def test_a_refused_eviction_chooses_again_without_that_pod(api, app, exten
     await running(api, app, extender, prio_pod("free", 15000, 5), ["n2"])
     api.create("poddisruptionbudgets", pdb("guard", {"app": "guarded"}, maxUnavailable=0))
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
-    result = await extender.filter(urgent, nodes)
-    assert result["FailedNodes"]["n2"] == "preempting 1 pods on node n2"
+    result = await filtered(app, extender, urgent, nodes)
+    assert result["FailedNodes"]["n1"] == "preempting 1 pods on node n1"   # the first choice, refused after
     assert evictions(api) == ["guarded", "free"]
     assert exists(api, "guarded") and not exists(api, "free")
     assert api.get("pods", "urgent")["status"]["nominatedNodeName"] == "n2"
@@ -319,7 +329,7 @@ async def test_a_budget_with_room_lets_the_eviction_through(api, app, extender):
     await running(api, app, extender, prio_pod("w1", 15000, 1, labels={"app": "w"}), ["n1"])
     await running(api, app, extender, prio_pod("w2", 15000, 1, labels={"app": "w"}), ["n2"])
     api.create("poddisruptionbudgets", pdb("half", {"app": "w"}, minAvailable="50%"))
-    result = await extender.filter(api.create("pods", prio_pod("urgent", 10000, 1000)), nodes)
+    result = await filtered(app, extender, api.create("pods", prio_pod("urgent", 10000, 1000)), nodes)
     assert "preempting 1 pods" in " ".join(result["FailedNodes"].values())
     assert len(evictions(api)) == 1
 
@@ -437,29 +447,35 @@ async def test_the_demo_manifests_tell_their_story(api, app, extender):
     assert batch["metadata"]["namespace"] == "hami-demo"
     await running(api, app, extender, batch, nodes)
     urgent = api.create("pods", load("urgent.yaml"))
-    result = await extender.filter(urgent, nodes)
+    result = await filtered(app, extender, urgent, nodes)
     assert result["FailedNodes"] == {"hami-py-worker": "preempting 1 pods on node hami-py-worker"}
     assert api.get("pods", "batch-trainer", namespace="hami-demo")["metadata"]["deletionTimestamp"]
     api.delete("pods", "batch-trainer", namespace="hami-demo")   # its kubelet, after the 5 s grace period
     await wait_until(lambda: not any(p.name == "batch-trainer" for p in app.cache.pods.values()), "batch gone")
-    placed = await extender.filter(urgent, nodes)
+    placed = await filtered(app, extender, urgent, nodes)
     assert placed["NodeNames"] == ["hami-py-worker"]
 
 
-async def test_a_preemption_whose_caller_leaves_still_runs_to_its_end(api, app, extender):
-    """kube-scheduler's httpTimeout runs out while the eviction is slow: the preemption finishes
-    (victim evicted, hold made, pod nominated) and the pod's next filter places it."""
-    from tests.test_bind_invariants import filter_body, post_and_give_up
+async def test_the_filter_answers_before_the_evictions_and_they_run_to_their_end(api, app, extender):
+    """kube-scheduler's scheduling cycle waits for /filter: a slow Eviction API holds up neither
+    this answer nor the pod's next filter (which says the preemption runs); the preemption
+    finishes after the answer (victim evicted, pod nominated) and a later filter places the pod."""
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     batch = await running(api, app, extender, prio_pod("batch", 15000, 1), nodes)
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
-    api.faults.add(method="POST", path=r"/eviction$", delay=0.6)
-    await post_and_give_up(app.url, filter_body(urgent, nodes), timeout=0.2)
+    hung = api.faults.add(method="POST", path=r"/eviction$", hang=True)
+    first = await extender.filter(urgent, nodes)
+    assert first["FailedNodes"] == {"n1": "preempting 1 pods on node n1"}
+    assert exists(api, "batch")                        # its eviction is still waiting
+    busy = await extender.filter(urgent, nodes)
+    assert busy["Error"] == "pod default/urgent: its preemption is still running (kube-scheduler retries the pod)"
+    await wait_until(lambda: hung.hits == 1, "the eviction hung in the API server")
+    api.faults.release()
     await wait_until(lambda: (api.get("pods", "urgent")["status"].get("nominatedNodeName") == "n1"),
-                     "the preemption finished without its caller")
+                     "the preemption finished after its answer")
     assert not exists(api, "batch")
     await wait_gone(app, batch)
-    placed = await extender.filter(urgent, nodes)
+    placed = await filtered(app, extender, urgent, nodes)
     assert placed["NodeNames"] == ["n1"]
 
 
@@ -472,18 +488,18 @@ async def test_mig_slices_count(api, app, extender):
     small = await running(api, app, extender, prio_pod("small", 10000, 1), nodes)
     await running(api, app, extender, prio_pod("big", 60000, 2), nodes)
     whole = api.create("pods", prio_pod("whole", 140000, 100, policy="Never"))
-    assert "preempting" not in (await extender.filter(whole, nodes))["FailedNodes"]["n1"]
+    assert "preempting" not in (await filtered(app, extender, whole, nodes))["FailedNodes"]["n1"]
     urgent = api.create("pods", prio_pod("urgent", 60000, 100))
-    assert (await extender.filter(urgent, nodes))["FailedNodes"] == {"n1": "preempting 1 pods on node n1"}
+    assert (await filtered(app, extender, urgent, nodes))["FailedNodes"] == {"n1": "preempting 1 pods on node n1"}
     assert evictions(api) == ["small"]
     await wait_gone(app, small)
-    placed = await extender.filter(urgent, nodes)
+    placed = await filtered(app, extender, urgent, nodes)
     await bind_placed(api, app, extender, urgent, placed)
     [inst] = _mig_allocations(api, "urgent")
     assert inst["profile"] == "3g.71gb" and inst["placement"] == {"start": 4, "size": 4}
     assert_books_balance(app)
     bigger = api.create("pods", prio_pod("bigger", 140000, 1000))
-    assert (await extender.filter(bigger, nodes))["FailedNodes"] == {"n1": "preempting 2 pods on node n1"}
+    assert (await filtered(app, extender, bigger, nodes))["FailedNodes"] == {"n1": "preempting 2 pods on node n1"}
     assert sorted(evictions(api)) == ["big", "small", "urgent"]
 
 
@@ -503,21 +519,21 @@ async def test_another_family_with_a_chooser_preempts_the_same_way(api, app, ext
     low = await running(api, app, extender, xpu("low", 4, 1), nodes)
     await running(api, app, extender, xpu("higher", 4, 2), nodes)
     urgent = api.create("pods", xpu("urgent", 4, 100))
-    assert (await extender.filter(urgent, nodes))["FailedNodes"] == {"k1": "preempting 1 pods on node k1"}
+    assert (await filtered(app, extender, urgent, nodes))["FailedNodes"] == {"k1": "preempting 1 pods on node k1"}
     assert evictions(api) == ["low"]
     await wait_gone(app, low)
-    placed = await extender.filter(urgent, nodes)
+    placed = await filtered(app, extender, urgent, nodes)
     await bind_placed(api, app, extender, urgent, placed)
     assert_books_balance(app)
     board = api.create("pods", xpu("board", 8, 1000))
-    assert (await extender.filter(board, nodes))["FailedNodes"] == {"k1": "preempting 2 pods on node k1"}
+    assert (await filtered(app, extender, board, nodes))["FailedNodes"] == {"k1": "preempting 2 pods on node k1"}
 
 
 async def test_holds_go_with_leadership(api, app, extender):
     nodes = await register_nodes(api, app, gpu_node("n1", gpus=1, model=T4))
     await running(api, app, extender, prio_pod("batch", 15000, 1, grace=30), nodes)
     urgent = api.create("pods", prio_pod("urgent", 10000, 1000))
-    await extender.filter(urgent, nodes)
+    await filtered(app, extender, urgent, nodes)
     assert urgent["metadata"]["uid"] in app.service.preemptor.holds
     app._on_leadership(False)      # what the Lease watch calls when another replica takes over
     try:

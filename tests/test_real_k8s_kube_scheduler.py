@@ -579,8 +579,14 @@ async def a_budget_blocks_the_eviction(app, real_kube, ns, real_nodes, priority_
         "observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
         "expectedPods": 1}}, namespace=ns, subresource="status")
     urgent = await real_kube.create("pods", prioritised("urgent", ns, real_nodes.label, high, gpumem=9000))
-    message = await failed_scheduling(real_kube, urgent, containing="preemption gave up")
-    assert f"eviction of {ns}/batch refused: 429" in message, message
+    # The filter answered "preempting" before the eviction; the refusal comes after it, as a
+    # warning on the pod.
+    await failed_scheduling(real_kube, urgent, containing=f"preempting 1 pods on node {node}")
+    events = await wait_for_value(lambda: real_kube.events_for(urgent),
+                                  lambda ev: any(r == "PreemptionFailed" for _, _, r, _ in ev),
+                                  what="PreemptionFailed on the urgent pod", timeout=30)
+    ((type_, message),) = [(t, m) for _, t, r, m in events if r == "PreemptionFailed"]
+    assert type_ == "Warning" and f"eviction of {ns}/batch refused: 429" in message, message
     stored = await real_kube.get("pods", "batch", namespace=ns)
     assert stored["spec"]["nodeName"] == node and not stored["metadata"].get("deletionTimestamp")
     assert (await real_kube.get("pods", "urgent", namespace=ns))["spec"].get("nodeName") is None

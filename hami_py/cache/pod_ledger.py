@@ -250,9 +250,12 @@ class PodLedger:
     def forget_decision(self, pod: dict) -> None:
         """The decision an unbound pod object carries holds nothing any more (the pod was filtered
         again and fits nowhere; scheduling/stale.py clears it from the pod): uncharge it and, as
-        after release_pod, ignore events that still carry it unless the pod is bound."""
+        after release_pod, ignore events that still carry it unless the pod is bound. A reservation
+        of our own made since (a preemption's hold) is not that decision, and stays."""
         uid = (pod.get("metadata") or {}).get("uid") or ""
-        self.remove_pod(uid)
+        current = self.pods.get(uid)
+        if current is not None and not current.reserved:
+            self.remove_pod(uid)
         try:
             usage = self.pod_usage_from_object(pod)
         except AllocationDecodeError:

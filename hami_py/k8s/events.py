@@ -235,10 +235,12 @@ class EventRecorder:
         else:
             self.record(pod, lambda: [(WARNING, BINDING_FAILED, error)])
 
-    def on_preempt(self, pod: dict, reason: str, message: str) -> None:
+    def on_preempt(self, pod: dict, reason: str, message: str, *, warning: bool = False) -> None:
         """Device preemption's hook (scheduling/preempting.py): ``Preempted`` on a victim and on
-        its preemptor, as kube-scheduler records them (type Normal)."""
-        self.record(pod, lambda: [(NORMAL, reason, message)])
+        its preemptor, as kube-scheduler records them (type Normal); ``PreemptionFailed`` on a
+        preemptor whose evictions were refused (type Warning)."""
+        type_ = WARNING if warning else NORMAL
+        self.record(pod, lambda: [(type_, reason, message)])
 
     def on_node(self, node: str, type_: str, reason: str, message: str) -> None:
         """An Event on a node (``kubectl describe node``): a stuck node lock."""

@@ -13,13 +13,18 @@ preempts for it. Here, when a pod with a positive priority (and a ``preemptionPo
    pod's filter can take the room meanwhile, neither before nor after the victims leave. The hold
    cannot be bound (it is not a ``decided`` reservation: a /bind is sent back to /filter) and
    expires after ``hold_s``;
-3. evicts the victims one by one through the Eviction API (``pods/eviction``), so that
-   PodDisruptionBudgets are honoured. A refusal (429: a budget allows no disruption) releases the
-   hold and chooses again without that pod; after ``MAX_ATTEMPTS`` choices, or when no other set
-   exists, it gives up and says why in the node's failure reason;
-4. marks the pod's ``status.nominatedNodeName`` (pods/status patch), records a ``Preempted`` event
-   on each victim and on the pod (the events queue's own budget), and answers this /filter with the
-   node in FailedNodes: ``preempting 2 pods on node X``.
+3. answers this /filter at once with the node in FailedNodes (``preempting 2 pods on node X``):
+   kube-scheduler's scheduling cycle waits for every /filter, so nothing below is awaited by it;
+4. after the answer, still under the pod's lock (``PodLocks.follow_up``: the pod's next filter
+   answers that its preemption runs), evicts the victims one by one through the Eviction API
+   (``pods/eviction``), so that PodDisruptionBudgets are honoured. A refusal (429: a budget
+   allows no disruption) releases the hold and chooses again without that pod; after
+   ``MAX_ATTEMPTS`` choices, or when no other set exists, it gives up, records a
+   ``PreemptionFailed`` warning on the pod and remembers the refusals for ``REFUSALS_KEPT_S``:
+   the pod's next filters say why in the node's failure reason and evict nothing meanwhile;
+5. once every eviction is accepted, marks the pod's ``status.nominatedNodeName`` (pods/status
+   patch) and records a ``Preempted`` event on each victim and on the pod (the events queue's own
+   budget).
 
 kube-scheduler retries the pod on the victims' delete events. While any victim is still charged,
 a /filter of the pod answers at once that it waits (no eviction, no new choice); once they are all
@@ -32,7 +37,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Coroutine
 
 import structlog
 
@@ -46,12 +52,25 @@ from hami_py.scheduling.requests import PodRequest
 log = structlog.get_logger(__name__)
 
 DEFAULT_HOLD_S = 120.0     # how long freed room is kept for its preemptor
-MAX_ATTEMPTS = 3           # choices per filter when evictions are refused
+MAX_ATTEMPTS = 3           # choices per preemption when evictions are refused
+REFUSALS_KEPT_S = 30.0     # how long refused evictions are not tried again for the same pod
 PREEMPTED = "Preempted"
+PREEMPTION_FAILED = "PreemptionFailed"
 
 
 def preempting_reason(count: int, node: str) -> str:
     return f"preempting {count} pods on node {node}"
+
+
+@dataclass(slots=True)
+class Refusals:
+    """The evictions refused to one preemptor: victim uid -> why, and the last (node, why)."""
+    victims: dict[str, str] = field(default_factory=dict)
+    last: tuple[str, str] = ("", "")
+    expires: float = 0.0
+
+    def __bool__(self) -> bool:
+        return bool(self.victims)
 
 
 @dataclass(slots=True)
@@ -79,6 +98,7 @@ class Preemptor:
         self.search = search or VictimSearch(cache, filterer)
         self.clock = clock
         self.holds: dict[str, Hold] = {}
+        self.refusals: dict[str, Refusals] = {}   # preemptor uid -> its refused evictions
 
     # ------------------------------------------------------------------ holds
     def active_hold(self, uid: str) -> Hold | None:
@@ -162,46 +182,86 @@ class Preemptor:
             self.cache.release_pod(hold.uid)
 
     # ------------------------------------------------------------------ preemption
-    async def preempt(self, pod: dict, node_names: list[str], request: PodRequest,
-                      failed: dict[str, str]) -> dict[str, str] | None:
-        """For a pod that fits nowhere: choose, hold, evict, nominate. The FailedNodes to answer
-        (``failed`` with the node's reason replaced), or None when the pod may not preempt or no
-        victims make room (answer ``failed`` as it is)."""
+    def begin(self, pod: dict, node_names: list[str], request: PodRequest,
+              failed: dict[str, str]) -> tuple[dict[str, str] | None, Coroutine | None]:
+        """For a pod that fits nowhere, in the filter's synchronous stretch: choose and hold.
+        Returns the FailedNodes to answer now (``failed`` with the chosen node's reason replaced;
+        None when the pod may not preempt or no victims make room: answer ``failed`` as it is),
+        and the evictions to run after the answer under the pod's lock (``carry_out``), or None."""
         if not may_preempt(pod):
-            return None
+            return None, None
+        uid = (pod.get("metadata") or {}).get("uid") or ""
+        refusals = self._fresh_refusals(uid)
+        choice, hold = self._choose_and_hold(pod, node_names, request, failed, refusals)
+        if hold is None:
+            return (self._gave_up(failed, refusals) if refusals else None), None
+        answer = dict(failed)
+        answer[choice.node] = preempting_reason(len(choice.victims), choice.node)
+        return answer, self.carry_out(pod, node_names, request, failed, choice, hold)
+
+    async def carry_out(self, pod: dict, node_names: list[str], request: PodRequest, failed: dict[str, str],
+                        choice: Choice, hold: Hold) -> None:
+        """Evict the chosen victims, then nominate the node. A refused eviction (a budget allows no
+        disruption) gives the hold back and chooses again without that pod, up to MAX_ATTEMPTS
+        choices; the refusals are remembered for REFUSALS_KEPT_S, so the pod's next filters answer
+        why (and try no pod that refused) instead of evicting again at once."""
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
-        refused: dict[str, str] = {}        # uid -> why its eviction was refused
-        last_error = ""
+        uid = meta.get("uid") or ""
+        refusals = self._fresh_refusals(uid)
         for attempt in range(MAX_ATTEMPTS):
-            choice = self.search.choose(pod, request, node_names, failed=failed, exclude=refused)
-            if choice is None:
-                break
-            hold = self._hold(pod, choice, request)
-            if hold is None:
-                break
             log.info("preempting", pod=key, node=choice.node, victims=list(hold.victims.values()),
                      trials=self.search.trials)
             error = await self._evict_all(pod, hold, choice)
             if error is None:
+                self.refusals.pop(uid, None)
                 await self._nominate(pod, choice.node)
                 self._event(pod, f"preempting {len(choice.victims)} pods on node {choice.node}: "
                                  + ", ".join(hold.victims.values()))
-                answer = dict(failed)
-                answer[choice.node] = preempting_reason(len(choice.victims), choice.node)
                 self._count("preempting")
-                return answer
+                return
             victim_uid, message = error
-            refused[victim_uid] = message
-            last_error = f"eviction of {hold.victims[victim_uid]} refused: {message}"
+            refusals.victims[victim_uid] = message
+            refusals.last = (choice.node, f"eviction of {hold.victims[victim_uid]} refused: {message}")
+            refusals.expires = self.clock() + REFUSALS_KEPT_S
+            self._forget_old_refusals()
+            self.refusals[uid] = refusals
             self._drop(hold, release=True)
-            last_node = choice.node
-        if not refused:
-            return None
-        log.info("preemption given up", pod=key, reason=last_error)
+            if attempt + 1 == MAX_ATTEMPTS:
+                break
+            choice, hold = self._choose_and_hold(pod, node_names, request, failed, refusals)
+            if hold is None:
+                break
+        node, why = refusals.last
+        log.info("preemption given up", pod=key, node=node, reason=why)
         self._count("gave_up")
+        self._event(pod, f"preemption gave up on node {node}: {why}", reason=PREEMPTION_FAILED, warning=True)
+
+    def _choose_and_hold(self, pod: dict, node_names: list[str], request: PodRequest, failed: dict[str, str],
+                         refusals: Refusals | None) -> tuple[Choice | None, Hold | None]:
+        exclude = refusals.victims if refusals else {}
+        choice = self.search.choose(pod, request, node_names, failed=failed, exclude=exclude)
+        if choice is None:
+            return None, None
+        return choice, self._hold(pod, choice, request)
+
+    def _fresh_refusals(self, uid: str) -> Refusals:
+        refusals = self.refusals.get(uid)
+        if refusals is None or refusals.expires <= self.clock():
+            self.refusals.pop(uid, None)
+            return Refusals()
+        return refusals
+
+    def _forget_old_refusals(self) -> None:
+        now = self.clock()
+        for uid in [uid for uid, r in self.refusals.items() if r.expires <= now]:
+            del self.refusals[uid]
+
+    @staticmethod
+    def _gave_up(failed: dict[str, str], refusals: Refusals) -> dict[str, str]:
+        node, why = refusals.last
         answer = dict(failed)
-        answer[last_node] = f"{answer.get(last_node, '')}; preemption gave up: {last_error}".lstrip("; ")
+        answer[node] = f"{answer.get(node, '')}; preemption gave up: {why}".lstrip("; ")
         return answer
 
     async def _evict_all(self, pod: dict, hold: Hold, choice: Choice) -> tuple[str, str] | None:
@@ -240,6 +300,6 @@ class Preemptor:
         if self.metrics is not None:
             self.metrics.preemption_evictions.labels(result).inc()
 
-    def _event(self, pod: dict, message: str) -> None:
+    def _event(self, pod: dict, message: str, *, reason: str = PREEMPTED, warning: bool = False) -> None:
         if self.events is not None:
-            self.events(pod, PREEMPTED, message)
+            self.events(pod, reason, message, warning=warning)

@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from hami_py.aio import cancel_and_wait, run_to_end
+from hami_py.aio import cancel_and_wait
 from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeClient
@@ -24,7 +24,7 @@ from hami_py.scheduling.podlocks import PodBusy, PodLocks
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.preempt_verb import PreemptArgsError, process_preemption
 from hami_py.scheduling.prioritize import FILTER_MODES, AllNodes, HostPriorities
-from hami_py.scheduling.preemption import VictimSearch, may_preempt
+from hami_py.scheduling.preemption import VictimSearch
 from hami_py.scheduling.requests import parse_pod_requests
 from hami_py.scheduling.stale import clear_stale_decision, may_carry_decision
 
@@ -49,10 +49,14 @@ def lower_keys(obj: dict) -> dict:
 class SchedulerService:
     def __init__(self, *, cache: UsageCache, vendors: dict[str, DeviceVendor], client: KubeClient,
                  binder: Binder, filterer: Filterer, sync_timeout_s: float = 30.0, events=None,
-                 preemptor=None, filter_mode: str = "best", bind_answer_s: float = BIND_ANSWER_S):
+                 preemptor=None, filter_mode: str = "best", bind_answer_s: float = BIND_ANSWER_S,
+                 background_client: KubeClient | None = None):
         self.cache = cache
         self.vendors = vendors
         self.client = client
+        # Stale-decision cleanups draw on the background bucket: a pod's lock and Binding never
+        # wait behind them.
+        self.background_client = background_client or client
         self.binder = binder
         self.filterer = filterer
         self.sync_timeout_s = sync_timeout_s
@@ -60,7 +64,8 @@ class SchedulerService:
         self.events = events
         self.pod_locks = PodLocks()   # a pod's filters and binds run one at a time
         self.bind_answer_s = bind_answer_s
-        self._late_binds: set[asyncio.Future] = set()   # binds still running after their answer
+        # Binds still running after their answer, and the work filters leave for after theirs.
+        self._unanswered: set[asyncio.Future] = set()
         # --device-preemption (scheduling/preempting.py): None when off.
         self.preemptor = preemptor
         # --filter-mode=all (scheduling/prioritize.py): every fitting node, /prioritize, refit at bind.
@@ -142,7 +147,7 @@ class SchedulerService:
                     return filter_result(failed=held)   # its victims are still leaving
                 decision = held
             if decision is None and self.all_nodes is not None:
-                return await self._filter_all(pod, node_names, request)
+                return self._filter_all(pod, node_names, request)
             if decision is None:
                 decision = self.filterer.decide(pod, node_names, request)
         except PolicyError as exc:
@@ -152,15 +157,23 @@ class SchedulerService:
             return filter_result(error=message)
         if decision.node is None:
             self._event(pod, "filter_failed", decision)
+            failed = decision.failed
+            work, what = [], "cleanup"
             if stale:
                 # decide() released the old decision (events still carrying it charge nothing), so
-                # a cleanup that fails below loses nothing. Still under the pod's lock: no newer
-                # decision of ours can be in flight.
-                await clear_stale_decision(client=self.client, cache=self.cache, vendors=self.vendors,
-                                           namespace=namespace, name=name, uid=uid)
-            if self.preemptor is not None and may_preempt(pod):
-                return filter_result(failed=await self._preempt(pod, node_names, request, decision.failed))
-            return filter_result(failed=decision.failed)
+                # a cleanup that fails loses nothing. After the answer, under the pod's lock: no
+                # newer decision of ours can be in flight while it runs.
+                work.append(clear_stale_decision(client=self.background_client, cache=self.cache, vendors=self.vendors,
+                                                 namespace=namespace, name=name, uid=uid))
+            if self.preemptor is not None:
+                answer, evictions = self.preemptor.begin(pod, node_names, request, failed)
+                failed = answer or failed
+                if evictions is not None:
+                    work.append(evictions)
+                    what = "preemption"
+            if work:
+                self._follow_up(uid, f"{namespace}/{name}", what, work)
+            return filter_result(failed=failed)
         # Nothing is written here: the reservation keeps the decision's annotations and the bind
         # carries them in its Binding, which the API server applies with spec.nodeName in one
         # write. A filter's latency is then the decision's alone, whatever the API server does,
@@ -169,15 +182,19 @@ class SchedulerService:
         self._event(pod, "filter_succeeded", decision)
         return filter_result(node_names=[decision.node])
 
-    async def _filter_all(self, pod: dict, node_names: list[str], request) -> dict:
+    def _filter_all(self, pod: dict, node_names: list[str], request) -> dict:
         """``--filter-mode=all``: every fitting node, nothing reserved, nothing written; a pod that
         fits nowhere may preempt (--device-preemption) as in best mode. The PolicyError of an
         unusable policy annotation goes to the caller (``_filter_live``), as decide's does."""
         names, failed = self.all_nodes.filter(pod, node_names, request)
         if names is not None:
             return filter_result(node_names=names)
-        if self.preemptor is not None and may_preempt(pod):
-            return filter_result(failed=await self._preempt(pod, node_names, request, failed))
+        if self.preemptor is not None:
+            answer, evictions = self.preemptor.begin(pod, node_names, request, failed)
+            if evictions is not None:
+                meta = pod["metadata"]
+                self._follow_up(meta["uid"], _pod_key(pod), "preemption", [evictions])
+            failed = answer or failed
         return filter_result(failed=failed)
 
     # ------------------------------------------------------------------ prioritize
@@ -213,14 +230,14 @@ class SchedulerService:
             return filter_result(failed=decision.failed)
         return filter_result(nodes={"metadata": {}, "items": [by_name[decision.node]]}, failed=decision.failed)
 
-    async def _preempt(self, pod: dict, node_names: list[str], request, failed: dict[str, str]) -> dict[str, str]:
-        """Device preemption for a pod that fits nowhere (still under its lock): the FailedNodes
-        to answer. Once begun it runs to its end even if the caller leaves (a victim evicted is
-        never left without the hold it was evicted for)."""
-        work, cancelled = await run_to_end(self.preemptor.preempt(pod, node_names, request, failed))
-        if cancelled:
-            raise asyncio.CancelledError()
-        return work.result() or failed
+    def _follow_up(self, uid: str, pod_key: str, what: str, work: list) -> None:
+        """Work a filter leaves for after its answer (a stale decision's cleanup, a preemption's
+        evictions: API calls kube-scheduler's scheduling cycle must not wait for), run in order
+        under the pod's lock, claimed now, before this filter lets go of it."""
+        async def in_order():
+            for step in work:
+                await step
+        self._keep(self.pod_locks.follow_up(uid, what, in_order()), f"{what} of pod {pod_key}")
 
     async def _wait_synced(self) -> bool:
         if self.synced.is_set():
@@ -280,14 +297,14 @@ class SchedulerService:
             if not started.is_set():
                 work.cancel()            # still waiting for the pod's lock: dropped with its caller
             else:
-                self._keep(work, req)   # begun: it runs to its end, logged and reported there
+                self._keep(work, _bind_what(req))   # begun: it runs to its end, logged and reported there
             raise
         if not done:
             if not started.is_set():
                 work.cancel()
                 return {"Error": f"pod {req.namespace}/{req.name}: another bind of it is still running "
                                  f"after {go_duration(self.bind_answer_s)}"}
-            self._keep(work, req)
+            self._keep(work, _bind_what(req))
             return {"Error": f"bind of pod {req.namespace}/{req.name} to node {req.node} is still running after "
                              f"{go_duration(self.bind_answer_s)}; its outcome goes to the pod's events"}
         try:
@@ -302,27 +319,32 @@ class SchedulerService:
             started.set()
             await self._bind(req)
 
-    def _keep(self, work: asyncio.Future, req: BindRequest) -> None:
-        """A bind nobody waits for any more: kept until it ends (close() waits for it), its
-        failure logged (the Binder has reported it on the pod)."""
-        self._late_binds.add(work)
+    def _keep(self, work: asyncio.Future, what: str) -> None:
+        """Work nobody waits for any more (a bind whose caller was answered, a filter's follow-up):
+        kept until it ends (close() waits for it), its failure logged (a Binder has reported its
+        own on the pod)."""
+        self._unanswered.add(work)
 
         def ended(task: asyncio.Future) -> None:
-            self._late_binds.discard(task)
+            self._unanswered.discard(task)
             if not task.cancelled() and task.exception() is not None:
-                log.warning("bind failed after its caller was answered", pod=f"{req.namespace}/{req.name}",
-                            node=req.node, error=str(task.exception()))
+                log.warning("failed after its caller was answered", work=what, error=str(task.exception()))
 
         work.add_done_callback(ended)
 
+    async def settled(self) -> None:
+        """Wait until no work is left running after its answer (tests, and the simulator's steps)."""
+        while self._unanswered:
+            await asyncio.wait(list(self._unanswered))
+
     async def close(self) -> None:
-        """At shutdown: the binds nobody waits for any more are let finish (their lock and
-        Binding are never left half done) for up to a bind's answer time, then cancelled (one
-        hung on an API server that never answers must not hold the shutdown); then the Binder's
-        own work."""
-        if self._late_binds:
-            await asyncio.wait(list(self._late_binds), timeout=self.bind_answer_s)
-            for work in list(self._late_binds):
+        """At shutdown: the binds and follow-ups nobody waits for any more are let finish (a
+        bind's lock and Binding, a preemption's evictions are never left half done) for up to a
+        bind's answer time, then cancelled (one hung on an API server that never answers must not
+        hold the shutdown); then the Binder's own work."""
+        if self._unanswered:
+            await asyncio.wait(list(self._unanswered), timeout=self.bind_answer_s)
+            for work in list(self._unanswered):
                 await cancel_and_wait(work)
         await self.binder.close()
 
@@ -331,6 +353,10 @@ class SchedulerService:
             await self.all_nodes.reserve_for_bind(req)   # the node kube-scheduler chose, fitted again
         await self.binder.bind(req)
 
+
+
+def _bind_what(req: BindRequest) -> str:
+    return f"bind of pod {req.namespace}/{req.name} to node {req.node}"
 
 
 def _pod_key(pod: dict) -> str:
