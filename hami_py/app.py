@@ -20,9 +20,11 @@ from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceVendor
 from hami_py.devices.registry import FamilySwitches, build_vendors
-from hami_py.http.server import DEFAULT_BODY_LIMIT, build_app, build_metrics_app
+from hami_py.http.profiling import build_profiling_app
+from hami_py.http.refit import refit_route
+from hami_py.http.server import DEFAULT_BODY_LIMIT, build_app, build_cluster_app, build_metrics_app, warn_unless_loopback
 from hami_py.http.tls import DEFAULT_CHECK_INTERVAL_S, ReloadingTLS
-from hami_py.http.webhook import build_webhook_app, webhook_route
+from hami_py.http.webhook import webhook_route
 from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS, log_budget
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, UNBOUND
@@ -32,11 +34,13 @@ from hami_py.k8s.leader import build_leadership, check_leader_options, leader_id
 from hami_py.k8s.nodelock import NodeLocker
 from hami_py.k8s.registration import RegistrationKeeper
 from hami_py.k8s.requeue import RequeueNudger
+from hami_py.k8s.tokenreview import DevicePluginIdentity
 from hami_py.metrics import Metrics, StuckLockCollector
 from hami_py.scheduling.admission import AdmissionSettings
 from hami_py.scheduling.bind import Binder
 from hami_py.scheduling.filter import Filterer
 from hami_py.scheduling.preempting import Preemptor
+from hami_py.scheduling.refit import RefitEndpoint, Refitter
 from hami_py.scheduling.service import SchedulerService
 
 log = structlog.get_logger(__name__)
@@ -46,6 +50,13 @@ log = structlog.get_logger(__name__)
 class Options:
     """The scheduler's settings; names and defaults follow upstream's command-line flags."""
     http_bind: str = "127.0.0.1:8080"
+    # HAMi after v2.10: the extender's verbs on a listener of their own (--extender-bind), and
+    # --http_bind for /webhook, /refit and the probes. Empty: everything on http_bind (v2.10).
+    extender_bind: str = ""
+    # /refit's only accepted caller: the device plugin's ServiceAccount (both empty: not configured).
+    device_plugin_namespace: str = ""
+    device_plugin_service_account: str = ""
+    profiling_bind_address: str = "127.0.0.1:6060"
     # Not upstream's: the webhook on a listener of its own (/webhook, /healthz, /readyz only), so
     # that the extender's listener can stay on loopback. Empty: /webhook on the extender's listener.
     webhook_bind_address: str = ""
@@ -155,9 +166,11 @@ class SchedulerApp:
         self.service: SchedulerService | None = None
         self.informers: list[Informer] = []
         self._runners: list[web.AppRunner] = []
-        self.url = ""
-        self.webhook_url = ""   # where /webhook is served: self.url unless --webhook-bind-address
+        self.url = ""           # the extender's verbs (--extender-bind, else --http_bind)
+        self.cluster_url = ""   # --http_bind: /refit, the probes, /webhook (unless --webhook-bind-address)
+        self.webhook_url = ""   # where /webhook is served: cluster_url unless --webhook-bind-address
         self.metrics_url = ""
+        self.profiling_url = ""
         self._sync_task: asyncio.Task | None = None
         self.device_plugin = None  # set by the embedded harness when it simulates one
         # Admission quota pre-check: fit_quota(namespace, vendor_key, memory_mib, cores) -> bool,
@@ -198,7 +211,7 @@ class SchedulerApp:
                                         binder=binder, filterer=filterer, sync_timeout_s=o.sync_timeout_s,
                                         events=self._on_filter, preemptor=self._preemptor(filterer),
                                         filter_mode=o.filter_mode, bind_answer_s=o.bind_answer_s,
-                                        background_client=background)
+                                        background_client=background, metrics=self.metrics)
         # Pods refused just before the books freed devices get kube-scheduler's retry (requeue.py).
         self.requeue = RequeueNudger(background, enabled=lambda: self.service.synced.is_set(),
                                      metrics=self.metrics)
@@ -229,27 +242,59 @@ class SchedulerApp:
                                        force_overwrite_default_scheduler=o.force_overwrite_default_scheduler),
             vendors=self.vendors, fit_quota=lambda *request: self.fit_quota(*request),
             metrics=self.metrics, body_limit=o.body_limit)
-        # With a webhook listener of its own, the extender's listener serves no /webhook.
-        separate = bool(o.webhook_bind_address)
-        app = build_app(service=self.service, metrics=self.metrics, ready=lambda: self.ready,
-                        body_limit=o.body_limit, extra_routes=[] if separate else [webhook])
-        host, port = split_host_port(o.http_bind, default_host="0.0.0.0")
-        if o.cert_file and o.key_file:
-            self.tls = ReloadingTLS(cert_file=o.cert_file, key_file=o.key_file,
-                                    check_interval_s=o.cert_check_interval_s)
-        context = self.tls.context if self.tls else None
-        self.url = await self._serve(app, host, port, context)
-        self.webhook_url = self.url
-        if separate:
-            # The same certificate pair (and the same live reload) as the extender's listener.
-            whost, wport = split_host_port(o.webhook_bind_address, default_host="0.0.0.0")
-            webhook_app = build_webhook_app(webhook, ready=lambda: self.ready, body_limit=o.body_limit)
-            self.webhook_url = await self._serve(webhook_app, whost, wport, context)
+        identity = (DevicePluginIdentity(o.device_plugin_namespace, o.device_plugin_service_account)
+                    if o.device_plugin_namespace and o.device_plugin_service_account else None)
+        refitter = identity and Refitter(cache=self.cache, vendors=self.vendors, filterer=filterer,
+                                         client=self.client, pod_locks=self.service.pod_locks)
+        refit = refit_route(refit=RefitEndpoint(refitter=refitter, client=self.client, identity=identity,
+                                                serving=self.service.synced.is_set),
+                            metrics=self.metrics, body_limit=o.body_limit)
+        await self._start_listeners(webhook, refit)
         if o.metrics_bind_address:
             mhost, mport = split_host_port(o.metrics_bind_address, default_host="0.0.0.0")
             metrics_app = build_metrics_app(self.metrics, extra=self.allocation_metrics.chunks)
             self.metrics_url = await self._serve(metrics_app, mhost, mport, None)
-        log.info("hami-scheduler serving", url=self.url, webhook=self.webhook_url, metrics=self.metrics_url)
+        if o.profiling:
+            phost, pport = split_host_port(o.profiling_bind_address, default_host="0.0.0.0")
+            warn_unless_loopback("--profiling-bind-address", o.profiling_bind_address,
+                                 "the profiling endpoints show the scheduler's internals to whoever reaches them")
+            self.profiling_url = await self._serve(build_profiling_app(), phost, pport, None)
+        log.info("hami-scheduler serving", url=self.url, cluster=self.cluster_url, webhook=self.webhook_url,
+                 metrics=self.metrics_url, profiling=self.profiling_url)
+
+    async def _start_listeners(self, webhook, refit) -> None:
+        """HAMi's two layouts. With --extender-bind (after v2.10): the extender's verbs there, and
+        /webhook, /refit and the probes on --http_bind. Without it (v2.10): all of them on
+        --http_bind. Either way --webhook-bind-address (ours) moves /webhook to a listener of its
+        own, and every listener but the metrics' serves TLS when a certificate is given (one
+        pair, reloaded when its files change)."""
+        o = self.options
+        if o.cert_file and o.key_file:
+            self.tls = ReloadingTLS(cert_file=o.cert_file, key_file=o.key_file,
+                                    check_interval_s=o.cert_check_interval_s)
+        context = self.tls.context if self.tls else None
+        separate_webhook = bool(o.webhook_bind_address)
+        cluster_routes = [refit] + ([] if separate_webhook else [webhook])
+        host, port = split_host_port(o.http_bind, default_host="0.0.0.0")
+        if o.extender_bind:
+            warn_unless_loopback("--extender-bind", o.extender_bind,
+                                 "/filter and /bind change the cluster with the scheduler's credentials and "
+                                 "authenticate nobody")
+            ehost, eport = split_host_port(o.extender_bind, default_host="0.0.0.0")
+            extender = build_app(service=self.service, metrics=self.metrics, ready=lambda: self.ready,
+                                 body_limit=o.body_limit)
+            self.url = await self._serve(extender, ehost, eport, context)
+            cluster = build_cluster_app(cluster_routes, ready=lambda: self.ready, body_limit=o.body_limit)
+            self.cluster_url = await self._serve(cluster, host, port, context)
+        else:
+            app = build_app(service=self.service, metrics=self.metrics, ready=lambda: self.ready,
+                            body_limit=o.body_limit, extra_routes=cluster_routes)
+            self.url = self.cluster_url = await self._serve(app, host, port, context)
+        self.webhook_url = self.cluster_url
+        if separate_webhook:
+            whost, wport = split_host_port(o.webhook_bind_address, default_host="0.0.0.0")
+            webhook_app = build_cluster_app([webhook], ready=lambda: self.ready, body_limit=o.body_limit)
+            self.webhook_url = await self._serve(webhook_app, whost, wport, context)
 
     def _preemptor(self, filterer: Filterer) -> Preemptor | None:
         if not self.options.device_preemption:

@@ -87,10 +87,33 @@ def _optional_address(text: str) -> str:
     return _address(text) if text else text
 
 
+def check_refit_identity(ns: argparse.Namespace) -> None:
+    """HAMi after v2.10 refuses to start without the device plugin's ServiceAccount (the only
+    caller /refit accepts): an unconfigured identity would fail every refit silently while the
+    scheduler looked healthy. Its chart passes both flags with --extender-bind, so the newest
+    layout (--extender-bind given) needs them here too; v2.10's argument lists, which have none
+    of the three, still start, with /refit answering that it is not configured. One of the two
+    without the other is a mistake in any layout."""
+    namespace, account = ns.device_plugin_namespace, ns.device_plugin_service_account
+    if bool(namespace) != bool(account):
+        raise UsageError("--device-plugin-namespace and --device-plugin-service-account must be given together "
+                         f"(they name the ServiceAccount /refit accepts; got {namespace!r} and {account!r})")
+    if ns.extender_bind and not namespace:
+        raise UsageError("--extender-bind (HAMi's layout after v2.10) needs --device-plugin-namespace and "
+                         "--device-plugin-service-account: they name the only ServiceAccount whose token /refit "
+                         "accepts")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="hami-scheduler", description="HAMi-compatible scheduler extender for shared GPUs.")
     flag = p.add_argument
-    flag("--http_bind", default="127.0.0.1:8080", type=_address, help="extender server address")
+    flag("--http_bind", default="127.0.0.1:8080", type=_address,
+         help="the cluster-facing listener: /webhook, /refit, /healthz, /readyz (and, without "
+              "--extender-bind, /filter and /bind too, as HAMi v2.10 serves them)")
+    flag("--extender-bind", default=None, type=_optional_address,
+         help="the extender's own listener (/filter, /bind, /prioritize, /preempt), kept on loopback for the "
+              "kube-scheduler beside it, as HAMi after v2.10 (its default there: 127.0.0.1:9444); absent or "
+              "empty: they are served on --http_bind, as HAMi v2.10 serves them")
     flag("--cert_file", default="", help="TLS certificate (TLS when both cert and key are set)")
     flag("--key_file", default="", help="TLS private key")
     flag("--webhook-bind-address", default="", type=_optional_address,
@@ -105,7 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
          help="API client queries per second (neither this nor --kube-burst given: 600, 100 pods/s)")
     flag("--kube-burst", default=None, type=int, help="API client burst (neither flag given: 1200)")
     flag("--kube-timeout", default=0, type=int, help="API client timeout in seconds (0: none)")
-    flag("--profiling", default=False, type=_bool, nargs="?", const=True, help="accepted for compatibility")
+    flag("--profiling", default=False, type=_bool, nargs="?", const=True,
+         help="serve the profiling endpoints (/debug/pprof/: task stacks, a CPU profile, heap counts) on "
+              "--profiling-bind-address")
+    flag("--profiling-bind-address", default="127.0.0.1:6060", type=_address,
+         help="the profiling listener (plain HTTP; keep it on loopback)")
+    flag("--device-plugin-namespace", default="",
+         help="namespace of the device plugin's ServiceAccount, the only caller /refit accepts")
+    flag("--device-plugin-service-account", default="",
+         help="name of the device plugin's ServiceAccount, the only caller /refit accepts")
     flag("--node-lock-timeout", default=300.0, type=_duration, help="node lock expiry (Go duration)")
     flag("--node-lock-retry-timeout", default=28.0, type=_duration, help="PodGroup lock retry budget")
     flag("--node-lock-wait", default=10.0, type=_duration,
@@ -150,6 +181,9 @@ def options_from_args(ns: argparse.Namespace) -> Options:
     qps, burst, source = resolve_budget(ns.kube_qps, ns.kube_burst)
     return Options(
         http_bind=ns.http_bind, webhook_bind_address=ns.webhook_bind_address,
+        extender_bind=ns.extender_bind or "", profiling_bind_address=ns.profiling_bind_address,
+        device_plugin_namespace=ns.device_plugin_namespace,
+        device_plugin_service_account=ns.device_plugin_service_account,
         cert_file=ns.cert_file, key_file=ns.key_file,
         scheduler_name=ns.scheduler_name, node_scheduler_policy=ns.node_scheduler_policy,
         gpu_scheduler_policy=ns.gpu_scheduler_policy, metrics_bind_address=ns.metrics_bind_address,
@@ -194,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(sorted(unknown))} (tokens: {', '.join(sorted(GPU_POLICY_TOKENS))})")
         if bool(ns.cert_file) != bool(ns.key_file):
             raise UsageError("--cert_file and --key_file must be given together")
+        check_refit_identity(ns)
         if ns.webhook_bind_address and not ns.cert_file:
             raise UsageError("--webhook-bind-address needs --cert_file and --key_file: "
                              "the API server calls webhooks over HTTPS only")

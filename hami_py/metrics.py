@@ -76,10 +76,41 @@ class Metrics:
             "hami_device_preemption_evictions_total",
             "Evictions asked for by device preemption, by result: evicted, refused.",
             ["result"], registry=self.registry)
+        # HAMi's allocation outcomes (its #3088), with its names and labels: phase (filter, bind),
+        # device_type (the family's vendor key), failure_reason (one of OUTCOME_REASONS).
+        outcome_labels = ["phase", "device_type", "failure_reason"]
+        self.allocations = Counter(
+            "hami_scheduler_allocations_total",
+            "Device reservations made by /filter, by family (failure_reason is always none).",
+            outcome_labels, registry=self.registry)
+        self.allocation_failures = Counter(
+            "hami_scheduler_allocation_failures_total",
+            "Allocations that failed, by phase (filter: no node fits, or the request could not be judged; "
+            "bind: the pod, the node lock or the Binding), family and reason.",
+            outcome_labels, registry=self.registry)
+        self.bind_rollbacks = Counter(
+            "hami_scheduler_bind_rollbacks_total",
+            "Failed binds that released the pod's reservation (the devices are free again), by family and reason.",
+            outcome_labels, registry=self.registry)
         self.build_info = Gauge(
             "hami_build_info", "Build of this scheduler, as labels; the value is always 1.",
             list(BUILD_INFO), registry=self.registry)
         self.build_info.labels(**BUILD_INFO).set(1)
+
+
+# HAMi's fixed set of failure reasons (#3088); "none" labels the successes.
+OUTCOME_REASONS = ("none", "no_fit", "lookup", "identity", "lock", "annotation_patch", "bind", "internal")
+
+
+def count_outcome(metrics: "Metrics | None", phase: str, device_types, reason: str, *, rolled_back: bool = False) -> None:
+    """One allocation outcome for each family it concerned."""
+    if metrics is None:
+        return
+    counter = metrics.allocations if reason == "none" else metrics.allocation_failures
+    for device_type in device_types or ("unknown",):
+        counter.labels(phase, device_type, reason).inc()
+        if rolled_back:
+            metrics.bind_rollbacks.labels(phase, device_type, reason).inc()
 
 
 class StuckLockCollector:

@@ -536,7 +536,7 @@ def sidecar_config(*, extender_url: str, kubeconfig: Path, config: dict | None =
     """manifests/scheduler-config.yaml's KubeSchedulerConfiguration (or ``config``, another
     build's: an overlay's) with what cannot work on a loopback test machine changed, and nothing else:
 
-    * the extender's ``urlPrefix``: hami-py listens on a free port here, not the pod's 8443
+    * the extender's ``urlPrefix``: hami-py listens on a free port here, not the pod's 9444
       (still HTTPS, still ``tlsConfig.insecure``);
     * ``clientConnection.kubeconfig``: in the pod, kube-scheduler uses the in-cluster
       configuration (the ServiceAccount's token); here a kubeconfig carries that token.

@@ -7,12 +7,18 @@ its default values (``schedulerName: hami-scheduler``, webhook on, leader electi
 set: every combination of ``devices.ascend.enabled`` and ``devices.iluvatar.enabled``, the
 webhook off, a node label selector with legacy metrics. The chart runs the command
 ``scheduler``; the rest is the arguments. No Helm, and nothing copied from the chart's files: only the rendered command lines.
+
+Two chart generations: v2.10's (4707fb02), and the newest the code index holds (after HAMi
+#2882, which adds the device plugin's ServiceAccount for /refit and moves the listener to 9443,
+and #3039, which adds ``--extender-bind`` on loopback; the final template of #3039 was read from
+its review only, so the newest list is also given without ``--extender-bind``, as #2882 left it).
 """
 from __future__ import annotations
 
 import dataclasses
 from importlib import resources
 
+import aiohttp
 import pytest
 
 from hami_py.cli import build_parser, options_from_args
@@ -60,6 +66,26 @@ CHART_RENDERINGS = {
     "no-webhook": _rendered(webhook=False),
     "selector+legacy-metrics": _rendered(selector="gpu=on,zone=a", legacy_metrics=True),
 }
+# The newest chart: the listener on 9443 (TLS with the webhook's pair, or plain when the
+# webhook is off), the extender on loopback 9444 (#3039), the device plugin's account (#2882).
+_NEWEST_TLS = ["--http_bind=0.0.0.0:9443", "--cert_file=/tls/tls.crt", "--key_file=/tls/tls.key"]
+_EXTENDER = ["--extender-bind=127.0.0.1:9444"]
+_DEVICE_PLUGIN = ["--device-plugin-namespace=hami-system", "--device-plugin-service-account=hami-device-plugin"]
+
+
+def _newest(*, webhook: bool = True, extender: bool = True, ascend: bool = False, iluvatar: bool = False) -> list[str]:
+    argv = (_NEWEST_TLS if webhook else ["--http_bind=0.0.0.0:9443"]) + _EXTENDER * extender + _COMMON
+    argv += _DEVICE_PLUGIN + ["--enable-ascend=true"] * ascend + ["--enable-iluvatar=true"] * iluvatar
+    return argv + _EXTRA_ARGS
+
+
+NEWEST_RENDERINGS = {
+    "newest": _newest(),
+    "newest-ascend+iluvatar": _newest(ascend=True, iluvatar=True),
+    "newest-no-webhook": _newest(webhook=False),
+    "newest-before-extender-bind": _newest(extender=False),
+}
+CHART_RENDERINGS.update(NEWEST_RENDERINGS)
 CHART_DEFAULT = CHART_RENDERINGS["default"]
 CHART_ASCEND_ILUVATAR = CHART_RENDERINGS["ascend+iluvatar"]
 
@@ -72,7 +98,14 @@ def test_every_argument_the_chart_renders_is_accepted(argv):
     assert options.enable_ascend == ("--enable-ascend=true" in argv)
     assert options.enable_iluvatar == ("--enable-iluvatar=true" in argv)
     assert options.debug and options.verbosity == 4
-    assert options.http_bind == ("0.0.0.0:443" if "--cert_file=/tls/tls.crt" in argv else "0.0.0.0:80")
+    if argv in NEWEST_RENDERINGS.values():
+        assert options.http_bind == "0.0.0.0:9443"
+        assert options.extender_bind == ("127.0.0.1:9444" if "--extender-bind=127.0.0.1:9444" in argv else "")
+        assert (options.device_plugin_namespace, options.device_plugin_service_account) == (
+            "hami-system", "hami-device-plugin")
+    else:
+        assert options.http_bind == ("0.0.0.0:443" if "--cert_file=/tls/tls.crt" in argv else "0.0.0.0:80")
+        assert not options.extender_bind and not options.device_plugin_namespace
     if "--legacy-metrics=true" in argv:
         assert options.legacy_metrics and options.node_label_selector == {"gpu": "on", "zone": "a"}
 
@@ -98,7 +131,8 @@ async def test_the_scheduler_starts_and_serves_with_each_rendered_command(api, t
     local = embedded_options()
     options = dataclasses.replace(options, http_bind=local.http_bind, metrics_bind_address=local.metrics_bind_address,
                                   cert_file="", key_file="", leader_elect=False, device_config_file=str(config_file),
-                                  kube_qps=local.kube_qps, kube_burst=local.kube_burst)
+                                  kube_qps=local.kube_qps, kube_burst=local.kube_burst,
+                                  extender_bind="127.0.0.1:0" if options.extender_bind else "")
     switches = FamilySwitches(enable_ascend=options.enable_ascend, enable_iluvatar=options.enable_iluvatar)
     expected = build_vendors(DeviceConfig.default(), switches)
     async with running_scheduler(api, options=options, device_config=load_device_config(str(config_file)),
@@ -111,6 +145,13 @@ async def test_the_scheduler_starts_and_serves_with_each_rendered_command(api, t
         finally:
             await extender.close()
         assert status == 200 and body["Error"] == "extender args missing pod"   # serving, and precise
+        async with aiohttp.ClientSession() as session:
+            async with session.post(f"{app.cluster_url}/filter", data=b"{}") as answer:
+                # With --extender-bind the cluster listener serves no extender verb (v2.10's serves all).
+                assert answer.status == (404 if options.extender_bind else 200)
+            async with session.post(f"{app.cluster_url}/refit", data=b"{}") as answer:
+                # Configured (the newest chart names the device plugin's account): a caller with no token.
+                assert answer.status == (401 if options.device_plugin_namespace else 503)
 
 
 def test_the_charts_command_is_installed():

@@ -45,7 +45,7 @@ async def test_routes_answer_like_upstreams_server(api, app, extender):
 
 
 async def test_no_profiling_routes_without_the_flag(app, extender):
-    """Inventory: http-pprof (the half that holds: --profiling itself serves nothing yet)"""
+    """Inventory: http-pprof (never on the extender's listener; --profiling serves a listener of its own)"""
     assert (await _get(extender, f"{app.url}/debug/pprof/"))[0] == 404
 
 

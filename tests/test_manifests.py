@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 from urllib.parse import parse_qs
 
+import aiohttp
 import kubernetes_validate
 import pytest
 import yaml
@@ -35,9 +36,11 @@ from hami_py.devices.registry import FamilySwitches, build_vendors, managed_reso
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
 from hami_py.fakeapi.kubescheduler import ExtenderClient
-from hami_py.fakeapi.objects import gpu_node, gpu_pod
+from hami_py.fakeapi.objects import gpu_node, gpu_pod, gpu_uuid
 from hami_py.http.server import build_app
-from hami_py.http.webhook import WEBHOOK_PATH, build_webhook_app
+from hami_py.http.server import build_cluster_app
+from hami_py.http.refit import REFIT_PATH
+from hami_py.http.webhook import WEBHOOK_PATH
 from hami_py.k8s.budget import REQUESTS_PER_POD, pods_per_second_cap
 from hami_py.metrics import Metrics
 from hami_py.scheduling.admission import SUPPORTED_VERSIONS
@@ -149,7 +152,11 @@ def test_kubectl_kustomize_builds_the_same_objects():
 
 def test_hami_flags_are_what_the_cli_accepts_and_expects():
     assert OPTIONS.cert_file and OPTIONS.key_file                   # HTTPS: the webhook needs it
-    assert OPTIONS.webhook_bind_address                              # the webhook has its own listener
+    assert OPTIONS.extender_bind                                      # HAMi's layout after v2.10
+    assert not OPTIONS.webhook_bind_address                          # /webhook on the cluster listener
+    # /refit's caller: the ServiceAccount HAMi's chart gives its device plugin.
+    assert (OPTIONS.device_plugin_namespace, OPTIONS.device_plugin_service_account) == (NAMESPACE,
+                                                                                         "hami-device-plugin")
     assert OPTIONS.scheduler_name == "hami-scheduler"
     assert OPTIONS.force_overwrite_default_scheduler is True
     assert OPTIONS.leader_elect is True
@@ -173,12 +180,13 @@ def test_the_api_budget_places_100_pods_a_second_with_room_for_the_handshakes():
 
 def test_server_ports_match_container_ports_and_service():
     # The extender's listener is loopback only: no pod port and no Service port lead to it.
-    extender_port = bind_port(OPTIONS.http_bind)
-    assert OPTIONS.http_bind.rpartition(":")[0] == "127.0.0.1"
+    extender_port = bind_port(OPTIONS.extender_bind)
+    assert OPTIONS.extender_bind.rpartition(":")[0] == "127.0.0.1"
     assert extender_port not in {p["containerPort"] for p in HAMI["ports"]}
-    # The webhook's listener takes every address of the pod, on the port the Service targets.
-    assert OPTIONS.webhook_bind_address.rpartition(":")[0] in ("0.0.0.0", "")
-    assert bind_port(OPTIONS.webhook_bind_address) == port_of(HAMI, "webhook") != extender_port
+    # The cluster listener (webhook, refit, probes) takes every address of the pod, on the port
+    # the Service targets.
+    assert OPTIONS.http_bind.rpartition(":")[0] in ("0.0.0.0", "")
+    assert bind_port(OPTIONS.http_bind) == port_of(HAMI, "webhook") != extender_port
     assert bind_port(OPTIONS.metrics_bind_address) == port_of(HAMI, "metrics")
     service = find("Service", "hami-scheduler")
     ports = {p["name"]: p for p in service["spec"]["ports"]}
@@ -216,7 +224,8 @@ async def _never(_: web.Request) -> web.Response:
 
 
 EXTENDER_ROUTES = routes_of(build_app(service=None, metrics=Metrics(), ready=lambda: True))
-WEBHOOK_ROUTES = routes_of(build_webhook_app(("POST", WEBHOOK_PATH, _never), ready=lambda: True))
+WEBHOOK_ROUTES = routes_of(build_cluster_app([("POST", WEBHOOK_PATH, _never), ("POST", REFIT_PATH, _never)],
+                                             ready=lambda: True))
 
 
 def test_probes_reach_the_webhook_listener_and_routes_it_has():
@@ -226,7 +235,7 @@ def test_probes_reach_the_webhook_listener_and_routes_it_has():
         get = HAMI[probe]["httpGet"]
         assert ("GET", get["path"]) in WEBHOOK_ROUTES
         assert get["scheme"] == "HTTPS"
-        assert container_port(HAMI, get["port"]) == bind_port(OPTIONS.webhook_bind_address)
+        assert container_port(HAMI, get["port"]) == bind_port(OPTIONS.http_bind)
     assert KUBE_SCHEDULER["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
 
 
@@ -275,7 +284,7 @@ def test_scheduler_profile_and_leader_election_match_hami():
 def test_extender_points_at_hami_on_loopback():
     [extender] = SCHEDULER_CONFIG["extenders"]
     assert set(extender) <= EXTENDER_FIELDS
-    assert extender["urlPrefix"] == f"https://127.0.0.1:{OPTIONS.http_bind.rpartition(':')[2]}"
+    assert extender["urlPrefix"] == f"https://127.0.0.1:{OPTIONS.extender_bind.rpartition(':')[2]}"
     assert extender["enableHTTPS"] is True and set(extender["tlsConfig"]) == {"insecure"}
     for verb in (extender["filterVerb"], extender["bindVerb"]):
         assert ("POST", "/" + verb) in EXTENDER_ROUTES and ("POST", "/" + verb) not in WEBHOOK_ROUTES
@@ -316,7 +325,7 @@ def test_webhook_reaches_the_server_route(name):
     # API server -> Service port -> container port -> the webhook listener's port, which serves
     # the path; the extender's listener does not, once the webhook has its own.
     [port] = [p for p in service["spec"]["ports"] if p["port"] == target["port"]]
-    assert container_port(HAMI, port["targetPort"]) == bind_port(OPTIONS.webhook_bind_address)
+    assert container_port(HAMI, port["targetPort"]) == bind_port(OPTIONS.http_bind)
     assert ("POST", WEBHOOK_PATH) in WEBHOOK_ROUTES
     assert set(hook["admissionReviewVersions"]) <= {v.rsplit("/", 1)[1] for v in SUPPORTED_VERSIONS}
 
@@ -412,6 +421,24 @@ def rbac_request(method: str, path: str, query: str) -> tuple[str, str, str, str
 SIDECAR_LEASE_VERBS = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
 
 
+async def refit_once(api, app, name: str, node: str) -> None:
+    """The device plugin of ``node`` (the manifests' account) refits pod ``name`` onto another GPU."""
+    plugin = api.create("pods", {"apiVersion": "v1", "kind": "Pod",
+                                 "metadata": {"name": f"device-plugin-{node}", "namespace": NAMESPACE},
+                                 "spec": {"nodeName": node, "containers": [{"name": "plugin", "image": "hami"}]}})
+    api.add_token("plugin-token", f"system:serviceaccount:{OPTIONS.device_plugin_namespace}:"
+                                  f"{OPTIONS.device_plugin_service_account}", pod=plugin)
+    pod = api.get("pods", name)
+    held = pod["metadata"]["annotations"]["hami.io/vgpu-devices-allocated"].split(",", 1)[0]
+    other = next(u for u in (gpu_uuid(node, 0), gpu_uuid(node, 1)) if u != held)
+    body = {"podUID": pod["metadata"]["uid"], "podNamespace": "default", "podName": name, "nodeName": node,
+            "containerIndex": 0, "deviceType": "NVIDIA", "allowedDeviceUUIDs": [other]}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{app.cluster_url}/refit", json=body,
+                                headers={"Authorization": "Bearer plugin-token"}) as answer:
+            assert (answer.status, (await answer.json())["succeeded"]) == (200, True)
+
+
 async def test_rbac_grants_exactly_what_a_run_uses(api):
     """Run every path that talks to the API (leadership, registration with role labels, quota
     watch, filter, bind with its node lock, events) and compare the verbs with the grants."""
@@ -428,7 +455,8 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
         leader_elect_resource_name=OPTIONS.leader_elect_resource_name,
         leader_elect_resource_namespace=OPTIONS.leader_elect_resource_namespace,
         hostname="sched-0", pod_name="sched-0", pod_namespace=NAMESPACE, registration_interval_s=0.05,
-        node_lock_wait_s=0.2, device_preemption=True)
+        node_lock_wait_s=0.2, device_preemption=True, device_plugin_namespace=OPTIONS.device_plugin_namespace,
+        device_plugin_service_account=OPTIONS.device_plugin_service_account)
     async with running_scheduler(api, options=options, device_plugin=False) as app:
         extender = ExtenderClient(app.url)
         try:
@@ -455,6 +483,9 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
                                        if e["involvedObject"]["name"] == "too-big"), what="an event's count raised")
             await wait_for(lambda: api.get("pods", "sched-0", namespace=NAMESPACE)["metadata"]["labels"]
                            .get("hami.io/scheduler-role") == "leader", what="role label")
+            # NUMA refit: gpu-1's device plugin moves trainer's pending GPU (tokenreviews create; get
+            # pods, its own pod and trainer's; patch pods).
+            await refit_once(api, app, "trainer", "gpu-1")
             # Device preemption: a pod of a higher priority that needs both GPUs evicts the bound
             # trainer (pods/eviction) and is nominated to the node (pods/status).
             urgent = gpu_pod("urgent", gpus=2, gpumem=143000)
@@ -547,9 +578,10 @@ def test_fake_gpu_nodes_script_writes_what_the_device_plugin_would(tmp_path):
 
 def test_route_table_includes_the_webhook():
     """The route the MutatingWebhookConfiguration calls is served by the running app: on the
-    webhook's own listener, or on the extender's listener when there is none (upstream's layout)."""
+    cluster listener (beside /refit and the probes, and nothing else), or on the extender's
+    listener in v2.10's layout."""
     single = build_app(service=None, metrics=Metrics(), ready=lambda: True,
                        extra_routes=[("POST", WEBHOOK_PATH, _never)])
     assert ("POST", WEBHOOK_PATH) in routes_of(single)
-    assert WEBHOOK_ROUTES == {("POST", WEBHOOK_PATH), ("GET", "/healthz"), ("HEAD", "/healthz"),
+    assert WEBHOOK_ROUTES == {("POST", WEBHOOK_PATH), ("POST", REFIT_PATH), ("GET", "/healthz"), ("HEAD", "/healthz"),
                               ("GET", "/readyz"), ("HEAD", "/readyz")}

@@ -6,7 +6,7 @@ ServiceAccount's token, leader election on (Lease hami-system/hami-scheduler). W
 this is a loopback test machine and not a pod (tests/realk8s.py ``sidecar_config`` /
 ``sidecar_args``):
 
-* the extender's ``urlPrefix`` port: hami-py listens on a free port, not the pod's 8443 (still
+* the extender's ``urlPrefix`` port: hami-py listens on a free port, not the pod's 9444 (still
   HTTPS, with a throwaway certificate, ``tlsConfig.insecure`` as in the manifest);
 * ``clientConnection.kubeconfig`` and ``--authentication-kubeconfig``/``--authorization-kubeconfig``:
   the ServiceAccount's token through a kubeconfig, where the pod has the in-cluster configuration;
@@ -86,7 +86,7 @@ def wait_for_log(scheduler: KubeSchedulerProcess, text: str, timeout: float = 30
 @pytest.fixture
 def real_options(tls_files, extender_port):
     cert_file, key_file = tls_files
-    return replace(DEPLOYED_OPTIONS, http_bind=f"127.0.0.1:{extender_port}", webhook_bind_address="127.0.0.1:0",
+    return replace(DEPLOYED_OPTIONS, http_bind="127.0.0.1:0", extender_bind=f"127.0.0.1:{extender_port}",
                    metrics_bind_address="127.0.0.1:0", cert_file=cert_file, key_file=key_file,
                    device_config_file="", kube_qps=0, kube_burst=1000, gc_freeze=False,
                    node_lock_wait_s=1.0)   # not the manifests' 10 s: the contention test holds a lock on purpose

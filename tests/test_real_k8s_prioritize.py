@@ -61,7 +61,7 @@ async def loop_hami(loop_sidecar, control_plane, tls_files, loop_port):
     cert_file, key_file = tls_files
     options = options_from_args(build_parser().parse_args(hami_args()))
     assert options.filter_mode == "all" and options.device_preemption
-    options = replace(options, http_bind=f"127.0.0.1:{loop_port}", webhook_bind_address="127.0.0.1:0",
+    options = replace(options, http_bind="127.0.0.1:0", extender_bind=f"127.0.0.1:{loop_port}",
                       metrics_bind_address="127.0.0.1:0", cert_file=cert_file, key_file=key_file,
                       device_config_file="", kube_qps=0, kube_burst=1000, gc_freeze=False)
     device_config = parse_device_config(DEVICE_CONFIG["data"]["device-config.yaml"])

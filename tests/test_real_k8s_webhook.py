@@ -53,7 +53,7 @@ def tls_files(ca, tmp_path):
 def real_options(tls_files):
     cert_file, key_file = tls_files
     return embedded_options(scheduler_name="hami-scheduler", cert_file=cert_file, key_file=key_file,
-                            webhook_bind_address="127.0.0.1:0")
+                            extender_bind="127.0.0.1:0")   # HAMi's layout after v2.10: /webhook on --http_bind
 
 
 @pytest.fixture
@@ -158,6 +158,14 @@ async def test_refusals_carry_the_webhooks_reason(webhook, real_kube, real_names
         await real_kube.create("pods", malformed)
     assert "nvidia.com/gpumem-percentage" in refused.value.message and "vgpu.hami.io" in refused.value.message
     assert await real_kube.get("pods", "root", namespace=ns) is None
+
+    misaligned = pod_without_scheduler("numa", ns, {"nvidia.com/gpu": "1"},
+                                       annotations={"hami.io/numa-alignment": "best_effort"})
+    with pytest.raises(KubeApiError) as refused:
+        await real_kube.create("pods", misaligned)
+    # Whichever of the two webhooks the API server calls first refuses it, for the same reason.
+    assert refused.value.message.endswith("vgpu.hami.io\" denied the request: invalid hami.io/numa-alignment "
+                                          "annotation 'best_effort': expected best-effort or strict"), refused.value
 
 
 async def test_a_real_resource_quota_refuses_the_pod_at_admission(webhook, real_hami, real_kube, real_namespace):

@@ -203,18 +203,19 @@ def test_webhook_is_reached_over_tls_only():
 
 
 def test_extender_verbs_are_not_reachable_from_outside_the_pod():
-    """The manifests bind the extender (/filter, /bind) to the pod's loopback, where only the
-    kube-scheduler sidecar calls it; what the pod exposes (its container ports, and so the Service)
-    is the webhook's own listener, which serves no extender verb (shown end to end below)."""
+    """The manifests bind the extender (/filter, /bind) to the pod's loopback (--extender-bind),
+    where only the kube-scheduler sidecar calls it; what the pod exposes (its container ports, and
+    so the Service) is the cluster listener (--http_bind: webhook, refit, probes), which serves no
+    extender verb (tests/test_listeners.py shows it end to end)."""
     docs = _manifest_docs()
     container = _hami_container(docs)
     options = options_from_args(build_parser().parse_args(container["args"]))
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
-    assert options.http_bind.startswith("127.0.0.1:") or policies
-    assert options.webhook_bind_address, "/webhook would be served on the extender's listener"
+    assert options.extender_bind.startswith("127.0.0.1:") or policies
+    assert not options.webhook_bind_address, "/webhook on the cluster listener, as upstream's layout"
     exposed = {p["containerPort"] for p in container["ports"]}
-    assert int(options.http_bind.rpartition(":")[2]) not in exposed
-    assert int(options.webhook_bind_address.rpartition(":")[2]) in exposed
+    assert int(options.extender_bind.rpartition(":")[2]) not in exposed
+    assert int(options.http_bind.rpartition(":")[2]) in exposed
 
 
 # -- the webhook's own listener -----------------------------------------------------------------

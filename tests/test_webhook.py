@@ -572,3 +572,31 @@ def test_patch_paths_escape_slashes_and_tildes():
 def test_patch_turns_before_into_after(before, after):
     document = {"root": before}
     assert apply_json_patch(document, json_patch(document, {"root": after})) == {"root": after}
+
+
+# -- hami.io/numa-alignment (HAMi after v2.10: the NUMA refit's opt-in) ---------------------------
+
+@pytest.mark.parametrize("value", ["best-effort", "strict", " Strict ", "BEST-EFFORT"])
+def test_a_numa_alignment_the_device_plugin_reads_is_admitted(value):
+    pod = make_pod(container(limits={"nvidia.com/gpu": "1"}))
+    pod["metadata"]["annotations"] = {"hami.io/numa-alignment": value}
+    response, patched = admit(pod)
+    assert response["allowed"] and patched["metadata"]["annotations"] == {"hami.io/numa-alignment": value}
+
+
+@pytest.mark.parametrize("value", ["", "besteffort", "true", "strict,best-effort"])
+def test_any_other_numa_alignment_is_denied_with_the_values_it_takes(value):
+    pod = make_pod(container(limits={"nvidia.com/gpu": "1"}))
+    pod["metadata"]["annotations"] = {"hami.io/numa-alignment": value}
+    response, _ = admit(pod)
+    assert not response["allowed"]
+    assert response["status"] == {"code": 403, "reason": "Forbidden",
+                                  "message": f"invalid hami.io/numa-alignment annotation {value!r}: "
+                                             "expected best-effort or strict"}
+
+
+def test_another_schedulers_pod_is_not_judged_on_its_numa_alignment():
+    pod = make_pod(container(limits={"nvidia.com/gpu": "1"}), scheduler="volcano")
+    pod["metadata"]["annotations"] = {"hami.io/numa-alignment": "sometimes"}
+    response, _ = admit(pod)
+    assert response["allowed"]

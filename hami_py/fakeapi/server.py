@@ -37,6 +37,7 @@ import yaml
 from aiohttp import web
 
 from hami_py.fakeapi.disruption import eviction_refusal
+from hami_py.k8s.tokenreview import TOKEN_REVIEWS
 
 log = structlog.get_logger()
 
@@ -807,6 +808,7 @@ class FakeApiServer:
         self._store.binding_labels = binding_labels
         self.bookmark_interval = bookmark_interval
         self.faults = FaultSet()
+        self.tokens: dict[str, dict] = {}   # TokenReview: token -> user (add_token)
         self.requests: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=100_000)
         self.url: str | None = None
         self.port: int | None = None
@@ -967,6 +969,8 @@ class FakeApiServer:
             return web.Response(text="ok")
         if path == "/version":
             return _json(_VERSION)
+        if path == TOKEN_REVIEWS and method == "POST":
+            return _json(orjson.dumps(self._review(await _read_json(request))), 201)
         res, namespace, name, sub = _parse_path(path)
         if name is None:
             if method == "GET":
@@ -989,6 +993,27 @@ class FakeApiServer:
             return _json(b'{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Success",'
                          b'"code":201}', 201)
         raise ApiError(405, "the server does not allow this method on the requested resource")
+
+    def add_token(self, token: str, username: str, *, pod: dict | None = None) -> None:
+        """Make ``token`` authenticate as ``username``; with ``pod``, bound to that pod (the
+        ``authentication.kubernetes.io/pod-name`` and ``pod-uid`` extras of a projected token)."""
+        extra = {}
+        if pod is not None:
+            meta = pod["metadata"]
+            extra = {"authentication.kubernetes.io/pod-name": [meta["name"]],
+                     "authentication.kubernetes.io/pod-uid": [meta["uid"]]}
+        self.tokens[token] = {"username": username, "uid": f"uid-{username}", "extra": extra}
+
+    def _review(self, review: Any) -> dict:
+        """authentication.k8s.io/v1 TokenReview against the tokens ``add_token`` made."""
+        token = ((review or {}).get("spec") or {}).get("token") if isinstance(review, dict) else None
+        if not isinstance(token, str) or not token:
+            raise ApiError(422, "TokenReview.authentication.k8s.io is invalid: spec.token: Required value")
+        user = self.tokens.get(token)
+        status = {"authenticated": True, "user": user} if user else {"authenticated": False,
+                                                                    "error": "invalid bearer token"}
+        return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},
+                "spec": {"token": token}, "status": status}
 
     def _evict(self, namespace: str, name: str, eviction: Any) -> None:
         """pods/eviction (hami_py/fakeapi/disruption.py): the budgets decide, then the delete."""

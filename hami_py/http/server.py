@@ -1,7 +1,9 @@
 """The extender's HTTP surface: /filter, /bind, /prioritize (--filter-mode=all), /preempt,
-/healthz, /readyz, and /metrics on its own port.
+/healthz, /readyz; the cluster-facing listener (/webhook, /refit, the probes) when the extender
+has its own (``--extender-bind``); and /metrics on its own port.
 
-The webhook's own listener (``--webhook-bind-address``) is built in :mod:`hami_py.http.webhook`.
+The /webhook and /refit handlers are built in :mod:`hami_py.http.webhook` and
+:mod:`hami_py.http.refit`.
 
 kube-scheduler treats any answer that is not a well-formed result as an extender failure, and
 upstream's contract is that errors travel inside an HTTP 200 body with ``Error`` set. So every
@@ -117,6 +119,27 @@ def build_app(*, service: SchedulerService, metrics: Metrics, ready, body_limit:
     for method, path, handler in extra_routes or ():
         app.router.add_route(method, path, handler)
     return app
+
+
+def build_cluster_app(routes, *, ready, body_limit: int = DEFAULT_BODY_LIMIT) -> web.Application:
+    """The cluster-facing listener: ``routes`` (``(method, path, handler)``: /webhook, /refit),
+    ``/healthz`` and ``/readyz``, and nothing else. The listener the API server, the device
+    plugins (and so the whole cluster network) can reach never serves ``/filter`` or ``/bind``,
+    which change the cluster with the scheduler's credentials; the probes are here because the
+    kubelet probes the pod's IP, which a loopback-only extender listener does not answer on."""
+    app = web.Application(client_max_size=body_limit)
+    for method, path, handler in routes:
+        app.router.add_route(method, path, handler)
+    add_probes(app, ready)
+    return app
+
+
+def warn_unless_loopback(flag: str, address: str, why: str) -> None:
+    """Upstream's rule for its loopback listeners: another address is allowed, with a warning."""
+    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+    if host == "localhost" or host == "::1" or host.startswith("127."):
+        return
+    log.warning(f"{flag} is not a loopback address", address=address, why=why)
 
 
 def prioritize_handler(service: SchedulerService, metrics: Metrics, body_limit: int):

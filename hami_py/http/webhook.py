@@ -16,7 +16,7 @@ import structlog
 from aiohttp import web
 
 from hami_py.devices.base import DeviceVendor
-from hami_py.http.server import DEFAULT_BODY_LIMIT, add_probes, read_json
+from hami_py.http.server import DEFAULT_BODY_LIMIT, read_json
 from hami_py.metrics import Metrics
 from hami_py.scheduling.admission import (
     ADMISSION_V1, AdmissionSettings, FitQuota, Verdict, review, review_response,
@@ -52,20 +52,6 @@ def webhook_route(*, settings: AdmissionSettings, vendors: Mapping[str, DeviceVe
         return web.Response(body=orjson.dumps(answer), content_type=_JSON)
 
     return ("POST", WEBHOOK_PATH, handler)
-
-
-def build_webhook_app(route: tuple[str, str, Callable], *, ready,
-                      body_limit: int = DEFAULT_BODY_LIMIT) -> web.Application:
-    """The webhook's own listener (``--webhook-bind-address``): ``route`` (from
-    :func:`webhook_route`), ``/healthz`` and ``/readyz``, and nothing else. The listener the
-    API server (and so the whole cluster network) can reach never serves ``/filter`` or ``/bind``,
-    which change the cluster with the scheduler's credentials; the probes are here because the
-    kubelet probes the pod's IP, which a loopback-only extender listener does not answer on."""
-    app = web.Application(client_max_size=body_limit)
-    method, path, handler = route
-    app.router.add_route(method, path, handler)
-    add_probes(app, ready)
-    return app
 
 
 async def _read_review(request: web.Request, limit: int) -> tuple[object, str | None]:

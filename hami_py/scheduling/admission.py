@@ -36,6 +36,7 @@ import structlog
 
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.podshape import is_sidecar
+from hami_py.scheduling.numa_alignment import numa_alignment
 from hami_py.scheduling.owned_annotations import (  # noqa: F401  (GENERIC_OWNED_ANNOTATIONS: re-exported)
     GENERIC_OWNED_ANNOTATIONS, is_service_account, owned_phrase, scheduler_owned_annotations,
 )
@@ -200,6 +201,11 @@ def admit_pod(pod: dict, *, settings: AdmissionSettings, vendors: Mapping[str, D
         return Verdict.deny(message)
     if not scheduler_applies(spec.get("schedulerName") or "", settings=settings):
         return Verdict.allow(OTHER_SCHEDULER)
+    try:
+        numa_alignment(meta.get("annotations"))
+    except ValueError as exc:
+        log.info("admission denied", pod=where, reason=str(exc))
+        return Verdict.deny(str(exc))
 
     mutated = copy.deepcopy(pod)
     mutated_spec = mutated.setdefault("spec", {})

@@ -38,7 +38,13 @@ RELEASE_RETRY_MAX_S = 10.0
 
 
 class BindError(Exception):
-    pass
+    """A bind that did not happen; ``reason`` in HAMi's outcome words (metrics.OUTCOME_REASONS):
+    lookup (the pod, its node or its reservation not found), identity (another pod of that name),
+    lock (the node lock), bind (the Binding, or a pod already bound elsewhere)."""
+
+    def __init__(self, message: str, *, reason: str = "bind"):
+        super().__init__(message)
+        self.reason = reason
 
 
 class BindOutcomeUnknown(BindError):
@@ -91,11 +97,12 @@ class Binder:
         except KubeApiError as exc:
             if exc.not_found:
                 self.cache.release_pod(req.uid)
-                raise BindError(f'pod "{req.name}" not found') from None
-            raise BindError(f"get pod {req.namespace}/{req.name}: {exc}") from None
+                raise BindError(f'pod "{req.name}" not found', reason="lookup") from None
+            raise BindError(f"get pod {req.namespace}/{req.name}: {exc}", reason="lookup") from None
         if req.uid and (pod.get("metadata") or {}).get("uid") not in (None, req.uid):
             self.cache.release_pod(req.uid)
-            raise BindError(f"pod {req.namespace}/{req.name} has uid {pod['metadata']['uid']}, not {req.uid}")
+            raise BindError(f"pod {req.namespace}/{req.name} has uid {pod['metadata']['uid']}, not {req.uid}",
+                            reason="identity")
         if not req.uid:
             # Upstream's ExtenderBindingArgs may come without PodUID: the pod read names it, so a
             # rollback below still releases the pod's reservation (keyed by UID).
@@ -123,7 +130,7 @@ class Binder:
             if reservation is None:
                 message = f"pod {req.namespace}/{req.name} has no device reservation on node {req.node} (filter it again)"
                 self.report(pod, req, message)
-                raise BindError(message)
+                raise BindError(message, reason="lookup")
         await self._bind_reserved(req, pod, reservation)
 
     async def _bind_reserved(self, req: BindRequest, pod: dict, reservation) -> None:
@@ -151,7 +158,7 @@ class Binder:
                     # landed after we took over) was bound onto the same devices meanwhile: the
                     # node lock serialises binds, and the books show that pod by now.
                     raise BindError(f"pod {req.namespace}/{req.name} has no device reservation on node "
-                                    f"{req.node} (filter it again)")
+                                    f"{req.node} (filter it again)", reason="lookup")
             if reservation is not None:
                 self.labels.expect(uid=req.uid, namespace=req.namespace, name=req.name, node=req.node)
             await self._create_binding(req, reservation.annotations if reservation is not None else None,
@@ -171,7 +178,8 @@ class Binder:
             self.report(pod, req, message)
             if isinstance(exc, BindError) and not node_missing:
                 raise
-            raise BindError(message) from None
+            reason = "lookup" if node_missing else "lock" if isinstance(exc, NodeLockError) else "bind"
+            raise BindError(message, reason=reason) from None
         if reservation is not None:
             reservation.bound = True
         self.report(pod, req, None)
@@ -227,7 +235,7 @@ class Binder:
             message = f"failed to get node {req.node}" if exc.not_found else f"get node {req.node}: {exc}"
             self.cache.release_pod(req.uid)
             self.report(pod, req, message)
-            raise BindError(message) from None
+            raise BindError(message, reason="lookup") from None
 
     def report(self, pod: dict, req: BindRequest, error: str | None) -> None:
         """Tell ``on_result`` (the BindingSucceed/BindingFailed events) how the bind ended;
@@ -289,10 +297,10 @@ class Binder:
                     # (and the pod's next filter) up. The pod's next filter goes elsewhere.
                     if self.on_stuck is not None:
                         self.on_stuck(stuck)
-                    raise BindError(stuck.describe()) from None
+                    raise BindError(stuck.describe(), reason="lock") from None
                 if left <= 0:
                     raise BindError(f"timed out after {go_duration(wait_s)} waiting for node "
-                                    f"{req.node} to be unlocked: node lock contention") from None
+                                    f"{req.node} to be unlocked: node lock contention", reason="lock") from None
             released = self.cache.wait_lock_release(req.node, front=woken)
             try:
                 hint = self.cache.lock_hint(req.node)

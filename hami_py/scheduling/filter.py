@@ -208,7 +208,7 @@ class Filterer:
         return (again, fitting) if again.best >= 0 else (fit, node_names)
 
     def evaluate(self, pod: dict, node_names: list[str], request: PodRequest,
-                 policies: Policies | None = None) -> Evaluation:
+                 policies: Policies | None = None, *, only_devices: frozenset[str] | None = None) -> Evaluation:
         """One kernel call over ``node_names``, nothing chosen nor reserved: every candidate's
         outcome and score (``query.out_status``, ``query.out_score``), the failing ones' reasons
         as upstream words them, and the policy's winner (-1 when nothing fits). ``decide`` and
@@ -230,6 +230,8 @@ class Filterer:
                         cand_idx[c] = -1  # its device plugin stopped answering: as upstream, gone
 
         mask = self._device_mask(annotations, node_names, cand_idx, request)
+        if only_devices is not None:
+            mask = self._only(mask, node_names, only_devices)
         quota_mem, quota_cores = cache.quota.headroom(namespace)
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
@@ -268,6 +270,24 @@ class Filterer:
                     text = texts[key] = R.gen_reason(counts, total)
                 failed[name] = text
         return Evaluation(policies, query, cand_idx, chargers, best, failed, now)
+
+    def allocation_of(self, request: PodRequest, fit: Evaluation) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:
+        """The winner's devices of an evaluation (``fit.best`` >= 0), as ``decide`` reads them."""
+        return self._allocation(request, fit.query, fit.cand_idx[fit.best], fit.chargers)
+
+    def _only(self, mask: array, node_names: list[str], allowed: frozenset[str]) -> array:
+        """``mask`` with every device of these nodes outside ``allowed`` refused (CardUuidMismatch):
+        a NUMA refit fits onto the devices kubelet's Topology Manager allows (scheduling/refit.py)."""
+        if not len(mask):
+            mask = array("b", bytes(len(self.cache.total_mem)))
+        for name in node_names:
+            entry = self.cache.nodes.get(name)
+            if entry is None:
+                continue
+            for k, dev in enumerate(entry.devices):
+                if dev.id not in allowed:
+                    mask[entry.offset + k] = R.CARD_UUID_MISMATCH
+        return mask
 
     def _hooks(self, flagged: dict[str, int], request: PodRequest, make) -> list:
         """The kernel's per-vendor hook list (by vendor id): ``make(vendor)`` for the families of

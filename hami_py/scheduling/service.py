@@ -18,6 +18,7 @@ from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.nodelock import go_duration
+from hami_py.metrics import count_outcome
 from hami_py.scheduling.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.podlocks import PodBusy, PodLocks
@@ -50,13 +51,14 @@ class SchedulerService:
     def __init__(self, *, cache: UsageCache, vendors: dict[str, DeviceVendor], client: KubeClient,
                  binder: Binder, filterer: Filterer, sync_timeout_s: float = 30.0, events=None,
                  preemptor=None, filter_mode: str = "best", bind_answer_s: float = BIND_ANSWER_S,
-                 background_client: KubeClient | None = None):
+                 background_client: KubeClient | None = None, metrics=None):
         self.cache = cache
         self.vendors = vendors
         self.client = client
         # Stale-decision cleanups draw on the background bucket: a pod's lock and Binding never
         # wait behind them.
         self.background_client = background_client or client
+        self.metrics = metrics   # hami_py.metrics.Metrics: the allocation outcomes (count_outcome)
         self.binder = binder
         self.filterer = filterer
         self.sync_timeout_s = sync_timeout_s
@@ -154,9 +156,11 @@ class SchedulerService:
             # Upstream's wording: the weights are parsed while scoring.
             message = f"calcScore failed {exc} for pod {name}"
             self._event(pod, "filter_error", message)
+            count_outcome(self.metrics, "filter", request.vendors, "internal")
             return filter_result(error=message)
         if decision.node is None:
             self._event(pod, "filter_failed", decision)
+            count_outcome(self.metrics, "filter", request.vendors, "no_fit")
             failed = decision.failed
             work, what = [], "cleanup"
             if stale:
@@ -180,6 +184,7 @@ class SchedulerService:
         # and a decision kube-scheduler never binds leaves nothing on the pod.
         decision.keep_for_bind(pod)
         self._event(pod, "filter_succeeded", decision)
+        count_outcome(self.metrics, "filter", decision.allocation or request.vendors, "none")
         return filter_result(node_names=[decision.node])
 
     def _filter_all(self, pod: dict, node_names: list[str], request) -> dict:
@@ -317,7 +322,16 @@ class SchedulerService:
     async def _locked_bind(self, key: str, req: BindRequest, started: asyncio.Event) -> None:
         async with self.pod_locks.hold(key, "bind"):
             started.set()
-            await self._bind(req)
+            held = self.cache.live_reservation(req.uid, req.node) if req.uid else None
+            try:
+                await self._bind(req)
+            except BindError as exc:
+                # Counted here, whether its caller still waits or not.
+                families = [k for k, v in self.vendors.items() if held is not None and held.annotations
+                            and v.allocated_annotation in held.annotations]
+                rolled_back = held is not None and self.cache.pods.get(held.uid) is not held
+                count_outcome(self.metrics, "bind", families, exc.reason, rolled_back=rolled_back)
+                raise
 
     def _keep(self, work: asyncio.Future, what: str) -> None:
         """Work nobody waits for any more (a bind whose caller was answered, a filter's follow-up):
