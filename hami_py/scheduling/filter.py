@@ -271,7 +271,8 @@ class Filterer:
                 failed[name] = text
         return Evaluation(policies, query, cand_idx, chargers, best, failed, now)
 
-    def allocation_of(self, request: PodRequest, fit: Evaluation) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:
+    def allocation_of(self, request: PodRequest,
+                      fit: Evaluation) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:
         """The winner's devices of an evaluation (``fit.best`` >= 0), as ``decide`` reads them."""
         return self._allocation(request, fit.query, fit.cand_idx[fit.best], fit.chargers)
 

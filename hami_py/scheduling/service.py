@@ -167,8 +167,8 @@ class SchedulerService:
                 # decide() released the old decision (events still carrying it charge nothing), so
                 # a cleanup that fails loses nothing. After the answer, under the pod's lock: no
                 # newer decision of ours can be in flight while it runs.
-                work.append(clear_stale_decision(client=self.background_client, cache=self.cache, vendors=self.vendors,
-                                                 namespace=namespace, name=name, uid=uid))
+                work.append(clear_stale_decision(client=self.background_client, cache=self.cache,
+                                                 vendors=self.vendors, namespace=namespace, name=name, uid=uid))
             if self.preemptor is not None:
                 answer, evictions = self.preemptor.begin(pod, node_names, request, failed)
                 failed = answer or failed
@@ -240,8 +240,12 @@ class SchedulerService:
         evictions: API calls kube-scheduler's scheduling cycle must not wait for), run in order
         under the pod's lock, claimed now, before this filter lets go of it."""
         async def in_order():
-            for step in work:
-                await step
+            try:
+                for step in work:
+                    await step
+            finally:
+                for step in work:
+                    step.close()   # those a cancellation (shutdown) left unstarted: never awaited
         self._keep(self.pod_locks.follow_up(uid, what, in_order()), f"{what} of pod {pod_key}")
 
     async def _wait_synced(self) -> bool:
