@@ -652,6 +652,23 @@ async def test_the_cleanup_never_lands_on_a_pod_that_changed_after_it_was_read(a
     await wait_books_balance(api, app)
 
 
+async def test_an_unschedulable_pod_whose_only_decisions_were_reservations_costs_no_request(api, app, extender):
+    """kube-scheduler retries an unschedulable pod over and over. Its earlier decisions were this
+    scheduler's reservations, never written to the pod (a decision reaches a pod with its Binding
+    only): filtering it again where it fits nowhere reads and writes nothing, and its next filter
+    is never told that a cleanup still runs."""
+    await add_nodes(api, app, "n1", "n2", gpus=1)
+    await place(api, app, extender, "other", ["n2"], gpumem=FULL_CARD)
+    pod = api.create("pods", gpu_pod("retried", gpumem=FULL_CARD))
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]   # reserved, never bound
+    served = len(api.requests)
+    for _ in range(3):   # n1 is no longer offered (kube-scheduler's own filters): it fits nowhere
+        retry = await extender.filter(pod, ["n2"])
+        assert retry["NodeNames"] is None and not retry["Error"], retry
+    assert not [r for r in list(api.requests)[served:] if "/pods/retried" in r[1]]
+    await wait_books_balance(api, app)
+
+
 async def test_a_stale_copy_of_a_bound_pod_that_fits_nowhere_keeps_its_decision_and_charge(api, app, extender):
     """kube-scheduler filters only unbound pods, but its copy may lag: a filter of a pod that is
     in fact bound must neither clear the decision the device plugin acts on nor leave the

@@ -33,15 +33,16 @@ from typing import Mapping
 
 import structlog
 
+from hami_py.cache.records import PodUsage
 from hami_py.cache.usage import UsageCache
-from hami_py.devices.base import AllocationDecodeError, DeviceVendor, RequestError
+from hami_py.devices.base import AllocationDecodeError, DeviceVendor, PodDevices, RequestError
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.k8s.tokenreview import CallerRefused, DevicePluginIdentity, authenticate_device_plugin, bearer_token
 from hami_py.scheduling.filter import Filterer
+from hami_py.scheduling.kernel_ref import ROW_WIDTH
 from hami_py.scheduling.podlocks import PodBusy, PodLocks
 from hami_py.scheduling.policies import PolicyError
 from hami_py.scheduling.requests import PodRequest, parse_pod_requests
-from hami_py.scheduling.kernel_ref import ROW_WIDTH
 
 log = structlog.get_logger(__name__)
 
@@ -210,10 +211,12 @@ class Refitter:
         sub = request and _only_container(request, req.container_index, vendor.vendor_key)
         if not sub:
             raise RefitRefused(f"container {req.container_index} of pod {key} asks for no {req.device_type} device")
-        new, charged = self._swap(pod, req, sub, vendor, current, usage)
-        return await self._write(pod, req, vendor, keys, current, new, to_allocate, charged, usage)
+        new, charged = self._swap(pod=pod, req=req, sub=sub, vendor=vendor, current=current, usage=usage)
+        return await self._write(pod=pod, req=req, vendor=vendor, keys=keys, current=current, new=new,
+                                 to_allocate=to_allocate, charged=charged, usage=usage)
 
-    def _swap(self, pod, req, sub: PodRequest, vendor, current, usage):
+    def _swap(self, *, pod: dict, req: RefitRequest, sub: PodRequest, vendor: DeviceVendor,
+              current: PodDevices, usage: PodUsage) -> tuple[PodDevices, PodUsage]:
         """Re-fit the container on its node against the pod's charge without it: (the pod's devices
         with the container's new ones, the charge now in the books for them). Synchronous:
         nothing else runs meanwhile."""
@@ -247,7 +250,9 @@ class Refitter:
         cache.add_pod_usage(charged)
         return new, charged
 
-    async def _write(self, pod, req, vendor, keys, current, new, to_allocate, charged, usage) -> str:
+    async def _write(self, *, pod: dict, req: RefitRequest, vendor: DeviceVendor, keys: tuple[str, str],
+                     current: PodDevices, new: PodDevices, to_allocate: list[str], charged: PodUsage,
+                     usage: PodUsage) -> str:
         """One merge patch of the container's entries, preconditioned on the pod read; the old
         charge back in the books when it fails."""
         meta = pod["metadata"]
@@ -267,12 +272,12 @@ class Refitter:
                  old=[d.uuid for d in current[req.container_index]], new=[d.uuid for d in new[req.container_index]])
         return entry
 
-    def _charge(self, usage, annotations: dict[str, str], request: PodRequest):
+    def _charge(self, usage: PodUsage, annotations: dict[str, str], request: PodRequest) -> PodUsage:
         entries, instances = self.cache.charge_of(annotations, request.shape)
         return dataclasses.replace(usage, entries=entries, mig=instances, resolved=[], fingerprint=None,
                                    marks=self.cache.marks_of(annotations))
 
-    def _restore(self, current, old) -> None:
+    def _restore(self, current: PodUsage, old: PodUsage) -> None:
         """Put the old charge back, unless an event replaced ours meanwhile (then the books follow
         the pod as the API server has it)."""
         if self.cache.pods.get(current.uid) is current:

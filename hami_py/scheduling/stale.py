@@ -9,10 +9,11 @@ live books rightly do not charge it, but a restarted scheduler (and upstream's, 
 every pod carrying ``hami.io/vgpu-node``) rebuilds usage from annotations, and would hold that
 capacity for a pod that runs nowhere until the pod is placed or deleted. So that filter clears it.
 
-The cleanup is one read and one write, and only for a pod that may carry a decision (the cache
-charged it, rolled one back, or kube-scheduler's copy shows one); pods that never fitted cost
-nothing. The write is a merge patch that nulls the decision's annotations and label, preconditioned
-on the pod's UID and on the resourceVersion just read: it lands only on the unbound pod that was
+The cleanup is one read and one write, and only for a pod that may carry a decision
+(kube-scheduler's copy shows one, or the books charge it from its annotations); pods whose only
+decisions were this scheduler's unbound reservations cost nothing. The write is a merge patch
+that nulls the decision's annotations and label, preconditioned on the pod's UID and on the
+resourceVersion just read: it lands only on the unbound pod that was
 read, never on a pod bound or given a newer decision meanwhile (the API server answers 409). Filters
 of one pod are serialised (scheduling/service.py), so no newer decision of ours is in flight
 while it runs. A failed read or write is logged and changes nothing more: the caller has already
@@ -49,9 +50,16 @@ def decision_keys(vendors: Mapping[str, DeviceVendor]) -> list[str]:
 
 def may_carry_decision(cache: UsageCache, pod: dict, uid: str) -> bool:
     """Asked before the filter decides (which drops the pod's charge): could the pod, as the API
-    server has it, carry a decision of ours? Three dictionary lookups."""
+    server has it, carry a decision? Either kube-scheduler's copy shows one, or the books charge
+    the pod from its annotations (a watch event showed one). A reservation of our own /filter, or
+    one released since, was never written to the pod (decisions reach a pod with its Binding
+    only, and a bound pod is not filtered): an unschedulable pod that kube-scheduler retries costs
+    no request for it. Two dictionary lookups."""
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return uid in cache.pods or uid in cache.released or VGPU_NODE_ANNOTATION in annotations
+    if VGPU_NODE_ANNOTATION in annotations:
+        return True
+    charge = cache.pods.get(uid)
+    return charge is not None and not charge.reserved
 
 
 async def clear_stale_decision(*, client: KubeClient, cache: UsageCache, vendors: Mapping[str, DeviceVendor],
