@@ -256,7 +256,7 @@ class SchedulerApp:
             self.metrics_url = await self._serve(metrics_app, mhost, mport, None)
         if o.profiling:
             phost, pport = split_host_port(o.profiling_bind_address, default_host="0.0.0.0")
-            warn_unless_loopback("--profiling-bind-address", o.profiling_bind_address,
+            warn_unless_loopback("--profiling-bind-address", phost,
                                  "the profiling endpoints show the scheduler's internals to whoever reaches them")
             self.profiling_url = await self._serve(build_profiling_app(), phost, pport, None)
         log.info("hami-scheduler serving", url=self.url, cluster=self.cluster_url, webhook=self.webhook_url,
@@ -277,10 +277,10 @@ class SchedulerApp:
         cluster_routes = [refit] + ([] if separate_webhook else [webhook])
         host, port = split_host_port(o.http_bind, default_host="0.0.0.0")
         if o.extender_bind:
-            warn_unless_loopback("--extender-bind", o.extender_bind,
+            ehost, eport = split_host_port(o.extender_bind, default_host="0.0.0.0")
+            warn_unless_loopback("--extender-bind", ehost,
                                  "/filter and /bind change the cluster with the scheduler's credentials and "
                                  "authenticate nobody")
-            ehost, eport = split_host_port(o.extender_bind, default_host="0.0.0.0")
             extender = build_app(service=self.service, metrics=self.metrics, ready=lambda: self.ready,
                                  body_limit=o.body_limit)
             self.url = await self._serve(extender, ehost, eport, context)

@@ -134,12 +134,12 @@ def build_cluster_app(routes, *, ready, body_limit: int = DEFAULT_BODY_LIMIT) ->
     return app
 
 
-def warn_unless_loopback(flag: str, address: str, why: str) -> None:
-    """Upstream's rule for its loopback listeners: another address is allowed, with a warning."""
-    host = address.rsplit(":", 1)[0].strip("[]") if ":" in address else address
+def warn_unless_loopback(flag: str, host: str, why: str) -> None:
+    """Upstream's rule for its loopback listeners (``host`` as split from the flag's address):
+    another address is allowed, with a warning."""
     if host == "localhost" or host == "::1" or host.startswith("127."):
         return
-    log.warning(f"{flag} is not a loopback address", address=address, why=why)
+    log.warning(f"{flag} is not a loopback address", host=host, why=why)
 
 
 def prioritize_handler(service: SchedulerService, metrics: Metrics, body_limit: int):

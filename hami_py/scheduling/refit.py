@@ -177,7 +177,13 @@ class Refitter:
         if (pod.get("spec") or {}).get("nodeName") != req.node:
             raise RefitRefused(f"pod {key} is not bound to node {req.node}")
         annotations = dict(meta.get("annotations") or {})
-        containers = _container_names(pod)
+        try:
+            request = parse_pod_requests(pod, dict(self.vendors), self.cache.vendor_ids)
+        except RequestError as exc:
+            raise RefitRefused(f"pod {key}: {exc}") from None
+        if request is None:
+            raise RefitRefused(f"pod {key} asks for no device this scheduler manages")
+        containers = request.containers
         if req.container_index >= len(containers):
             raise RefitRefused(f"container index {req.container_index} is outside the pod's containers "
                                f"({len(containers)})")
@@ -204,11 +210,7 @@ class Refitter:
         if others:
             raise RefitRefused(f"{req.device_type} allocations are written in annotations the NUMA refit does not "
                                f"rewrite ({', '.join(sorted(others))})")
-        try:
-            request = parse_pod_requests(pod, dict(self.vendors), self.cache.vendor_ids)
-        except RequestError as exc:
-            raise RefitRefused(f"pod {key}: {exc}") from None
-        sub = request and _only_container(request, req.container_index, vendor.vendor_key)
+        sub = _only_container(request, req.container_index, vendor.vendor_key)
         if not sub:
             raise RefitRefused(f"container {req.container_index} of pod {key} asks for no {req.device_type} device")
         new, charged = self._swap(pod=pod, req=req, sub=sub, vendor=vendor, current=current, usage=usage)
@@ -283,12 +285,6 @@ class Refitter:
         if self.cache.pods.get(current.uid) is current:
             self.cache.remove_pod(current.uid)
             self.cache.add_pod_usage(old)
-
-
-def _container_names(pod: dict) -> list[str]:
-    spec = pod.get("spec") or {}
-    return [str(c.get("name", "")) for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
-            if isinstance(c, dict)]
 
 
 def _only_container(request: PodRequest, position: int, vendor_key: str) -> PodRequest | None:

@@ -162,22 +162,14 @@ class SchedulerService:
             self._event(pod, "filter_failed", decision)
             count_outcome(self.metrics, "filter", request.vendors, "no_fit")
             failed = decision.failed
-            work, what = [], "cleanup"
+            work = []
             if stale:
                 # decide() released the old decision (events still carrying it charge nothing), so
                 # a cleanup that fails loses nothing. After the answer, under the pod's lock: no
                 # newer decision of ours can be in flight while it runs.
                 work.append(clear_stale_decision(client=self.background_client, cache=self.cache,
                                                  vendors=self.vendors, namespace=namespace, name=name, uid=uid))
-            if self.preemptor is not None:
-                answer, evictions = self.preemptor.begin(pod, node_names, request, failed)
-                failed = answer or failed
-                if evictions is not None:
-                    work.append(evictions)
-                    what = "preemption"
-            if work:
-                self._follow_up(uid, f"{namespace}/{name}", what, work)
-            return filter_result(failed=failed)
+            return filter_result(failed=self._fits_nowhere(pod, node_names, request, failed, work))
         # Nothing is written here: the reservation keeps the decision's annotations and the bind
         # carries them in its Binding, which the API server applies with spec.nodeName in one
         # write. A filter's latency is then the decision's alone, whatever the API server does,
@@ -194,13 +186,7 @@ class SchedulerService:
         names, failed = self.all_nodes.filter(pod, node_names, request)
         if names is not None:
             return filter_result(node_names=names)
-        if self.preemptor is not None:
-            answer, evictions = self.preemptor.begin(pod, node_names, request, failed)
-            if evictions is not None:
-                meta = pod["metadata"]
-                self._follow_up(meta["uid"], _pod_key(pod), "preemption", [evictions])
-            failed = answer or failed
-        return filter_result(failed=failed)
+        return filter_result(failed=self._fits_nowhere(pod, node_names, request, failed, []))
 
     # ------------------------------------------------------------------ prioritize
     def prioritize(self, args: Any) -> tuple[HostPriorities, str | None]:
@@ -234,6 +220,23 @@ class SchedulerService:
         if decision.node is None:
             return filter_result(failed=decision.failed)
         return filter_result(nodes={"metadata": {}, "items": [by_name[decision.node]]}, failed=decision.failed)
+
+    def _fits_nowhere(self, pod: dict, node_names: list[str], request, failed: dict[str, str],
+                      work: list) -> dict[str, str]:
+        """The FailedNodes of a pod that fits nowhere: with --device-preemption, its preemption
+        begun (choice and hold now, evictions after the answer). ``work`` (a stale decision's
+        cleanup) and the evictions run after the answer, in that order, under the pod's lock."""
+        what = "cleanup"
+        if self.preemptor is not None:
+            answer, evictions = self.preemptor.begin(pod, node_names, request, failed)
+            failed = answer or failed
+            if evictions is not None:
+                work = [*work, evictions]
+                what = "preemption"
+        if work:
+            meta = pod["metadata"]
+            self._follow_up(meta["uid"], _pod_key(pod), what, work)
+        return failed
 
     def _follow_up(self, uid: str, pod_key: str, what: str, work: list) -> None:
         """Work a filter leaves for after its answer (a stale decision's cleanup, a preemption's
@@ -351,7 +354,7 @@ class SchedulerService:
         work.add_done_callback(ended)
 
     async def settled(self) -> None:
-        """Wait until no work is left running after its answer (tests, and the simulator's steps)."""
+        """Wait until no work is left running after its answer (for tests)."""
         while self._unanswered:
             await asyncio.wait(list(self._unanswered))
 
