@@ -34,9 +34,10 @@ CODES = {
     "ROW_WIDTH": ROW_WIDTH, "ROW_CONTAINER": ROW_CONTAINER, "ROW_IS_INIT": ROW_IS_INIT,
     "ROW_VENDOR": ROW_VENDOR, "ROW_NUMS": ROW_NUMS, "ROW_MEMREQ": ROW_MEMREQ, "ROW_MEMPCT": ROW_MEMPCT,
     "ROW_CORESREQ": ROW_CORESREQ, "MEMPCT_UNSET": MEMPCT_UNSET,
-    "POLICY_BINPACK": POLICY_BINPACK, "POLICY_SPREAD": POLICY_SPREAD,
+    "POLICY_BINPACK": POLICY_BINPACK, "POLICY_SPREAD": POLICY_SPREAD, "POLICY_FRAG": POLICY_FRAG,
     "ORDER_BINPACK": ORDER_BINPACK, "ORDER_SPREAD": ORDER_SPREAD, "ORDER_MUTEX": ORDER_MUTEX,
     "ORDER_CHAIN": ORDER_CHAIN, "KEY_BINPACK": KEY_BINPACK, "KEY_SPREAD": KEY_SPREAD, "KEY_NUMA": KEY_NUMA,
+    "KEY_FRAG": KEY_FRAG, "CHAIN_BASE": CHAIN_BASE,
     "MAX_TOPOLOGY_COMBOS": MAX_TOPOLOGY_COMBOS,
     "FLAG_EXCLUSIVE": FLAG_EXCLUSIVE, "FLAG_EQUAL_SHARE": FLAG_EQUAL_SHARE, "FLAG_CHOOSE": FLAG_CHOOSE,
     "FLAG_CHARGE": FLAG_CHARGE,
@@ -73,21 +74,68 @@ cdef inline long long resolve_mem(int memreq, int mempct, long long total_mem) n
     return 0
 
 
-cdef inline bint prefer(double sa, int na, int pa, long long ua, double sb, int nb, int pb, long long ub,
-                        int gpu_policy, int numa_bind) noexcept nogil:
-    """True when device a sorts strictly before device b (is tried first)."""
+cdef inline double stranded_fraction(long long total_mem, long long total_cores, long long count, long long used,
+                                    long long used_mem, long long used_cores) noexcept nogil:
+    """kernel_ref.stranded_fraction."""
+    cdef long long free
+    if count == 0 or total_mem == 0:
+        return 0.0
+    free = total_mem - used_mem
+    if free <= 0:
+        return 0.0
+    if count - used >= 1 and (total_cores == 0 or used_cores < total_cores):
+        return 0.0
+    return (<double> free) / total_mem
+
+
+cdef inline double frag_device_cost(long long total_mem, long long total_cores, long long count, long long used,
+                                   long long used_mem, long long used_cores, long long mem, long long cores,
+                                   long long slots) noexcept nogil:
+    """kernel_ref.frag_device_cost."""
+    cdef double cost = 4.0 if used == 0 else 0.0
+    cdef long long free
+    if count == 0 or total_mem == 0:
+        return cost
+    free = total_mem - used_mem - mem
+    if free < 0:
+        free = 0
+    return (cost + 2.0 * stranded_fraction(total_mem, total_cores, count, used + slots, used_mem + mem,
+                                           used_cores + cores)
+            + (<double> free) / total_mem)
+
+
+cdef inline bint has_key(int gpu_policy, int key) noexcept nogil:
+    """kernel_ref.has_key."""
+    cdef int code
+    if gpu_policy < ORDER_CHAIN:
+        return False
+    code = gpu_policy - ORDER_CHAIN
+    while code:
+        if code % CHAIN_BASE == key:
+            return True
+        code = code // CHAIN_BASE
+    return False
+
+
+cdef inline bint prefer(double sa, int na, int pa, long long ua, double fa, double sb, int nb, int pb, long long ub,
+                        double fb, int gpu_policy, int numa_bind) noexcept nogil:
+    """True when device a sorts strictly before device b (is tried first); f is the device's
+    fragmentation cost (read by KEY_FRAG only)."""
     cdef int code, k
     if gpu_policy >= ORDER_CHAIN:
         code = gpu_policy - ORDER_CHAIN
         while code:
-            k = code % 4
-            code = code // 4
+            k = code % CHAIN_BASE
+            code = code // CHAIN_BASE
             if k == KEY_BINPACK:
                 if sa != sb:
                     return sa > sb
             elif k == KEY_SPREAD:
                 if sa != sb:
                     return sa < sb
+            elif k == KEY_FRAG:
+                if fa != fb:
+                    return fa < fb
             else:
                 if na != nb:
                     return na > nb
@@ -351,12 +399,18 @@ def filter_nodes(table, query):
     # One block per element type; freed once at the end (and on the allocation-failure path).
     cdef long long *lscratch = <long long *> malloc((max_len * L_COLS + pick_cap) * sizeof(long long))
     cdef int *iscratch = <int *> malloc((max_len + 5 * pick_cap) * sizeof(int))
-    cdef double *score = <double *> malloc(max_len * sizeof(double))
+    cdef double *score = <double *> malloc(2 * max_len * sizeof(double))   # and fcost
+
     cdef int *ch_row = <int *> malloc(chosen_cap * 6 * sizeof(int))
     cdef long long *ch_mem = <long long *> malloc(chosen_cap * sizeof(long long))
     if lscratch == NULL or iscratch == NULL or score == NULL or ch_row == NULL or ch_mem == NULL:
         free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
         raise MemoryError()
+    cdef double *fcost = score + max_len
+    cdef bint frag_key = has_key(gpu_policy, KEY_FRAG)
+    cdef double delta_sum, stranded_sum, fill, tmp_f
+    cdef long long lost, before_w, after_w, f_mem, f_tm
+    cdef Py_ssize_t e
     cdef long long *app_used = lscratch + L_APP_USED * max_len
     cdef long long *app_mem = lscratch + L_APP_MEM * max_len
     cdef long long *app_cores = lscratch + L_APP_CORES * max_len
@@ -416,6 +470,7 @@ def filter_nodes(table, query):
             else:
                 node_score = 10.0 * (<double> s_u / s_c + <double> s_uc / s_tc + <double> s_um / s_tm)
             out_score[c] = node_score
+            delta_sum = 0.0
             for k in range(n):
                 app_used[k] = used[off + k]
                 app_mem[k] = used_mem[off + k]
@@ -502,20 +557,29 @@ def filter_nodes(table, query):
                         score[i] = 10.0 * (w_slot * ((<double> (1 + s_used[k])) / count[j])
                                            + w_core * ((<double> (cores + s_cores[k])) / total_cores[j])
                                            + w_mem * ((<double> (mem + s_mem[k])) / total_mem[j]))
+                    if frag_key:
+                        fcost[i] = frag_device_cost(total_mem[j], total_cores[j], count[j], s_used[k], s_mem[k],
+                                                    s_cores[k], resolve_mem(memreq, mempct, total_mem[j]),
+                                                    cores, slots)
+                    else:
+                        fcost[i] = 0.0
                 # Insertion sort: nodes carry a handful of devices.
                 for i in range(1, ncands):
                     tmp_k = cand[i]
                     tmp_s = score[i]
+                    tmp_f = fcost[i]
                     tmp_u = s_used[tmp_k]
                     k = i - 1
-                    while k >= 0 and prefer(tmp_s, numa[off + tmp_k], tmp_k, tmp_u,
-                                            score[k], numa[off + cand[k]], cand[k], s_used[cand[k]],
+                    while k >= 0 and prefer(tmp_s, numa[off + tmp_k], tmp_k, tmp_u, tmp_f,
+                                            score[k], numa[off + cand[k]], cand[k], s_used[cand[k]], fcost[k],
                                             gpu_policy, numa_bind):
                         cand[k + 1] = cand[k]
                         score[k + 1] = score[k]
+                        fcost[k + 1] = fcost[k]
                         k -= 1
                     cand[k + 1] = tmp_k
                     score[k + 1] = tmp_s
+                    fcost[k + 1] = tmp_f
                 memset(counts, 0, sizeof(counts))
                 for k in range(n):
                     pick_occ[k] = 0
@@ -641,6 +705,7 @@ def filter_nodes(table, query):
                             break
                         npicked = nums
                         node_score += delta
+                        delta_sum += delta
                         out_score[c] = node_score
                     elif npicked > nums:
                         npicked = topology_pick(picked, picked_mem, picked_prof, picked_place, npicked,
@@ -685,6 +750,48 @@ def filter_nodes(table, query):
             out_status[c] = status
             if status != NODE_FIT:
                 continue
+            if node_policy == POLICY_FRAG:
+                # kernel_ref.frag_node_score over the node before (the table) and after (app_*).
+                lost = 0
+                stranded_sum = 0.0
+                f_mem = 0
+                f_tm = 0
+                for k in range(n):
+                    j = off + k
+                    better = True      # the first device of its family on this node
+                    for e in range(k):
+                        if vendor[off + e] == vendor[j]:
+                            better = False
+                            break
+                    if better:
+                        before_w = 0
+                        after_w = 0
+                        for e in range(k, n):
+                            if vendor[off + e] == vendor[j] and health[off + e]:
+                                if used[off + e] == 0:
+                                    before_w += 1
+                                if app_used[e] == 0:
+                                    after_w += 1
+                        lost += before_w * before_w - after_w * after_w
+                    f_mem += app_mem[k]
+                    f_tm += total_mem[j]
+                for i in range(nchosen):
+                    j = ch_dev[i]
+                    better = True      # a device taken by several rows counts once, for the first
+                    for e in range(i):
+                        if ch_dev[e] == j:
+                            better = False
+                            break
+                    if not better:
+                        continue
+                    k = j - off
+                    stranded_sum += (stranded_fraction(total_mem[j], total_cores[j], count[j], app_used[k],
+                                                       app_mem[k], app_cores[k])
+                                     - stranded_fraction(total_mem[j], total_cores[j], count[j], used[j],
+                                                         used_mem[j], used_cores[j]))
+                fill = (<double> f_mem) / f_tm if f_tm > 0 else 0.0
+                node_score = fill / 10.0 - (2.0 * lost + stranded_sum) + delta_sum
+                out_score[c] = node_score
             if best < 0:
                 better = True
             elif node_policy == POLICY_SPREAD:

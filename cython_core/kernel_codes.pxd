@@ -46,9 +46,13 @@ cdef enum:
     MEMPCT_UNSET = 101
 
     # Node policy, and device orderings: single policies are small numbers; a chain of up to
-    # three sort keys is ORDER_CHAIN + k0 + 4*k1 + 16*k2 with the KEY_* below, 0 = end.
+    # three sort keys is ORDER_CHAIN + k0 + CHAIN_BASE*k1 + CHAIN_BASE**2*k2 with the KEY_* below,
+    # 0 = end. POLICY_FRAG (fragmentation-aware) scores a node by what the placement costs the
+    # cluster's whole devices and stranded memory (docs/FRAGMENTATION.md); KEY_FRAG orders a
+    # node's devices by the same cost.
     POLICY_BINPACK = 0
     POLICY_SPREAD = 1
+    POLICY_FRAG = 2
     ORDER_BINPACK = 0
     ORDER_SPREAD = 1
     ORDER_MUTEX = 2
@@ -56,6 +60,8 @@ cdef enum:
     KEY_BINPACK = 1
     KEY_SPREAD = 2
     KEY_NUMA = 3
+    KEY_FRAG = 4
+    CHAIN_BASE = 8
 
     # Device combinations weighed for one topology-aware pick.
     MAX_TOPOLOGY_COMBOS = 20000

@@ -24,7 +24,7 @@ from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, FILTERING_SUCCEED_MODES,
 from hami_py.http.tls import TLSConfigError
 from hami_py.k8s.leader import check_leader_options, leader_identity
 from hami_py.logs import configure_logging
-from hami_py.scheduling.policies import GPU_POLICY_TOKENS, policy_tokens
+from hami_py.scheduling.policies import GPU_POLICY_TOKENS, NODE_POLICIES, policy_tokens
 from hami_py.scheduling.prioritize import FILTER_MODES
 
 EXIT_USAGE = 2
@@ -120,8 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
          help="serve /webhook (and /healthz, /readyz) on this address, with the TLS pair, and no longer "
               "on --http_bind (not an upstream flag; empty: /webhook on --http_bind, as upstream)")
     flag("--scheduler-name", default="", help="scheduler name the webhook writes into pods")
-    flag("--node-scheduler-policy", default="binpack", help="default node policy: binpack or spread")
-    flag("--gpu-scheduler-policy", default="spread", help="default device policy: binpack or spread")
+    flag("--node-scheduler-policy", default="binpack",
+         help="default node policy: binpack, spread or fragmentation-aware")
+    flag("--gpu-scheduler-policy", default="spread",
+         help="default device policy: binpack, spread, fragmentation-aware, or a chain such as numa,binpack")
     flag("--metrics-bind-address", default=":9395", type=_address, help="metrics server address")
     flag("--node-label-selector", default={}, type=_selector, help="k=v,k2=v2: only nodes with these labels")
     flag("--kube-qps", default=None, type=float,
@@ -218,10 +220,14 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "simulate":
         from hami_py.simulate.cli import main as simulate_main
         return simulate_main(argv[1:])
+    if argv and argv[0] == "defrag":
+        from hami_py.defrag.cli import main as defrag_main
+        return defrag_main(argv[1:])
     try:
         ns = build_parser().parse_args(argv)
-        if ns.node_scheduler_policy not in ("binpack", "spread"):
-            raise UsageError(f"--node-scheduler-policy must be binpack or spread, not {ns.node_scheduler_policy!r}")
+        if ns.node_scheduler_policy not in NODE_POLICIES:
+            raise UsageError(f"--node-scheduler-policy must be {', '.join(NODE_POLICIES[:-1])} or "
+                             f"{NODE_POLICIES[-1]}, not {ns.node_scheduler_policy!r}")
         unknown = policy_tokens(ns.gpu_scheduler_policy) - GPU_POLICY_TOKENS
         if unknown:
             raise UsageError(f"--gpu-scheduler-policy {ns.gpu_scheduler_policy!r}: unknown "

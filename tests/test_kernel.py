@@ -27,8 +27,9 @@ from hami_py.devices import base
 from hami_py.scheduling import kernel_ref
 from hami_py.scheduling.fit_query import TABLE_COLUMNS, FitQuery
 from hami_py.scheduling.kernel_ref import (
-    FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN,
-    ORDER_MUTEX, ORDER_SPREAD, ROW_WIDTH, UNLIMITED,
+    CHAIN_BASE as B, FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_FRAG, KEY_NUMA,
+    KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN, ORDER_MUTEX, ORDER_SPREAD, POLICY_BINPACK, POLICY_FRAG, POLICY_SPREAD,
+    ROW_WIDTH, UNLIMITED,
 )
 
 KERNEL_CODES = Path(__file__).resolve().parent.parent / "cython_core" / "kernel_codes.pxd"
@@ -175,9 +176,13 @@ def _outcome(best, out):
 
 
 gpu_orders = st.sampled_from([ORDER_BINPACK, ORDER_SPREAD, ORDER_MUTEX,
-                              ORDER_CHAIN + KEY_NUMA + 4 * KEY_BINPACK,
-                              ORDER_CHAIN + KEY_SPREAD + 4 * KEY_NUMA,
-                              ORDER_CHAIN + KEY_BINPACK + 4 * KEY_SPREAD + 16 * KEY_NUMA])
+                              ORDER_CHAIN + KEY_NUMA + B * KEY_BINPACK,
+                              ORDER_CHAIN + KEY_SPREAD + B * KEY_NUMA,
+                              ORDER_CHAIN + KEY_BINPACK + B * KEY_SPREAD + B * B * KEY_NUMA,
+                              ORDER_CHAIN + KEY_FRAG,
+                              ORDER_CHAIN + KEY_NUMA + B * KEY_FRAG,
+                              ORDER_CHAIN + KEY_FRAG + B * KEY_SPREAD])
+node_policies = st.sampled_from([POLICY_BINPACK, POLICY_SPREAD, POLICY_FRAG])
 
 
 class RecordingChooser:
@@ -285,7 +290,7 @@ def _without_mig(cols, vendors):
 @given(
     cluster=clusters(),
     rows=pods(),
-    node_policy=st.sampled_from([0, 1]),
+    node_policy=node_policies,
     gpu_policy=gpu_orders,
     numa_bind=st.sampled_from([0, 0, 1]),
     mutex=st.sampled_from([0, 0, 0, 1]),
@@ -372,7 +377,7 @@ def small_pods(draw):
 
 
 @settings(max_examples=200, deadline=None)
-@given(cluster=idle_clusters(), rows=small_pods(), node_policy=st.sampled_from([0, 1]), gpu_policy=gpu_orders,
+@given(cluster=idle_clusters(), rows=small_pods(), node_policy=node_policies, gpu_policy=gpu_orders,
        numa_bind=st.sampled_from([0, 1]), topology=st.sampled_from([0, 1]), mig_ok=st.sampled_from([0, 1]),
        weights=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)))
 def test_cython_kernel_places_a_fitting_pod_as_the_reference_does(cluster, rows, node_policy, gpu_policy, numa_bind,

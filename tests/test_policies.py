@@ -8,7 +8,7 @@ from hami_py.config import DeviceConfig
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
-from hami_py.scheduling.kernel_ref import KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX
+from hami_py.scheduling.kernel_ref import CHAIN_BASE, KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX
 from hami_py.scheduling.policies import gpu_policy_code
 from tests.conftest import decision_annotations, wait_until
 
@@ -28,10 +28,10 @@ async def _node(api, app, **kw):
 def test_policy_strings_map_to_upstream_orderings():
     assert gpu_policy_code("mutex") == ORDER_MUTEX
     assert gpu_policy_code("numa") == ORDER_CHAIN + KEY_NUMA
-    assert gpu_policy_code("binpack,numa") == ORDER_CHAIN + KEY_BINPACK + 4 * KEY_NUMA
+    assert gpu_policy_code("binpack,numa") == ORDER_CHAIN + KEY_BINPACK + CHAIN_BASE * KEY_NUMA
     assert gpu_policy_code("topology-aware,mutex") == ORDER_CHAIN + KEY_SPREAD  # no sort key: spread
     assert gpu_policy_code("binpack,spread,binpack", numa_bind=True) == \
-        ORDER_CHAIN + KEY_NUMA + 4 * KEY_BINPACK + 16 * KEY_SPREAD
+        ORDER_CHAIN + KEY_NUMA + CHAIN_BASE * KEY_BINPACK + CHAIN_BASE ** 2 * KEY_SPREAD
 
 
 async def test_mutex_policy_only_takes_idle_gpus(api, app, extender):

@@ -166,12 +166,14 @@ def test_compare_policies_runs_every_pair_through_the_cli(tmp_path):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     pairs = {(s["nodePolicy"], s["gpuPolicy"]): s for s in report["comparison"]}
-    assert list(pairs) == [("binpack", "binpack"), ("binpack", "spread"), ("spread", "binpack"), ("spread", "spread")]
+    frag = ("fragmentation-aware", "fragmentation-aware")
+    assert list(pairs) == [("binpack", "binpack"), ("binpack", "spread"), ("spread", "binpack"), ("spread", "spread"),
+                           frag]
     # Counted by hand: binpack fills one node, spread alternates; GPU binpack shares a GPU,
-    # GPU spread takes an idle one.
+    # GPU spread takes an idle one; fragmentation-aware shares the GPU it broke first.
     assert {k: (s["nodesInUse"], s["gpusInUse"], s["placed"]) for k, s in pairs.items()} == {
         ("binpack", "binpack"): (1, 1, 3), ("binpack", "spread"): (1, 2, 3),
-        ("spread", "binpack"): (2, 2, 3), ("spread", "spread"): (2, 3, 3)}
+        ("spread", "binpack"): (2, 2, 3), ("spread", "spread"): (2, 3, 3), frag: (1, 1, 3)}
     # The chosen pair's full report is the same run as its comparison row (made in a worker).
     assert report["summary"] == pairs[("binpack", "binpack")]
 
@@ -293,7 +295,7 @@ _GOOD_WORKLOAD = "pods:\n  - name: p\n    gpumem: 1024\n"
                  "      limits:\n        nvidia.com/gpu: \"1.5\"\n",
      'line 1: pod "p": the scheduler rejects it: container "c": nvidia.com/gpu'),
     ("workload", "pods:\n  - name: p\n    gpus: 1\n    nodePolicy: tightest\n",
-     'line 4: pods[0].nodePolicy: must be binpack or spread, got "tightest"'),
+     'line 4: pods[0].nodePolicy: must be one of binpack, spread, fragmentation-aware, got "tightest"'),
     ("workload", "pods:\n  - name: p\n    gpus: 1\n    annotations:\n"
                  "      hami.io/device-scoring-weights: slot=1\n",
      'line 2: pods[0]: pod "p": the scheduler rejects it: invalid hami.io/device-scoring-weights'),

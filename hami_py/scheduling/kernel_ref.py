@@ -31,14 +31,18 @@ ROW_CONTAINER, ROW_IS_INIT, ROW_VENDOR, ROW_NUMS, ROW_MEMREQ, ROW_MEMPCT, ROW_CO
 
 POLICY_BINPACK = CODES["POLICY_BINPACK"]
 POLICY_SPREAD = CODES["POLICY_SPREAD"]
+POLICY_FRAG = CODES["POLICY_FRAG"]      # fragmentation-aware: frag_node_score decides
 
 # Device orderings (the query's ``gpu_policy``). Single policies are small numbers; a chain of up
-# to three sort keys (``"numa,binpack"``) is CHAIN + k0 + 4*k1 + 16*k2 with keys below, 0 = end.
+# to three sort keys (``"numa,binpack"``) is CHAIN + k0 + B*k1 + B*B*k2 (B = CHAIN_BASE) with the
+# keys below, 0 = end.
 ORDER_BINPACK = CODES["ORDER_BINPACK"]
 ORDER_SPREAD = CODES["ORDER_SPREAD"]
 ORDER_MUTEX = CODES["ORDER_MUTEX"]
 ORDER_CHAIN = CODES["ORDER_CHAIN"]
 KEY_BINPACK, KEY_SPREAD, KEY_NUMA = CODES["KEY_BINPACK"], CODES["KEY_SPREAD"], CODES["KEY_NUMA"]
+KEY_FRAG = CODES["KEY_FRAG"]            # fragmentation-aware: frag_device_cost, smallest first
+CHAIN_BASE = CODES["CHAIN_BASE"]
 
 MEMPCT_UNSET = CODES["MEMPCT_UNSET"]
 MAX_TOPOLOGY_COMBOS = CODES["MAX_TOPOLOGY_COMBOS"]   # device combinations weighed for one topology-aware pick
@@ -64,6 +68,79 @@ def device_score(total_mem, total_cores, count, used, used_mem, used_cores, mem,
     return 10.0 * (w_slot * slot + w_core * core + w_mem * memf)
 
 
+def stranded_fraction(total_mem, total_cores, count, used, used_mem, used_cores):
+    """The share of a device's memory that is stranded: free, on a device out of slots or cores,
+    so that no request can use it."""
+    if count == 0 or total_mem == 0:
+        return 0.0
+    free = total_mem - used_mem
+    if free <= 0:
+        return 0.0
+    if count - used >= 1 and (total_cores == 0 or used_cores < total_cores):
+        return 0.0
+    return free / total_mem
+
+
+def frag_device_cost(total_mem, total_cores, count, used, used_mem, used_cores, mem, cores, slots):
+    """What giving one device the request costs what comes next (docs/FRAGMENTATION.md), the
+    smaller the better: 4 when it breaks a whole device (nobody uses it yet); plus twice the
+    memory the placement leaves stranded (``stranded_fraction`` after it); plus the memory it
+    leaves free, as a share of the device's (the tightest fit keeps larger holes for larger
+    requests). Each term but the first is at most 1 (3 together), so breaking a whole device
+    always costs most. The memory stranded is the memory left free on a device the request leaves
+    out of slots or cores."""
+    cost = 4.0 if used == 0 else 0.0
+    if count == 0 or total_mem == 0:
+        return cost
+    after_used, after_mem, after_cores = used + slots, used_mem + mem, used_cores + cores
+    free = total_mem - after_mem
+    if free < 0:
+        free = 0
+    return cost + 2.0 * stranded_fraction(total_mem, total_cores, count, after_used, after_mem, after_cores) \
+        + free / total_mem
+
+
+def frag_node_score(off, n, table, after_used, after_mem, after_cores, chosen):
+    """The fragmentation-aware node score of a placement (higher is better), from the node's
+    devices before it (the table), after it (``after_*``, per device of the node) and the devices
+    it takes (``chosen``: the kernel's (row, device, mem, cores, profile, placement, slots)):
+
+        fill / 10 - (2 * whole devices' value lost + stranded memory added)
+
+    The value of a node's whole free devices is the square of their number, per family (vendor
+    id): breaking one of four costs 16 - 9 = 7, the only one of a node 1, so placements break
+    whole devices where fewest are left, and nodes with several stay able to take a multi-device
+    pod. Stranded memory (``stranded_fraction``, in devices) changes only on the devices taken.
+    ``fill`` (memory used over the node's, after) prefers the fuller node
+    between placements otherwise equal."""
+    total_mem, total_cores, count, health, vendor = (
+        table.total_mem, table.total_cores, table.count, table.health, table.vendor)
+    used, used_mem, used_cores = table.used, table.used_mem, table.used_cores
+    lost = 0
+    s_mem = s_tm = 0
+    for k in range(n):
+        j = off + k
+        if all(vendor[off + e] != vendor[j] for e in range(k)):   # the first device of its family here
+            before = after = 0
+            for e in range(k, n):
+                if vendor[off + e] == vendor[j] and health[off + e]:
+                    before += used[off + e] == 0
+                    after += after_used[e] == 0
+            lost += before * before - after * after
+        s_mem += after_mem[k]
+        s_tm += total_mem[j]
+    stranded = 0.0
+    for i, (_, j, _, _, _, _, _) in enumerate(chosen):
+        if any(chosen[e][1] == j for e in range(i)):
+            continue     # a device taken by several rows counts once, for the first
+        k = j - off
+        stranded += (stranded_fraction(total_mem[j], total_cores[j], count[j], after_used[k], after_mem[k],
+                                       after_cores[k])
+                     - stranded_fraction(total_mem[j], total_cores[j], count[j], used[j], used_mem[j], used_cores[j]))
+    fill = s_mem / s_tm if s_tm > 0 else 0.0
+    return fill / 10.0 - (2.0 * lost + stranded)
+
+
 def resolve_mem(memreq, mempct, total_mem):
     if memreq > 0:
         return memreq
@@ -72,15 +149,29 @@ def resolve_mem(memreq, mempct, total_mem):
     return 0
 
 
-def _preference_key(score, numa, pos, used, gpu_policy, numa_bind):
-    """Sort key: smallest key is tried first (upstream walks its sorted list from the end)."""
+def has_key(gpu_policy, key):
+    """Whether a device ordering is a chain holding ``key``."""
+    if gpu_policy < ORDER_CHAIN:
+        return False
+    code = gpu_policy - ORDER_CHAIN
+    while code:
+        if code % CHAIN_BASE == key:
+            return True
+        code //= CHAIN_BASE
+    return False
+
+
+def _preference_key(score, numa, pos, used, gpu_policy, numa_bind, frag=0.0):
+    """Sort key: smallest key is tried first (upstream walks its sorted list from the end).
+    ``frag`` is the device's frag_device_cost (only read by the KEY_FRAG key)."""
     if gpu_policy >= ORDER_CHAIN:
         key = []
         code = gpu_policy - ORDER_CHAIN
         while code:
-            k = code % 4
-            code //= 4
-            key.append(-score if k == KEY_BINPACK else score if k == KEY_SPREAD else -numa)
+            k = code % CHAIN_BASE
+            code //= CHAIN_BASE
+            key.append(-score if k == KEY_BINPACK else score if k == KEY_SPREAD else frag if k == KEY_FRAG
+                       else -numa)
         return (*key, -pos)
     if gpu_policy == ORDER_MUTEX:
         return (used, -numa, -pos)
@@ -161,6 +252,7 @@ def filter_nodes(table, query):
         if v < 0 or v >= len(vendor_flags) or v >= len(quota_mem) or v >= len(quota_cores):
             raise ValueError(f"request row {r} names vendor id {v}, beyond the query's per-vendor arrays")
     has_mask = len(mask) > 0
+    frag_key = has_key(gpu_policy, KEY_FRAG)
     nr = R.N_DEVICE_REASONS
     best = -1
     best_score = 0.0
@@ -185,6 +277,7 @@ def filter_nodes(table, query):
         else:
             node_score = 10.0 * (s_used / s_count + s_uc / s_tc + s_um / s_tm)
         out_score[c] = node_score
+        delta_sum = 0.0
 
         app_used = [used[j] for j in range(off, off + n)]
         app_mem = [used_mem[j] for j in range(off, off + n)]
@@ -250,7 +343,9 @@ def filter_nodes(table, query):
                 mem = resolve_mem(memreq, mempct, total_mem[j])
                 sc = device_score(total_mem[j], total_cores[j], count[j], s_used_l[k],
                                   s_mem_l[k], s_cores_l[k], mem, cores, w_slot, w_core, w_mem)
-                keyed.append((_preference_key(sc, numa[j], k, s_used_l[k], gpu_policy, numa_bind), k))
+                fc = (frag_device_cost(total_mem[j], total_cores[j], count[j], s_used_l[k], s_mem_l[k],
+                                       s_cores_l[k], mem, cores, slots) if frag_key else 0.0)
+                keyed.append((_preference_key(sc, numa[j], k, s_used_l[k], gpu_policy, numa_bind, fc), k))
             keyed.sort()
             counts = [0] * nr
             picked = []   # (k, mem, profile, placement)
@@ -356,6 +451,7 @@ def filter_nodes(table, query):
                         break
                     picked, delta = answer
                     node_score += delta
+                    delta_sum += delta
                     out_score[c] = node_score
                 elif len(picked) > nums:
                     picked = _topology_pick(picked, nums, pair_score, node_pair_offset[ni], n)
@@ -386,6 +482,9 @@ def filter_nodes(table, query):
         out_status[c] = status
         if status != R.NODE_FIT:
             continue
+        if node_policy == POLICY_FRAG:   # the placement's cost to what comes next, choosers' deltas added
+            node_score = frag_node_score(off, n, table, app_used, app_mem, app_cores, chosen) + delta_sum
+            out_score[c] = node_score
         better = (best < 0 or (node_policy == POLICY_SPREAD and node_score < best_score)
                   or (node_policy != POLICY_SPREAD and node_score > best_score))
         if better:

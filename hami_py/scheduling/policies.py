@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from hami_py.devices.codec import go_quote
 from hami_py.scheduling.kernel_ref import (
-    KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK, POLICY_SPREAD,
+    CHAIN_BASE, KEY_BINPACK, KEY_FRAG, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK, POLICY_FRAG,
+    POLICY_SPREAD,
 )
 
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
@@ -19,6 +20,10 @@ WEIGHTS_ANNOTATION = "hami.io/device-scoring-weights"
 
 BINPACK = "binpack"
 SPREAD = "spread"
+# Keeps whole devices whole and strands as little memory as it can (docs/FRAGMENTATION.md): a
+# node policy, and a GPU policy token that chains like the others ("numa,fragmentation-aware").
+FRAGMENTATION_AWARE = "fragmentation-aware"
+NODE_POLICIES = (BINPACK, SPREAD, FRAGMENTATION_AWARE)
 
 
 class PolicyError(ValueError):
@@ -39,21 +44,24 @@ class Policies:
 
 def node_policy_code(name: str) -> int:
     # Upstream sorts "spread" descending and anything else ascending, so only spread spreads.
+    if name == FRAGMENTATION_AWARE:
+        return POLICY_FRAG
     return POLICY_SPREAD if name == SPREAD else POLICY_BINPACK
 
 
-_CHAIN_KEYS = {"binpack": KEY_BINPACK, "spread": KEY_SPREAD, "numa": KEY_NUMA}
+_CHAIN_KEYS = {"binpack": KEY_BINPACK, "spread": KEY_SPREAD, "numa": KEY_NUMA, FRAGMENTATION_AWARE: KEY_FRAG}
 
 
 def gpu_policy_code(name: str, *, numa_bind: bool = False) -> int:
     """The device ordering for a GPU policy string, as upstream's comparator reads it.
 
-    A comma list (or plain ``numa``) is a chain of sort keys among binpack, spread and numa, in
-    order, duplicates and other tokens (``mutex``, ``topology-aware``) ignored, ``spread`` when
-    empty, and ``numa`` moved first when the pod asks for NUMA binding. ``mutex`` alone orders
+    A comma list (or plain ``numa`` or ``fragmentation-aware``) is a chain of sort keys among
+    binpack, spread, numa and fragmentation-aware, in order, duplicates and other tokens
+    (``mutex``, ``topology-aware``) ignored, ``spread`` when empty, and ``numa`` moved first when
+    the pod asks for NUMA binding. ``mutex`` alone orders
     idle devices first. ``binpack`` tries the most-used device first; anything else the least-used.
     """
-    if "," in name or name == "numa":
+    if "," in name or name in ("numa", FRAGMENTATION_AWARE):
         keys: list[int] = []
         for token in name.split(","):
             key = _CHAIN_KEYS.get(token.strip())
@@ -63,14 +71,15 @@ def gpu_policy_code(name: str, *, numa_bind: bool = False) -> int:
             keys = [KEY_SPREAD]
         if numa_bind and keys[0] != KEY_NUMA:
             keys = [KEY_NUMA] + [k for k in keys if k != KEY_NUMA]
-        return ORDER_CHAIN + sum(k * 4 ** i for i, k in enumerate(keys[:3]))
+        return ORDER_CHAIN + sum(k * CHAIN_BASE ** i for i, k in enumerate(keys[:3]))
     if name == "mutex":
         return ORDER_MUTEX
     return POLICY_BINPACK if name == BINPACK else POLICY_SPREAD
 
 
-# Every token a GPU policy string may hold (one, or a comma chain of binpack/spread/numa).
-GPU_POLICY_TOKENS = frozenset({"binpack", "spread", "numa", "mutex", "topology-aware"})
+# Every token a GPU policy string may hold (one, or a comma chain of binpack/spread/numa/
+# fragmentation-aware).
+GPU_POLICY_TOKENS = frozenset({"binpack", "spread", "numa", "mutex", "topology-aware", FRAGMENTATION_AWARE})
 
 
 def policy_tokens(name: str) -> set[str]:

@@ -22,6 +22,7 @@ from hami_py.simulate.report_text import render_table
 from hami_py.simulate.results import Report, ScenarioResult
 from hami_py.simulate.runner import Scenario, SimulationError, run_scenarios
 from hami_py.simulate.source import InputError
+from hami_py.scheduling.policies import FRAGMENTATION_AWARE
 from hami_py.simulate.workload import POLICIES, Workload, load_workload
 
 EXIT_FAILED = 1
@@ -48,6 +49,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# --compare-policies: upstream's four pairs, then fragmentation-aware for both (its device order
+# and its node score are one design; mixing it with binpack or spread is for a pod annotation).
+CLASSIC_POLICIES = ("binpack", "spread")
+
+
+def compared_scenarios(chosen: Scenario) -> list[Scenario]:
+    scenarios = [Scenario(n, g) for n in CLASSIC_POLICIES for g in CLASSIC_POLICIES]
+    scenarios.append(Scenario(FRAGMENTATION_AWARE, FRAGMENTATION_AWARE))
+    if chosen not in scenarios:
+        scenarios.append(chosen)
+    return scenarios
+
+
 def _fail(message: str, code: int = EXIT_USAGE) -> int:
     sys.stderr.write(f"hami-scheduler simulate: {message}\n")
     return code
@@ -66,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, ConfigError, InputError) as exc:
         return _fail(str(exc))
     chosen = Scenario(ns.node_scheduler_policy, ns.gpu_scheduler_policy)
-    scenarios = [Scenario(n, g) for n in POLICIES for g in POLICIES] if ns.compare_policies else [chosen]
+    scenarios = compared_scenarios(chosen) if ns.compare_policies else [chosen]
     progress = ProgressBar(enabled=False if ns.no_progress else None)
     progress.start(f"{len(scenarios)} policy pairs" if len(scenarios) > 1 else chosen.label)
     try:

@@ -65,6 +65,17 @@ class DeviceState:
     def memory_percent(self) -> float:
         return percent(self.memory_used, self.memory)
 
+    @property
+    def whole(self) -> bool:
+        """Healthy and used by nobody: free for a pod that needs the whole device."""
+        return self.health and self.slots_used == 0
+
+    @property
+    def stranded_mib(self) -> int:
+        """Free memory nothing can use: the device is out of slots or cores."""
+        exhausted = self.slots_used >= self.slots or (self.cores > 0 and self.cores_used >= self.cores)
+        return max(self.memory - self.memory_used, 0) if self.health and exhausted else 0
+
     def as_json(self) -> dict:
         return {"index": self.index, "uuid": self.uuid, "type": self.type, "vendor": self.vendor,
                 "health": self.health,
@@ -103,6 +114,11 @@ class ScenarioResult:
     peak_memory_percent: float = 0.0
     existing_pods: int = 0
     elapsed_s: float = 0.0
+    # Pending pods whose memory the family's free memory would hold (fragmentation failures).
+    fragmentation_failures: int = 0
+    mean_stranded_mib: int = 0     # stranded memory, averaged over the arrivals
+    moves: int = 0                 # pods the defragmenter moved (simulate --defrag-every)
+    defrag_runs: int = 0
 
     @property
     def label(self) -> str:
@@ -141,6 +157,11 @@ class ScenarioResult:
             "slots": {"used": slots_used, "total": slots, "percent": percent(slots_used, slots)},
             "peakMemoryPercent": self.peak_memory_percent,
             "fragmentation": self.fragmentation.as_json(),
+            "fragmentationFailures": self.fragmentation_failures,
+            "strandedMiB": sum(d.stranded_mib for d in self.devices),
+            "meanStrandedMiB": self.mean_stranded_mib,
+            "wholeDevicesFree": sum(1 for d in self.devices if d.whole),
+            "moves": self.moves, "defragRuns": self.defrag_runs,
             "devicesByVendor": self.by_vendor(),
         }
 

@@ -172,6 +172,7 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
                                     pods=run.outcomes, devices=device_states(app, cluster.node_names),
                                     fragmentation=fragmentation(app, workload, cluster.node_names),
                                     peak_memory_percent=run.peak_memory_percent,
+                                    mean_stranded_mib=run.mean_stranded_mib,
                                     existing_pods=len(cluster.existing_pods))
     finally:
         await api.stop()
@@ -195,6 +196,8 @@ class _Run:
         self.binds = 0
         self._counted: list[bool] | None = None    # devices that count towards peak usage
         self.peak_memory_percent = 0.0
+        self._stranded_sum = 0       # stranded MiB summed over the arrivals (its mean is reported)
+        self._stranded_samples = 0
 
     async def close(self) -> None:
         await self.extender.close()
@@ -209,6 +212,7 @@ class _Run:
             created = self.api.create("pods", arrival.manifest())
             outcome.uid = created["metadata"]["uid"]
             await self._attempt(outcome, created, arrival.step)
+            self._sample_stranded()
             if self.progress is not None:
                 self.progress(arrival.step + 1, len(arrivals), self.binds, len(self.pending))
         await self._allocations_done()
@@ -314,6 +318,22 @@ class _Run:
                                 "memoryMiB": dev.usedmem, "cores": dev.usedcores,
                                 "coresPercent": vendor.core_share(info.devcore, dev.usedcores) if info else None})
         return out
+
+    @property
+    def mean_stranded_mib(self) -> int:
+        return self._stranded_sum // self._stranded_samples if self._stranded_samples else 0
+
+    def _sample_stranded(self) -> None:
+        """Stranded memory after an arrival: free memory of healthy devices out of slots or cores
+        (DeviceState.stranded_mib, over the cache's arrays)."""
+        c = self.app.cache
+        total = 0
+        for i, v in enumerate(c.vendor):
+            if v >= 0 and c.health[i] and (c.used[i] >= c.count[i]
+                                           or (c.total_cores[i] > 0 and c.used_cores[i] >= c.total_cores[i])):
+                total += max(c.total_mem[i] - c.used_mem[i], 0)
+        self._stranded_sum += total
+        self._stranded_samples += 1
 
     def _sample_usage(self) -> None:
         cache = self.app.cache

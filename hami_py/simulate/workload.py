@@ -44,7 +44,7 @@ from hami_py.fakeapi.families import find_device_model
 from hami_py.scheduling.bind import BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION
 from hami_py.scheduling.filter import VGPU_NODE_LABEL
 from hami_py.scheduling.policies import (
-    GPU_POLICY_ANNOTATION, NODE_POLICY_ANNOTATION, PolicyError, pod_policies,
+    GPU_POLICY_ANNOTATION, NODE_POLICIES, NODE_POLICY_ANNOTATION, PolicyError, pod_policies,
 )
 from hami_py.scheduling.requests import PodRequest, parse_pod_requests
 from hami_py.scheduling.stale import decision_keys
@@ -55,7 +55,7 @@ from hami_py.simulate.source import (
 
 LIFETIME_ANNOTATION = "simulate.hami-py.io/lifetime"
 ORDERS = ("as-listed", "interleaved", "shuffled")
-POLICIES = ("binpack", "spread")
+POLICIES = NODE_POLICIES      # binpack, spread, fragmentation-aware: node and GPU policies alike
 _ENTRY_FIELDS = ("name", "namespace", "replicas", "lifetime", "device", "gpus", "gpumem", "gpumemPercentage",
                  "gpucores", "gpuType", "nodePolicy", "gpuPolicy", "annotations", "labels", "nodeSelector", "template")
 _SHORTHAND = ("device", "gpus", "gpumem", "gpumemPercentage", "gpucores", "gpuType", "nodePolicy", "gpuPolicy",
@@ -269,7 +269,7 @@ def _shorthand_pod(where: Where, entry: dict, *, device_config: DeviceConfig,
         policy = optional(where, entry, key, read_str)
         if policy is not None:
             if policy not in POLICIES:
-                raise where.at(entry, key).error(f'must be binpack or spread, got "{policy}"')
+                raise where.at(entry, key).error(f'must be one of {", ".join(POLICIES)}, got "{policy}"')
             annotations[annotation] = policy
     spec: dict[str, Any] = {"containers": [{"name": "main", "image": image, "resources": {"limits": limits}}]}
     selector = optional(where, entry, "nodeSelector", read_str_map, None)
