@@ -215,6 +215,7 @@ class SchedulerApp:
         # Pods refused just before the books freed devices get kube-scheduler's retry (requeue.py).
         self.requeue = RequeueNudger(background, enabled=lambda: self.service.synced.is_set(),
                                      metrics=self.metrics)
+        self.service.defrag_holds.on_waiting = self.requeue.refused   # a held pod retried once its victims go
         self.leadership = build_leadership(
             leader_elect=o.leader_elect, client=self.client, namespace=o.leader_elect_resource_namespace,
             name=o.leader_elect_resource_name, identity=self.identity, on_change=self._on_leadership)
@@ -331,6 +332,7 @@ class SchedulerApp:
             # charge them, so binding one later could hand its devices out twice.
             if self.service.preemptor is not None:
                 self.service.preemptor.release_all()   # held room: the new leader knows nothing of it
+            self.service.defrag_holds.release_all()   # the new leader takes them from the annotations
             released = self.cache.release_unbound_reservations()
             if released:
                 log.info("leadership lost: unbound reservations released", reservations=released)
@@ -395,6 +397,8 @@ class SchedulerApp:
         uid = (pod.get("metadata") or {}).get("uid")
         charged = self.cache.pods.get(uid) if uid else None
         self.cache.on_pod_event(kind, pod)
+        # After the books: a hold is charged next to the victims as the books have them now.
+        self.service.defrag_holds.observe(kind, pod)
         if charged is not None and charged.bound and uid not in self.cache.pods:
             self.requeue.freed(charged.node)     # a bound pod's devices released
         if kind == "DELETED" and uid:

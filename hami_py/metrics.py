@@ -76,6 +76,12 @@ class Metrics:
             "hami_device_preemption_evictions_total",
             "Evictions asked for by device preemption, by result: evicted, refused.",
             ["result"], registry=self.registry)
+        self.defrag_holds = Counter(
+            "hami_defrag_holds",
+            "Holds of freed devices for the pods the defragmenter made room for (the hami.io/defrag-hold "
+            "annotation), by outcome: held (taken), placed (the pod decided on its held node), expired, "
+            "dropped (malformed, not fitting, node not offered, pod bound or deleted, annotation removed).",
+            ["outcome"], registry=self.registry)
         # HAMi's allocation outcomes (its #3088), with its names and labels: phase (filter, bind),
         # device_type (the family's vendor key), failure_reason (one of OUTCOME_REASONS).
         outcome_labels = ["phase", "device_type", "failure_reason"]

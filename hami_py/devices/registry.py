@@ -24,6 +24,11 @@ class FamilySwitches:
     enable_iluvatar: bool = False
 
 
+# What a planning tool (simulate, defrag) reads a cluster with: every family upstream gates
+# behind a switch is on, so a file of any family can be read.
+EVERY_FAMILY = FamilySwitches(enable_ascend=True, enable_iluvatar=True)
+
+
 def _families() -> list[Callable[[DeviceConfig, FamilySwitches], list[DeviceVendor]]]:
     from hami_py.devices import nvidia
     families = [nvidia.build_family]

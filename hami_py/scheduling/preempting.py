@@ -35,17 +35,16 @@ charge in the books); a hold whose pod never comes back goes at its expiry.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 from typing import Coroutine
 
 import structlog
 
-from hami_py.cache.records import PodUsage
 from hami_py.cache.usage import UsageCache
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
-from hami_py.scheduling.filter import FilterDecision, Filterer, pod_rv
+from hami_py.scheduling.filter import FilterDecision, Filterer
+from hami_py.scheduling.holds import Hold, Holds
 from hami_py.scheduling.preemption import Choice, VictimSearch, may_preempt
 from hami_py.scheduling.requests import PodRequest
 
@@ -73,16 +72,6 @@ class Refusals:
         return bool(self.victims)
 
 
-@dataclass(slots=True)
-class Hold:
-    uid: str
-    node: str
-    victims: dict[str, str]          # uid -> namespace/name
-    usage: PodUsage                  # the pod's charge on the node, made at the choice
-    expires: float
-    timer: asyncio.TimerHandle | None = None
-
-
 class Preemptor:
     def __init__(self, *, cache: UsageCache, filterer: Filterer, client: KubeClient, events=None,
                  hold_s: float = DEFAULT_HOLD_S, search: VictimSearch | None = None, clock=time.monotonic,
@@ -97,23 +86,18 @@ class Preemptor:
         self.hold_s = hold_s
         self.search = search or VictimSearch(cache, filterer)
         self.clock = clock
-        self.holds: dict[str, Hold] = {}
+        self.book = Holds(cache=cache, filterer=filterer, clock=clock, what="preemption hold")
+        self.holds: dict[str, Hold] = self.book.held
         self.refusals: dict[str, Refusals] = {}   # preemptor uid -> its refused evictions
 
     # ------------------------------------------------------------------ holds
     def active_hold(self, uid: str) -> Hold | None:
         """The pod's hold, if its charge is still the one the hold made and it has not expired."""
-        hold = self.holds.get(uid)
-        if hold is None:
-            return None
-        if self.cache.pods.get(uid) is not hold.usage or hold.expires <= self.clock():
-            self._drop(hold, release=True)   # releases only a charge that is still the hold's
-            return None
-        return hold
+        return self.book.active(uid)
 
     def remaining(self, hold: Hold) -> list[str]:
         """The victims still charged in the books (not gone yet)."""
-        return [uid for uid in hold.victims if uid in self.cache.pods]
+        return self.book.remaining(hold)
 
     def resume(self, pod: dict, node_names: list[str], request: PodRequest) -> dict | FilterDecision | None:
         """Before a held pod's decision: the FailedNodes answer while its victims are still there;
@@ -132,54 +116,19 @@ class Preemptor:
             failed = {name: f"waiting for the preemption on node {hold.node}" for name in node_names}
             failed[hold.node] = reason
             return failed
-        self._drop(hold)                     # the decision below releases the held charge itself
-        decision = self.filterer.decide(pod, [hold.node], request)
-        return decision if decision.node is not None else None
+        return self.book.place(pod, hold, request)
 
     def _hold(self, pod: dict, choice: Choice, request: PodRequest) -> Hold | None:
-        """Charge the pod's placement on the chosen node with the victims gone, under its UID:
-        the decision's own reservation, made with the victims uncharged and then charged back
-        next to it; not ``decided``, so no /bind can use it."""
-        cache = self.cache
-        removed = [r for uid in choice.uids if (r := cache.remove_pod(uid)) is not None]
-        try:
-            decision = self.filterer.decide(pod, [choice.node], request)
-        finally:
-            for record in removed:
-                cache.add_pod_usage(record)
-        usage = decision.reservation
-        if decision.node is None or usage is None:
-            return None
-        usage.decided = False
-        usage.filtered_rv = pod_rv(pod)
-        hold = Hold(usage.uid, choice.node, {v.uid: f"{v.namespace}/{v.name}" for v in choice.victims}, usage,
-                    self.clock() + self.hold_s)
-        try:
-            hold.timer = asyncio.get_running_loop().call_later(self.hold_s, self._expire, hold)
-        except RuntimeError:   # no running loop (a synchronous test): expiry is checked on use
-            hold.timer = None
-        self.holds[usage.uid] = hold
-        return hold
+        """Charge the pod's placement on the chosen node with the victims gone (holds.py)."""
+        return self.book.charge(pod, node=choice.node, victims={v.uid: f"{v.namespace}/{v.name}" for v in choice.victims},
+                                request=request, hold_s=self.hold_s)
 
     def release_all(self) -> int:
         """Give back every hold (at the end of leadership); how many there were."""
-        holds = list(self.holds.values())
-        for hold in holds:
-            self._drop(hold, release=True)
-        return len(holds)
-
-    def _expire(self, hold: Hold) -> None:
-        if self.holds.get(hold.uid) is hold:
-            log.info("preemption hold expired", pod=f"{hold.usage.namespace}/{hold.usage.name}", node=hold.node)
-            self._drop(hold, release=True)
+        return self.book.release_all()
 
     def _drop(self, hold: Hold, *, release: bool = False) -> None:
-        if self.holds.get(hold.uid) is hold:
-            del self.holds[hold.uid]
-        if hold.timer is not None:
-            hold.timer.cancel()
-        if release and self.cache.pods.get(hold.uid) is hold.usage:
-            self.cache.release_pod(hold.uid)
+        self.book.drop(hold, release=release)
 
     # ------------------------------------------------------------------ preemption
     def begin(self, pod: dict, node_names: list[str], request: PodRequest,

@@ -20,6 +20,7 @@ from hami_py.k8s.client import KubeClient
 from hami_py.k8s.nodelock import go_duration
 from hami_py.metrics import count_outcome
 from hami_py.scheduling.bind import BindError, Binder, BindRequest
+from hami_py.scheduling.defrag_holds import DefragHolds
 from hami_py.scheduling.filter import FilterDecision, Filterer
 from hami_py.scheduling.podlocks import PodBusy, PodLocks
 from hami_py.scheduling.policies import PolicyError
@@ -70,6 +71,10 @@ class SchedulerService:
         self._unanswered: set[asyncio.Future] = set()
         # --device-preemption (scheduling/preempting.py): None when off.
         self.preemptor = preemptor
+        # The defragmenter's holds (scheduling/defrag_holds.py): always on. The app feeds it the
+        # pod watch (observe) and its requeue hook (on_waiting).
+        self.defrag_holds = DefragHolds(cache=cache, filterer=filterer, vendors=vendors, metrics=metrics,
+                                        enabled=self.synced.is_set)
         # --filter-mode=all (scheduling/prioritize.py): every fitting node, /prioritize, refit at bind.
         self.all_nodes = self._all_nodes(filter_mode)
 
@@ -142,8 +147,12 @@ class SchedulerService:
             return filter_result(error=f"pod {namespace}/{name} with uid {uid} was deleted")
         stale = may_carry_decision(self.cache, pod, uid)   # before decide drops the charge
         try:
-            decision = None
-            if self.preemptor is not None:
+            # Room held for the pod (the defragmenter's, then a preemption's): its victims still
+            # leaving is the answer; once they are gone, the decision on its held node.
+            decision = self.defrag_holds.resume(pod, node_names, request)
+            if isinstance(decision, dict):
+                return filter_result(failed=decision)
+            if decision is None and self.preemptor is not None:
                 held = self.preemptor.resume(pod, node_names, request)
                 if isinstance(held, dict):
                     return filter_result(failed=held)   # its victims are still leaving

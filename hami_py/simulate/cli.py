@@ -40,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-scheduler-policy", default="spread", choices=POLICIES, help="default GPU policy")
     p.add_argument("--compare-policies", action="store_true",
                    help="also run every node x GPU policy pair and compare them")
+    p.add_argument("--defrag-every", type=int, default=0, metavar="K",
+                   help="run the defragmenter every K arrivals: pending pods get room by moving the fewest pods")
     p.add_argument("--output", default="table", choices=("table", "json", "html"), help="report format")
     p.add_argument("--report-file", default=None,
                    help=f"where --output html writes (default {DEFAULT_HTML_FILE}; - for stdout)")
@@ -55,8 +57,9 @@ CLASSIC_POLICIES = ("binpack", "spread")
 
 
 def compared_scenarios(chosen: Scenario) -> list[Scenario]:
-    scenarios = [Scenario(n, g) for n in CLASSIC_POLICIES for g in CLASSIC_POLICIES]
-    scenarios.append(Scenario(FRAGMENTATION_AWARE, FRAGMENTATION_AWARE))
+    every = chosen.defrag_every
+    scenarios = [Scenario(n, g, every) for n in CLASSIC_POLICIES for g in CLASSIC_POLICIES]
+    scenarios.append(Scenario(FRAGMENTATION_AWARE, FRAGMENTATION_AWARE, every))
     if chosen not in scenarios:
         scenarios.append(chosen)
     return scenarios
@@ -70,6 +73,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        if ns.defrag_every < 0:
+            raise UsageError(f"--defrag-every must be 0 (never) or a number of arrivals, not {ns.defrag_every}")
         if ns.report_file is not None and ns.output != "html":
             raise UsageError("--report-file goes with --output html")
         device_config = load_device_config(ns.device_config_file) if ns.device_config_file else DeviceConfig.default()
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         workload = load_workload(ns.workload, vendors=vendors, device_config=device_config)
     except (UsageError, ConfigError, InputError) as exc:
         return _fail(str(exc))
-    chosen = Scenario(ns.node_scheduler_policy, ns.gpu_scheduler_policy)
+    chosen = Scenario(ns.node_scheduler_policy, ns.gpu_scheduler_policy, ns.defrag_every)
     scenarios = compared_scenarios(chosen) if ns.compare_policies else [chosen]
     progress = ProgressBar(enabled=False if ns.no_progress else None)
     progress.start(f"{len(scenarios)} policy pairs" if len(scenarios) > 1 else chosen.label)

@@ -155,6 +155,10 @@ def _cards(s: dict, *, mixed: bool = False) -> str:
         ("slots used", f"{s['slots']['percent']}%", ""),
         *in_use,
         ("fragmented", f"{f['percent']}%" if f["typicalRequest"] else "-", ""),
+        ("stranded MiB", f"{s['strandedMiB']:,}", ""),
+        ("whole devices free", str(s["wholeDevicesFree"]), ""),
+        ("pending, memory free", str(s["fragmentationFailures"]), "bad" if s["fragmentationFailures"] else ""),
+        ("pods moved", str(s["moves"]), ""),
     ]
     html = "".join(f'<div class="card {cls}"><div class="v">{escape(v)}</div>'
                    f'<div class="l">{escape(label)}</div></div>' for label, v, cls in cards)
@@ -168,7 +172,9 @@ def _cards(s: dict, *, mixed: bool = False) -> str:
 def _comparison(results: list[ScenarioResult], *, chosen: ScenarioResult) -> str:
     best = best_scenario(results)
     rows = ['<table><tr><th class="l">policies</th><th>placed</th><th>pending</th><th>nodes used</th>'
-            "<th>GPUs used</th><th>memory</th><th>cores</th><th>slots</th><th>fragmented</th></tr>"]
+            "<th>GPUs used</th><th>memory</th><th>cores</th><th>slots</th><th>fragmented</th>"
+            "<th>pending, memory free</th><th>stranded MiB</th><th>mean stranded MiB</th><th>whole free</th>"
+            "<th>moves</th></tr>"]
     for x in results:
         s = x.summary()
         marks = (" (best)" if x is best else "") + (" (chosen)" if x is chosen else "")
@@ -176,7 +182,9 @@ def _comparison(results: list[ScenarioResult], *, chosen: ScenarioResult) -> str
                     f"<td>{s['placed']}</td><td>{s['pending']}</td><td>{s['nodesInUse']}</td>"
                     f"<td>{s['gpusInUse']}</td><td>{s['memory']['percent']}%</td><td>{s['cores']['percent']}%</td>"
                     f"<td>{s['slots']['percent']}%</td>"
-                    f"<td>{s['fragmentation']['percent']}%</td></tr>")
+                    f"<td>{s['fragmentation']['percent']}%</td><td>{s['fragmentationFailures']}</td>"
+                    f"<td>{s['strandedMiB']:,}</td><td>{s['meanStrandedMiB']:,}</td><td>{s['wholeDevicesFree']}</td>"
+                    f"<td>{s['moves']}</td></tr>")
     rows.append(f"</table><div class=\"inputs\">best: {escape(BEST_RULE)}</div>")
     return "".join(rows)
 

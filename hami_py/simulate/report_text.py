@@ -53,6 +53,13 @@ def render_table(report: Report, *, detail: bool = False) -> str:
     add(f"Cores       {c['percent']:5.1f}%  {c['used']:,} / {c['total']:,}")
     add(f"Slots       {sl['percent']:5.1f}%  {sl['used']:,} / {sl['total']:,}")
     add(_fragmentation_line(s["fragmentation"], devices="devices" if r.mixed else "GPUs"))
+    add(f"Stranded    {s['strandedMiB']:,} MiB on {'devices' if r.mixed else 'GPUs'} out of slots or cores "
+        f"(mean over the arrivals {s['meanStrandedMiB']:,} MiB); {s['wholeDevicesFree']} whole "
+        f"{'devices' if r.mixed else 'GPUs'} free")
+    add(f"Pending     {s['fragmentationFailures']} of {s['pending']} although free memory would hold them; "
+        f"{s['pendingMovesCouldPlace']} that moving pods could place")
+    if r.defrag_every:
+        add(f"Defrag      every {r.defrag_every} arrivals: {s['defragRuns']} runs, {s['moves']} pods moved")
     add("")
     lines.extend(_node_table(r))
     pending = r.pending_groups()
@@ -154,16 +161,19 @@ def comparison_table(results: list[ScenarioResult], *, chosen: ScenarioResult | 
     """Every node x GPU policy pair side by side, the best packing marked (BEST_RULE)."""
     best = best_scenario(results)
     mixed = any(x.mixed for x in results)
+    width = max([16] + [len(x.label) for x in results])
+    moves = any(x.defrag_every for x in results)
     out = ["POLICY COMPARISON (node/gpu)",
-           f"  {'POLICIES':<16}  {'PLACED':>6}  {'PENDING':>7}  {'NODES':>5}  {'DEVS' if mixed else 'GPUS':>5}  "
-           f"{'MEM':>6}  {'CORES':>6}  "
-           f"{'SLOTS':>6}  {'FRAGMENTED':>10}"]
+           f"  {'POLICIES':<{width}}  {'PLACED':>6}  {'PENDING':>7}  {'FRAGFAIL':>8}  {'NODES':>5}  "
+           f"{'DEVS' if mixed else 'GPUS':>5}  {'WHOLE':>5}  {'MEM':>6}  {'CORES':>6}  "
+           f"{'SLOTS':>6}  {'FRAGMENTED':>10}  {'STRANDED MiB':>12}  {'MEAN':>10}" + ("  MOVES" if moves else "")]
     for x in results:
         s = x.summary()
         marks = (" best" if x is best else "") + (" (chosen)" if chosen is not None and x is chosen else "")
-        out.append(f"  {x.label:<16}  {s['placed']:>6}  {s['pending']:>7}  {s['nodesInUse']:>5}  "
-                   f"{s['gpusInUse']:>5}  "
+        out.append(f"  {x.label:<{width}}  {s['placed']:>6}  {s['pending']:>7}  {s['fragmentationFailures']:>8}  "
+                   f"{s['nodesInUse']:>5}  {s['gpusInUse']:>5}  {s['wholeDevicesFree']:>5}  "
                    f"{s['memory']['percent']:5.1f}%  {s['cores']['percent']:5.1f}%  {s['slots']['percent']:5.1f}%  "
-                   f"{s['fragmentation']['percent']:9.1f}%{marks}")
+                   f"{s['fragmentation']['percent']:9.1f}%  {s['strandedMiB']:>12,}  {s['meanStrandedMiB']:>10,}"
+                   + (f"  {s['moves']:>5}" if moves else "") + marks)
     out.append(f"  best: {BEST_RULE}")
     return out

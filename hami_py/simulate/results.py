@@ -28,6 +28,7 @@ class PodOutcome:
     reason: str = ""
     failed_nodes: dict[str, str] | None = None
     attempts: int = 0
+    moved: int = 0              # times the defragmenter moved it
 
     @property
     def state(self) -> str:
@@ -119,6 +120,8 @@ class ScenarioResult:
     mean_stranded_mib: int = 0     # stranded memory, averaged over the arrivals
     moves: int = 0                 # pods the defragmenter moved (simulate --defrag-every)
     defrag_runs: int = 0
+    defrag_every: int = 0
+    pending_movable: int = 0       # pending pods that a plan of moves would place, at the end
 
     @property
     def label(self) -> str:
@@ -161,7 +164,8 @@ class ScenarioResult:
             "strandedMiB": sum(d.stranded_mib for d in self.devices),
             "meanStrandedMiB": self.mean_stranded_mib,
             "wholeDevicesFree": sum(1 for d in self.devices if d.whole),
-            "moves": self.moves, "defragRuns": self.defrag_runs,
+            "moves": self.moves, "defragRuns": self.defrag_runs, "defragEvery": self.defrag_every,
+            "pendingMovesCouldPlace": self.pending_movable,
             "devicesByVendor": self.by_vendor(),
         }
 

@@ -25,23 +25,25 @@ from itertools import compress
 from typing import Callable
 
 import aiohttp
+import orjson
 
 from hami_py.app import SchedulerApp
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import ContainerRequest, DeviceVendor
 from hami_py.devices.nvidia import USE_UUID_ANNOTATION, VENDOR_KEY as NVIDIA
-from hami_py.devices.registry import FamilySwitches
+from hami_py.devices.registry import EVERY_FAMILY
 from hami_py.devices.template import TemplateVendor
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.simulate import defragment as defragmenting
 from hami_py.simulate.cluster import Cluster
 from hami_py.simulate.results import DeviceState, Fragmentation, PodOutcome, ScenarioResult, percent, summarize_failed
 from hami_py.simulate.workload import Template, Workload
 
 # A simulated cluster may hold any family: every one upstream gates behind a switch is on.
-SWITCHES = FamilySwitches(enable_ascend=True, enable_iluvatar=True)
+SWITCHES = EVERY_FAMILY
 
 
 def pin_annotation(vendor_key: str, vendor: DeviceVendor) -> str | None:
@@ -66,6 +68,7 @@ class SimulationError(RuntimeError):
 class Scenario:
     node_policy: str
     gpu_policy: str
+    defrag_every: int = 0       # run the defragmenter every this many arrivals (0: never)
 
     @property
     def label(self) -> str:
@@ -163,9 +166,10 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
         async with running_scheduler(api, options=options, device_config=device_config) as app:
             await wait_for(lambda: all(n in app.cache.nodes for n in cluster.node_names), timeout=_WAIT_S,
                            what="the scheduler to register every node")
-            run = _Run(api=api, app=app, cluster=cluster, progress=progress)
+            run = _Run(api=api, app=app, cluster=cluster, progress=progress, defrag_every=scenario.defrag_every)
             try:
                 await run.play(workload)
+                pending_movable = defragmenting.pending_movable(run)
             finally:
                 await run.close()
             result = ScenarioResult(node_policy=scenario.node_policy, gpu_policy=scenario.gpu_policy,
@@ -173,6 +177,9 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
                                     fragmentation=fragmentation(app, workload, cluster.node_names),
                                     peak_memory_percent=run.peak_memory_percent,
                                     mean_stranded_mib=run.mean_stranded_mib,
+                                    fragmentation_failures=fragmentation_failures(run, workload),
+                                    pending_movable=pending_movable, moves=run.moves,
+                                    defrag_runs=run.defrag_runs, defrag_every=scenario.defrag_every,
                                     existing_pods=len(cluster.existing_pods))
     finally:
         await api.stop()
@@ -183,7 +190,8 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
 class _Run:
     """The kube-scheduler side of one scenario: arrivals, retries, lifetimes."""
 
-    def __init__(self, *, api: FakeApiServer, app: SchedulerApp, cluster: Cluster, progress: ProgressFn | None):
+    def __init__(self, *, api: FakeApiServer, app: SchedulerApp, cluster: Cluster, progress: ProgressFn | None,
+                 defrag_every: int = 0):
         self.api = api
         self.app = app
         self.progress = progress
@@ -196,6 +204,12 @@ class _Run:
         self.binds = 0
         self._counted: list[bool] | None = None    # devices that count towards peak usage
         self.peak_memory_percent = 0.0
+        self.defrag_every = defrag_every
+        self.step = 0
+        self.moves = 0
+        self.defrag_runs = 0
+        self._templates: dict[str, Template] = {}
+        self._remaining: dict[int, int] = {}    # a moved pod's lifetime left (by id of its outcome)
         self._stranded_sum = 0       # stranded MiB summed over the arrivals (its mean is reported)
         self._stranded_samples = 0
 
@@ -205,17 +219,61 @@ class _Run:
     async def play(self, workload: Workload) -> None:
         arrivals = workload.arrivals()
         for arrival in arrivals:
+            self.step = arrival.step
             await self._expire(arrival.step)
             outcome = PodOutcome(namespace=arrival.namespace, name=arrival.name, template=arrival.template.name,
                                  arrival=arrival.step, lifetime=arrival.template.lifetime)
             self.outcomes.append(outcome)
-            created = self.api.create("pods", arrival.manifest())
+            self._templates[outcome.template] = arrival.template
+            created = self.api.create("pods", self._manifest(arrival.manifest(), outcome.template))
             outcome.uid = created["metadata"]["uid"]
             await self._attempt(outcome, created, arrival.step)
+            if self.defrag_every and (arrival.step + 1) % self.defrag_every == 0 and self.pending:
+                self.defrag_runs += 1
+                self.moves += await defragmenting.defragment(self, arrival.step)
             self._sample_stranded()
             if self.progress is not None:
                 self.progress(arrival.step + 1, len(arrivals), self.binds, len(self.pending))
+        if self.defrag_every and self.pending and arrivals:
+            # Once more after the last arrival: no pod is left pending that moves could place.
+            self.defrag_runs += 1
+            self.moves += await defragmenting.defragment(self, arrivals[-1].step)
         await self._allocations_done()
+
+    def _manifest(self, pod: dict, template: str) -> dict:
+        # Owned by a controller of its template, so that the defragmenter may move it (and the
+        # end-of-run figure of what moves could place means the same with or without it); created
+        # at the simulated time of its arrival, so that "running time lost" is in arrivals and a
+        # run is reproducible.
+        pod["metadata"]["creationTimestamp"] = defragmenting.simulated_time(self.step)
+        return defragmenting.owned_by_template(pod, template)
+
+    # The defragmenter's hooks (simulate/defragment.py).
+    async def allocations_done(self) -> None:
+        await self._allocations_done()
+
+    async def attempt(self, outcome: PodOutcome, pod: dict, step: int) -> None:
+        await self._attempt(outcome, pod, step)
+
+    def forget_expiry(self, outcome: PodOutcome, step: int) -> None:
+        """A moved pod keeps what is left of its lifetime: the work it stands for does not grow
+        because it moved."""
+        for at, due in self.expiries.items():
+            if outcome in due:
+                due.remove(outcome)
+                self._remaining[id(outcome)] = max(at - step, 1)
+
+    async def replace(self, outcome: PodOutcome, step: int) -> None:
+        """A moved pod's replacement: the same name again, a new uid, scheduled afresh, for the
+        rest of its lifetime."""
+        template = self._templates[outcome.template]
+        manifest = self._manifest(orjson.loads(orjson.dumps(template.pod)), outcome.template)
+        manifest["metadata"]["name"] = outcome.name
+        manifest["metadata"]["namespace"] = outcome.namespace
+        created = self.api.create("pods", manifest)
+        outcome.uid = created["metadata"]["uid"]
+        outcome.node, outcome.devices, outcome.moved = None, [], outcome.moved + 1
+        await self._attempt(outcome, created, step)
 
     async def _allocations_done(self) -> None:
         plugin = self.app.device_plugin
@@ -274,7 +332,8 @@ class _Run:
         if outcome in self.pending:
             self.pending.remove(outcome)
         if outcome.lifetime:
-            self.expiries.setdefault(step + outcome.lifetime, []).append(outcome)
+            lifetime = self._remaining.pop(id(outcome), outcome.lifetime)
+            self.expiries.setdefault(step + lifetime, []).append(outcome)
 
     @staticmethod
     async def _call(verb: str, outcome: PodOutcome, request) -> dict:
@@ -343,6 +402,38 @@ class _Run:
         used = sum(compress(cache.used_mem, self._counted))
         total = sum(compress(cache.total_mem, self._counted))
         self.peak_memory_percent = max(self.peak_memory_percent, percent(used, total))
+
+
+def fragmentation_failures(run: _Run, workload: Workload) -> int:
+    """Pending pods whose device memory the cluster's free memory would hold: per family, the
+    pod's memory request (per device x devices, a percentage of the family's largest device)
+    is at most the free memory of that family's healthy devices."""
+    if not run.pending:
+        return 0
+    cache = run.app.cache
+    free: dict[int, int] = {}
+    largest: dict[int, int] = {}
+    for i, v in enumerate(cache.vendor):
+        if v >= 0 and cache.health[i]:
+            free[v] = free.get(v, 0) + max(cache.total_mem[i] - cache.used_mem[i], 0)
+            largest[v] = max(largest.get(v, 0), cache.total_mem[i])
+    templates = {t.name: t for t in workload.templates}
+    failures = 0
+    for outcome in run.pending:
+        template = templates.get(outcome.template)
+        if template is None:
+            continue
+        need: dict[int, int] = {}
+        for per_vendor in template.request.per_container:
+            for key, req in per_vendor.items():
+                v = cache.vendor_ids.get(key)
+                if v is None:
+                    continue
+                each = req.memreq if req.memreq else largest.get(v, 0) * min(req.mempct, 100) // 100
+                need[v] = need.get(v, 0) + each * req.nums
+        if need and all(n <= free.get(v, 0) for v, n in need.items()):
+            failures += 1
+    return failures
 
 
 def device_states(app: SchedulerApp, node_names: list[str]) -> list[DeviceState]:
