@@ -76,7 +76,7 @@ cdef inline long long resolve_mem(int memreq, int mempct, long long total_mem) n
 
 cdef inline double stranded_fraction(long long total_mem, long long total_cores, long long count, long long used,
                                     long long used_mem, long long used_cores) noexcept nogil:
-    """kernel_ref.stranded_fraction."""
+    """kernel_frag.stranded_fraction."""
     cdef long long free
     if count == 0 or total_mem == 0:
         return 0.0
@@ -91,7 +91,7 @@ cdef inline double stranded_fraction(long long total_mem, long long total_cores,
 cdef inline double frag_device_cost(long long total_mem, long long total_cores, long long count, long long used,
                                    long long used_mem, long long used_cores, long long mem, long long cores,
                                    long long slots) noexcept nogil:
-    """kernel_ref.frag_device_cost."""
+    """kernel_frag.frag_device_cost."""
     cdef double cost = 4.0 if used == 0 else 0.0
     cdef long long free
     if count == 0 or total_mem == 0:
@@ -105,7 +105,7 @@ cdef inline double frag_device_cost(long long total_mem, long long total_cores, 
 
 
 cdef inline bint has_key(int gpu_policy, int key) noexcept nogil:
-    """kernel_ref.has_key."""
+    """kernel_frag.has_key."""
     cdef int code
     if gpu_policy < ORDER_CHAIN:
         return False
@@ -446,6 +446,7 @@ def filter_nodes(table, query):
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
     cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused, slots
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
+    cdef bint mixed
     cdef bint better, any_mig, revisit, free_cores, exclusive, equal_share, choosing, collect_all
     cdef list errors = []
     with nogil:
@@ -751,30 +752,45 @@ def filter_nodes(table, query):
             if status != NODE_FIT:
                 continue
             if node_policy == POLICY_FRAG:
-                # kernel_ref.frag_node_score over the node before (the table) and after (app_*).
+                # kernel_frag.frag_node_score over the node before (the table) and after (app_*).
                 lost = 0
                 stranded_sum = 0.0
                 f_mem = 0
                 f_tm = 0
-                for k in range(n):
+                before_w = 0
+                after_w = 0
+                mixed = False
+                for k in range(n):      # one pass: memory, and the whole devices of one family
                     j = off + k
-                    better = True      # the first device of its family on this node
-                    for e in range(k):
-                        if vendor[off + e] == vendor[j]:
-                            better = False
-                            break
-                    if better:
-                        before_w = 0
-                        after_w = 0
-                        for e in range(k, n):
-                            if vendor[off + e] == vendor[j] and health[off + e]:
-                                if used[off + e] == 0:
-                                    before_w += 1
-                                if app_used[e] == 0:
-                                    after_w += 1
-                        lost += before_w * before_w - after_w * after_w
                     f_mem += app_mem[k]
                     f_tm += total_mem[j]
+                    if vendor[j] != vendor[off]:
+                        mixed = True
+                    elif health[j]:
+                        if used[j] == 0:
+                            before_w += 1
+                        if app_used[k] == 0:
+                            after_w += 1
+                lost = before_w * before_w - after_w * after_w
+                if mixed:               # several families on the node: each one's own square
+                    lost = 0
+                    for k in range(n):
+                        j = off + k
+                        better = True      # the first device of its family on this node
+                        for e in range(k):
+                            if vendor[off + e] == vendor[j]:
+                                better = False
+                                break
+                        if better:
+                            before_w = 0
+                            after_w = 0
+                            for e in range(k, n):
+                                if vendor[off + e] == vendor[j] and health[off + e]:
+                                    if used[off + e] == 0:
+                                        before_w += 1
+                                    if app_used[e] == 0:
+                                        after_w += 1
+                            lost += before_w * before_w - after_w * after_w
                 for i in range(nchosen):
                     j = ch_dev[i]
                     better = True      # a device taken by several rows counts once, for the first

@@ -44,3 +44,23 @@ def test_defrag_every_leaves_no_pending_pod_that_moves_could_place():
     assert summary["pendingMovesCouldPlace"] == 0
     # Every moved pod ran again (or waits, with a reason): nothing the moves touched is lost.
     assert summary["placed"] + summary["pending"] == summary["pods"]
+
+
+def test_the_table_and_the_html_report_show_the_fragmentation_figures(tmp_path):
+    small = REPO / "examples" / "small"
+    base = [sys.executable, "-m", "hami_py", "simulate", "--cluster", str(small / "cluster.yaml"),
+            "--workload", str(small / "workload.yaml"), "--no-progress", "--defrag-every", "5"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    table = subprocess.run(base, capture_output=True, text=True, cwd=REPO, timeout=300, env=env)
+    assert table.returncode == 0, table.stderr[-3000:]
+    lines = {line.split()[0]: line for line in table.stdout.splitlines() if line.strip()}
+    assert "MiB on GPUs out of slots or cores" in lines["Stranded"] and "whole GPUs free" in lines["Stranded"]
+    assert "although free memory would hold them" in lines["Pending"]
+    assert lines["Defrag"].startswith("Defrag      every 5 arrivals:") and "pods moved" in lines["Defrag"]
+    page = tmp_path / "report.html"
+    html = subprocess.run([*base, "--output", "html", "--report-file", str(page)], capture_output=True, text=True,
+                          cwd=REPO, timeout=300, env=env)
+    assert html.returncode == 0, html.stderr[-3000:]
+    text = page.read_text()
+    for label in ("stranded MiB", "whole devices free", "pending, memory free", "pods moved"):
+        assert label in text

@@ -263,11 +263,8 @@ class _Executor:
 
     async def _evict(self, move: Move, plan: Plan) -> _Refusal | None:
         await self.rate.wait()
-        body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                "metadata": {"name": move.name, "namespace": move.namespace},
-                "deleteOptions": {"preconditions": {"uid": move.uid}}}
         try:
-            await self.client.post(pod_path(move.namespace, move.name) + "/eviction", body)
+            await self.client.evict(namespace=move.namespace, name=move.name, uid=move.uid)
         except KubeApiError as exc:
             if exc.status in (404, 409):
                 self.gone.add(move.uid)

@@ -198,6 +198,13 @@ class KubeClient:
     async def post(self, path: str, body: Any, **kw) -> dict:
         return await self.request("POST", path, body=body, **kw)
 
+    async def evict(self, *, namespace: str, name: str, uid: str, **kw) -> dict:
+        """An eviction through the Eviction API (``pods/eviction``), so that PodDisruptionBudgets
+        are honoured (a 429 when one allows no disruption), of exactly this pod (uid precondition)."""
+        body = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                "deleteOptions": {"preconditions": {"uid": uid}}}
+        return await self.post(pod_path(namespace, name) + "/eviction", body, **kw)
+
 
 def _env_proxy(host_url: str) -> str | None:
     """The proxy ``$HTTPS_PROXY``/``$HTTP_PROXY`` name for the API server, unless ``$NO_PROXY``

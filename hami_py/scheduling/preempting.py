@@ -217,11 +217,8 @@ class Preemptor:
         """Evict the victims one at a time; the first refusal (uid, why), or None."""
         preemptor = pod.get("metadata") or {}
         for victim in choice.victims:
-            body = {"apiVersion": "policy/v1", "kind": "Eviction",
-                    "metadata": {"name": victim.name, "namespace": victim.namespace},
-                    "deleteOptions": {"preconditions": {"uid": victim.uid}}}
             try:
-                await self.client.post(pod_path(victim.namespace, victim.name) + "/eviction", body)
+                await self.client.evict(namespace=victim.namespace, name=victim.name, uid=victim.uid)
             except KubeApiError as exc:
                 if exc.status in (404, 409):
                     continue     # gone already (or replaced by another pod of that name)
