@@ -446,7 +446,7 @@ def filter_nodes(table, query):
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
     cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused, slots
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
-    cdef bint mixed
+    cdef bint mixed, first
     cdef bint better, any_mig, revisit, free_cores, exclusive, equal_share, choosing, collect_all
     cdef list errors = []
     with nogil:
@@ -760,10 +760,14 @@ def filter_nodes(table, query):
                 before_w = 0
                 after_w = 0
                 mixed = False
-                for k in range(n):      # one pass: memory, and the whole devices of one family
+                for k in range(n):      # one pass: memory, stranded memory, the whole devices of one family
                     j = off + k
                     f_mem += app_mem[k]
                     f_tm += total_mem[j]
+                    stranded_sum += (stranded_fraction(total_mem[j], total_cores[j], count[j], app_used[k],
+                                                       app_mem[k], app_cores[k])
+                                     - stranded_fraction(total_mem[j], total_cores[j], count[j], used[j],
+                                                         used_mem[j], used_cores[j]))
                     if vendor[j] != vendor[off]:
                         mixed = True
                     elif health[j]:
@@ -776,12 +780,12 @@ def filter_nodes(table, query):
                     lost = 0
                     for k in range(n):
                         j = off + k
-                        better = True      # the first device of its family on this node
+                        first = True       # the first device of its family on this node
                         for e in range(k):
                             if vendor[off + e] == vendor[j]:
-                                better = False
+                                first = False
                                 break
-                        if better:
+                        if first:
                             before_w = 0
                             after_w = 0
                             for e in range(k, n):
@@ -791,20 +795,6 @@ def filter_nodes(table, query):
                                     if app_used[e] == 0:
                                         after_w += 1
                             lost += before_w * before_w - after_w * after_w
-                for i in range(nchosen):
-                    j = ch_dev[i]
-                    better = True      # a device taken by several rows counts once, for the first
-                    for e in range(i):
-                        if ch_dev[e] == j:
-                            better = False
-                            break
-                    if not better:
-                        continue
-                    k = j - off
-                    stranded_sum += (stranded_fraction(total_mem[j], total_cores[j], count[j], app_used[k],
-                                                       app_mem[k], app_cores[k])
-                                     - stranded_fraction(total_mem[j], total_cores[j], count[j], used[j],
-                                                         used_mem[j], used_cores[j]))
                 fill = (<double> f_mem) / f_tm if f_tm > 0 else 0.0
                 node_score = fill / 10.0 - (2.0 * lost + stranded_sum) + delta_sum
                 out_score[c] = node_score

@@ -625,6 +625,17 @@ class RealKube:
                  e.get("type", ""), e.get("reason", ""), e.get("message", "")) for e in items]
 
 
+async def budget_allowing_no_disruption(kube: RealKube, namespace: str, name: str, *, app: str) -> None:
+    """A PodDisruptionBudget over the pods labelled ``app`` that allows no disruption, with the
+    status kube-controller-manager's disruption controller would write (it does not run here)."""
+    await kube.create("poddisruptionbudgets", {
+        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name, "namespace": namespace},
+        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}}})
+    await kube.patch("poddisruptionbudgets", name, {"status": {
+        "observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
+        "expectedPods": 1}}, namespace=namespace, subresource="status")
+
+
 async def wait_for_value(fetch, check, *, timeout: float = 20.0, what: str, interval: float = 0.05):
     """Await ``fetch()`` until ``check(value)`` holds; that value. TimeoutError with the last one."""
     deadline = time.monotonic() + timeout

@@ -261,8 +261,9 @@ async def test_three_refused_plans_give_up_and_leave_no_hold(api, app, extender,
     api.create("poddisruptionbudgets", pdb("guard", {"app": "g"}, minAvailable=1))
     big = api.create("pods", pod("big", 12000))
     plan = Plan(goal="room", satisfied=True, moves=[move(guarded, "n1")], placements=[placement(big, "n1", guarded)])
+    time = FakeTime()
     done = await execute_plan(plan=plan, client=executor_client, replan=lambda refused: plan,
-                              clock=FakeTime().clock, sleep=FakeTime().sleep)
+                              clock=time.clock, sleep=time.sleep)
     assert not done.complete and done.plans == 3
     assert done.reason.startswith("gave up after 3 plans: eviction of default/guarded refused: 429")
     assert HOLD_ANNOTATION not in (api.get("pods", "big")["metadata"].get("annotations") or {})
@@ -314,8 +315,9 @@ async def test_a_hold_on_a_node_not_offered_is_dropped_and_a_deleted_pod_gives_i
     batch = await running(api, app, extender, pod("batch", 10000), ["n1"])
     big = api.create("pods", pod("big", 12000))
     plan = Plan(goal="room", satisfied=True, moves=[move(batch, "n1")], placements=[placement(big, "n1", batch)])
+    time = FakeTime()
     done = await execute_plan(plan=plan, client=executor_client, replan=no_replan,
-                              clock=FakeTime().clock, sleep=FakeTime().sleep)
+                              clock=time.clock, sleep=time.sleep)
     assert done.complete
     await wait_until(lambda: batch["metadata"]["uid"] not in app.cache.pods and
                      big["metadata"]["uid"] in app.service.defrag_holds.holds, "the hold, batch gone")

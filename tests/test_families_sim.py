@@ -16,11 +16,10 @@ import pytest
 
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import NodeView
-from hami_py.devices.registry import FamilySwitches, build_vendors
+from hami_py.devices.registry import EVERY_FAMILY as SWITCHES, build_vendors
 from hami_py.fakeapi.families import BY_KEY, find_device_model
 
 ROOT = Path(__file__).resolve().parent.parent
-SWITCHES = FamilySwitches(enable_ascend=True, enable_iluvatar=True)
 
 # key -> (family module, vendor key, devices, MiB a device, registered type)
 EXPECTED = {
@@ -261,7 +260,6 @@ def test_all_families_example_places_a_pod_of_every_family(capsys):
     family the scheduler has, and a workload asking for each; every pod is placed, on a device of
     the family it asked for, and every family module of the registry has pods placed."""
     from hami_py.devices.registry import _families
-    from hami_py.simulate.runner import SWITCHES
     report = simulate_json(capsys, "--cluster", str(ROOT / "examples/all-families/cluster.yaml"),
                            "--workload", str(ROOT / "examples/all-families/workload.yaml"))
     vendors = build_vendors(DeviceConfig.default(), SWITCHES)

@@ -21,7 +21,7 @@ from hami_py.defrag.plan import Move, Placement, Plan
 from hami_py.embedded import wait_for
 from hami_py.fakeapi.objects import gpu_uuid
 from hami_py.scheduling.defrag_holds import HOLD_ANNOTATION
-from tests.realk8s import wait_books_balance, wait_for_value
+from tests.realk8s import budget_allowing_no_disruption, wait_books_balance, wait_for_value
 from tests.test_real_k8s_kube_scheduler import (  # noqa: F401  (fixtures, found by name)
     T4, bound, extender_port, hami, priority_classes, real_options, registered, running_and_ready, scheduled_pod,
     sidecar, tls_files,
@@ -86,13 +86,7 @@ async def test_execute_evicts_through_the_api_a_budget_replans_and_kube_schedule
         victims[name] = await bound(real_kube, ns, name)
         await running_and_ready(real_kube, ns, name)
     a_gpu = next(gpu_uuid(node, i) for i in range(2) if gpu_uuid(node, i) in allocated(victims["a"]))
-    await real_kube.create("poddisruptionbudgets", {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep-b", "namespace": ns},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "b"}}}})
-    # kube-controller-manager's disruption controller is not running: write what it would.
-    await real_kube.patch("poddisruptionbudgets", "keep-b", {"status": {
-        "observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
-        "expectedPods": 1}}, namespace=ns, subresource="status")
+    await budget_allowing_no_disruption(real_kube, ns, "keep-b", app="b")
     big = await real_kube.create("pods", scheduled_pod("big", ns, label, gpumem=8000))
     thief_manifest = scheduled_pod("thief", ns, label, gpumem=5000)
     thief_manifest["spec"]["priorityClassName"] = priority_classes["high"]

@@ -36,8 +36,8 @@ from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS
 from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
 from hami_py.k8s.requeue import WINDOW_S
 from tests.realk8s import (
-    ADMIN_TOKEN, SA_NAMESPACE, KubeSchedulerProcess, free_port, manifest_docs, poll_until, sidecar_args,
-    sidecar_config, wait_books_balance, wait_for_value,
+    ADMIN_TOKEN, SA_NAMESPACE, KubeSchedulerProcess, budget_allowing_no_disruption, free_port, manifest_docs,
+    poll_until, sidecar_args, sidecar_config, wait_books_balance, wait_for_value,
 )
 
 pytestmark = [pytest.mark.real_k8s, pytest.mark.real_kube_scheduler]
@@ -571,13 +571,7 @@ async def a_budget_blocks_the_eviction(app, real_kube, ns, real_nodes, priority_
     await real_kube.create("pods", batch)
     await bound(real_kube, ns, "batch")
     await running_and_ready(real_kube, ns, "batch")
-    await real_kube.create("poddisruptionbudgets", {
-        "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "keep-batch", "namespace": ns},
-        "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "batch"}}}})
-    # kube-controller-manager's disruption controller is not running: write what it would.
-    await real_kube.patch("poddisruptionbudgets", "keep-batch", {"status": {
-        "observedGeneration": 1, "disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1,
-        "expectedPods": 1}}, namespace=ns, subresource="status")
+    await budget_allowing_no_disruption(real_kube, ns, "keep-batch", app="batch")
     urgent = await real_kube.create("pods", prioritised("urgent", ns, real_nodes.label, high, gpumem=9000))
     # The filter answered "preempting" before the eviction; the refusal comes after it, as a
     # warning on the pod.

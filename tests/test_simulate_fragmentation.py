@@ -42,8 +42,15 @@ def test_defrag_every_leaves_no_pending_pod_that_moves_could_place():
     assert summary["defragEvery"] == 25 and summary["defragRuns"] > 0
     assert summary["moves"] > 0
     assert summary["pendingMovesCouldPlace"] == 0
-    # Every moved pod ran again (or waits, with a reason): nothing the moves touched is lost.
-    assert summary["placed"] + summary["pending"] == summary["pods"]
+    # Every moved pod ran again (or waits, with a reason): nothing the moves touched is lost or
+    # charged twice. One entry per workload pod (120 + 60 + 30 + 16 + 8 replicas), and the
+    # scheduler's books hold exactly the devices of the pods the report says are running.
+    pods = report["pods"]
+    assert len({(p["namespace"], p["name"]) for p in pods}) == len(pods) == 234
+    running = [p for p in pods if p["state"] == "running"]
+    assert sum(d["memoryMiB"] for p in running for d in p["devices"]) == summary["memory"]["usedMiB"]
+    assert sum(d["cores"] for p in running for d in p["devices"]) == summary["cores"]["used"]
+    assert all(p["reason"] for p in pods if p["state"] == "pending")
 
 
 def test_the_table_and_the_html_report_show_the_fragmentation_figures(tmp_path):

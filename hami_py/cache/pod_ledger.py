@@ -66,6 +66,12 @@ def collapse(pod_devices: PodDevices, vendor: str, shape: PodShape) -> list[Usag
     return entries
 
 
+def pod_key(pod: dict) -> str:
+    """``namespace/name``, the namespace defaulted as the API server defaults it."""
+    meta = pod.get("metadata") or {}
+    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
+
+
 def pod_priority(pod: dict) -> int:
     """``spec.priority`` (resolved from the PriorityClass at admission), 0 when unset or garbled."""
     value = (pod.get("spec") or {}).get("priority")

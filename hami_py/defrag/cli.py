@@ -23,11 +23,10 @@ from hami_py.defrag.report import Header, render_html, render_json, render_table
 from hami_py.defrag.world import (
     DEFAULT_SCHEDULER_NAME, World, live_client, load_snapshot, open_world, snapshot_live,
 )
-from hami_py.devices.registry import build_vendors
+from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.logs import configure_logging
 from hami_py.scheduling.defrag_holds import MAX_HOLD_S
 from hami_py.scheduling.policies import GPU_POLICY_TOKENS, policy_tokens
-from hami_py.devices.registry import EVERY_FAMILY as SWITCHES
 from hami_py.simulate.source import InputError
 from hami_py.simulate.workload import POLICIES
 
@@ -125,15 +124,13 @@ def main(argv: list[str] | None = None) -> int:
         check_flags(ns)
         device_config = load_device_config(ns.device_config_file) if ns.device_config_file else DeviceConfig.default()
         configure_logging(json=False, level=logging.WARNING)   # before the vendors, which may log
-        vendors = build_vendors(device_config, SWITCHES)
+        vendors = build_vendors(device_config, EVERY_FAMILY)
         snapshot = load_snapshot(ns.cluster, vendors=vendors, scheduler_name=ns.scheduler_name) if ns.cluster else None
     except (UsageError, ConfigError, InputError) as exc:
         return _fail(str(exc))
     try:
         return asyncio.run(_run(ns, snapshot=snapshot, vendors=vendors, device_config=device_config))
-    except InputError as exc:
-        return _fail(str(exc))
-    except UsageError as exc:
+    except (InputError, UsageError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
@@ -160,9 +157,10 @@ async def _run(ns: argparse.Namespace, *, snapshot, vendors, device_config: Devi
     if ns.execute and plan.satisfied and plan.moves:
         execution = await _execute(plan, ns, vendors=vendors, device_config=device_config)
     code = _emit(plan, header, output=ns.output, report_file=ns.report_file, execution=execution)
-    if code != EXIT_OK or not plan.satisfied or (execution is not None and not execution.complete):
-        return code if code != EXIT_OK else EXIT_NOT_SATISFIED
-    return EXIT_OK
+    if code != EXIT_OK:
+        return code
+    reached = plan.satisfied and (execution is None or execution.complete)
+    return EXIT_OK if reached else EXIT_NOT_SATISFIED
 
 
 def make_plan(world: World, ns: argparse.Namespace, *, exclude=frozenset()) -> Plan:

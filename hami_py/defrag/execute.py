@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from hami_py.defrag.plan import Move, Placement, Plan
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
-from hami_py.k8s.events import rfc3339
+from hami_py.k8s.events import event_body, rfc3339
 from hami_py.scheduling.defrag_holds import HOLD_ANNOTATION, hold_annotation
 
 log = structlog.get_logger(__name__)
@@ -206,10 +206,10 @@ class _Executor:
                 await self._remove_holds(lambda p: True, why="the execution stopped")
                 return False
             self.written[placement.uid] = placement
-            self.ex.holds[placement.pod] = {"node": placement.node, "until": rfc3339(until),
-                                            "victims": [names.get(v, v) for v in placement.victims]}
-            log.info("defrag hold written", pod=placement.pod, node=placement.node,
-                     victims=[names.get(v, v) for v in placement.victims], until=rfc3339(until))
+            victims = [names.get(v, v) for v in placement.victims]
+            self.ex.holds[placement.pod] = {"node": placement.node, "until": rfc3339(until), "victims": victims}
+            log.info("defrag hold written", pod=placement.pod, node=placement.node, victims=victims,
+                     until=rfc3339(until))
         return True
 
     async def _remove_holds(self, which: Callable[[Placement], bool], *, why: str) -> None:
@@ -312,13 +312,11 @@ class _Executor:
     async def _event(self, move: Move, plan: Plan) -> None:
         """``Defragmented`` on the moved pod; a failure to write it is logged, not fatal."""
         now = datetime.fromtimestamp(self.wall(), timezone.utc)
-        body = {"apiVersion": "v1", "kind": "Event",
-                "metadata": {"name": f"{move.name}.{time.time_ns():x}", "namespace": move.namespace},
-                "involvedObject": {"kind": "Pod", "apiVersion": "v1", "name": move.name,
-                                   "namespace": move.namespace, "uid": move.uid},
-                "reason": DEFRAGMENTED, "message": defragmented_message(move, plan), "type": "Normal",
-                "source": {"component": COMPONENT}, "firstTimestamp": rfc3339(now), "lastTimestamp": rfc3339(now),
-                "count": 1, "reportingComponent": COMPONENT, "reportingInstance": self.instance}
+        body = event_body(name=f"{move.name}.{time.time_ns():x}", namespace=move.namespace,
+                          involved={"kind": "Pod", "apiVersion": "v1", "name": move.name,
+                                    "namespace": move.namespace, "uid": move.uid},
+                          reason=DEFRAGMENTED, message=defragmented_message(move, plan), type_="Normal",
+                          component=COMPONENT, instance=self.instance, first=now, last=now)
         try:
             await self.client.post(f"/api/v1/namespaces/{move.namespace}/events", body)
         except KubeApiError as exc:

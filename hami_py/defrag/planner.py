@@ -49,14 +49,17 @@ took out put back before a plan is returned (after capturing the "after" device 
 from __future__ import annotations
 
 import time
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import combinations, islice
 
-from hami_py.cache.pod_ledger import pod_priority
+from hami_py.cache.pod_ledger import pod_key, pod_priority
 from hami_py.cache.records import PodUsage
 from hami_py.devices.base import RequestError
+from hami_py.defrag.freeing import HOLD_NAMESPACE, HOLD_PREFIX, plan_free_devices
 from hami_py.defrag.plan import Move, Placement, Plan
-from hami_py.defrag.rules import BudgetBook, pod_key, why_not_movable
+from hami_py.defrag.rules import BudgetBook, why_not_movable
 from hami_py.defrag.world import World
 from hami_py.scheduling.owned_annotations import scheduler_owned_annotations
 from hami_py.scheduling.policies import PolicyError
@@ -123,6 +126,8 @@ class Planner:
         self.exclude = frozenset(exclude)     # uids never to move (an eviction of theirs was refused)
         self.clock = clock
         self.owned = scheduler_owned_annotations(world.vendors)
+        # uid -> its replacement and the replacement's request: built once, tried in many sets.
+        self._replacements: dict[str, tuple[dict, PodRequest | None]] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -150,7 +155,7 @@ class Planner:
         self._restore(self.removed, self.charged)
         plan.moves = self.moves
         plan.trials = self.trials
-        plan.exact = plan.exact and self.exact
+        plan.exact = self.exact
         return plan
 
     def nodes_for(self, pod: dict) -> list[str]:
@@ -178,6 +183,15 @@ class Planner:
         except RequestError:
             return None
 
+    def replacement(self, uid: str) -> tuple[dict, PodRequest | None]:
+        """The moved pod's replacement (``replacement_of``) and its request, None when the
+        scheduler rejects it."""
+        made = self._replacements.get(uid)
+        if made is None:
+            pod = replacement_of(self.objects[uid], owned=self.owned)
+            made = self._replacements[uid] = (pod, self.request_of(pod))
+        return made
+
     # ------------------------------------------------------------------ candidates
     def candidates(self, *, priority_limit: int) -> tuple[list[PodUsage], dict[str, str]]:
         """Every movable pod (lowest priority, then shortest running first) and why the others
@@ -187,16 +201,24 @@ class Planner:
         for uid, record in self.cache.pods.items():
             if not record.bound or record.resource_version is None or not record.entries:
                 continue
-            obj = self.objects.get(uid)
-            why = "its eviction was refused" if uid in self.exclude else \
-                "it is not seen from the API server" if obj is None else why_not_movable(
-                obj, priority=record.priority, priority_limit=priority_limit, budgets=self.budgets)
+            why = self._why_not_movable(record, priority_limit=priority_limit)
             if why:
                 blocked[uid] = why
             else:
                 pool.append(record)
         pool.sort(key=lambda p: (p.priority, now - p.started if p.started else 0.0, p.namespace, p.name))
         return pool, blocked
+
+    def _why_not_movable(self, record: PodUsage, *, priority_limit: int) -> str | None:
+        if record.uid in self.exclude:
+            return "its eviction was refused"
+        obj = self.objects.get(record.uid)
+        if obj is None:
+            return "it is not seen from the API server"
+        return why_not_movable(obj, priority=record.priority, priority_limit=priority_limit, budgets=self.budgets)
+
+    def budgets_allow(self, victims: Sequence[PodUsage]) -> bool:
+        return self.budgets.allows([self.objects[v.uid] for v in victims])
 
     def set_key(self, victims, now: float) -> tuple:
         lost = sum(max(0.0, now - v.started) if v.started else 0.0 for v in victims)
@@ -207,12 +229,16 @@ class Planner:
         return 1 << 30 if self.max_moves is None else self.max_moves - len(self.moves)
 
     # ------------------------------------------------------------------ one trial
+    def _take_out(self, victims: Sequence[PodUsage]) -> list[PodUsage]:
+        """The victims' charges removed from the books: the records to put back."""
+        return [r for r in (self.cache.remove_pod(v.uid) for v in victims) if r is not None]
+
     def trial(self, pod: dict | None, request: PodRequest | None, victims: list[PodUsage], *,
-              commit: bool, holds: list[PodUsage] = ()) -> Found | None:
+              commit: bool, holds: Sequence[PodUsage] = ()) -> Found | None:
         """With ``victims`` gone (and ``holds`` charged: devices being freed), does ``pod`` fit
         (None: no pod, --free) and then every victim's replacement? On success with ``commit``
         the charges stay (the plan's); otherwise the books are exactly as before."""
-        removed = [r for r in (self.cache.remove_pod(v.uid) for v in victims) if r is not None]
+        removed = self._take_out(victims)
         charged: list[str] = []
         for hold in holds:
             self.cache.add_pod_usage(hold)
@@ -228,8 +254,10 @@ class Planner:
             now = self.clock()
             moves = []
             for victim in replacement_order(victims):
-                replacement = replacement_of(self.objects[victim.uid], owned=self.owned)
-                to = self.decide(replacement, self.request_of(replacement), reserve=True)
+                replacement, replacement_request = self.replacement(victim.uid)
+                if replacement_request is None:
+                    return None        # its controller's pod would be rejected: placed nowhere
+                to = self.decide(replacement, replacement_request, reserve=True)
                 if to is None:
                     return None
                 charged.append(replacement["metadata"]["uid"])
@@ -247,6 +275,11 @@ class Planner:
         self.charged.extend(found.charged)
         self.moves.extend(found.moves)
         self.budgets.consume([self.objects[v.uid] for v in found.victims])
+
+    def _placement(self, pod: dict, node: str | None, victims: Sequence[PodUsage] = ()) -> Placement:
+        meta = pod["metadata"]
+        return Placement(namespace=meta.get("namespace") or "default", name=meta["name"], uid=meta["uid"],
+                         node=node, victims=[v.uid for v in victims])
 
     # ------------------------------------------------------------------ make room
     def make_room(self, pending: list[dict]) -> Plan:
@@ -266,16 +299,14 @@ class Planner:
         return self._finish(plan, before)
 
     def _room_for(self, pod: dict) -> Placement | str:
-        meta = pod["metadata"]
         key = pod_key(pod)
         request = self.request_of(pod)
         if request is None:
             return f"{key}: the scheduler rejects its device request"
         node = self.decide(pod, request, reserve=True)
         if node is not None:
-            self.charged.append(meta["uid"])
-            return Placement(namespace=meta.get("namespace") or "default", name=meta["name"], uid=meta["uid"],
-                             node=node)
+            self.charged.append(pod["metadata"]["uid"])
+            return self._placement(pod, node)
         priority = pod_priority(pod)
         every, blocked = self.candidates(priority_limit=priority)
         if not every:
@@ -297,11 +328,10 @@ class Planner:
         if isinstance(found, str):
             return f"{found} for {key}{_blocked_hint(blocked)}"
         self.commit(found)
-        return Placement(namespace=meta.get("namespace") or "default", name=meta["name"], uid=meta["uid"],
-                         node=found.node, victims=[v.uid for v in found.victims])
+        return self._placement(pod, found.node, found.victims)
 
     def _fits_without(self, pod: dict, request: PodRequest, victims: list[PodUsage]) -> bool:
-        removed = [r for r in (self.cache.remove_pod(v.uid) for v in victims) if r is not None]
+        removed = self._take_out(victims)
         try:
             return self.decide(pod, request, reserve=False) is not None
         finally:
@@ -320,7 +350,7 @@ class Planner:
             for victims in sets:
                 if self.trials >= self.max_trials:
                     return None
-                if not self.budgets.allows([self.objects[v.uid] for v in victims]):
+                if not self.budgets_allow(victims):
                     continue
                 found = self.trial(pod, request, list(victims), commit=True)
                 if found is not None:
@@ -329,7 +359,7 @@ class Planner:
             if limit == self.moves_left():
                 return f"no set of at most {limit} move(s) (--max-moves) frees room"
             return None
-        return f"no set of movable pods frees room with every replacement placed again"
+        return "no set of movable pods frees room with every replacement placed again"
 
     def _reprieve(self, pod: dict, request: PodRequest, pool: list[PodUsage]) -> Found | str:
         """Per node: remove its candidates, give back the most valuable while the pod still fits;
@@ -347,7 +377,7 @@ class Planner:
                 fewer = [v for v in victims if v is not p]
                 if fewer and self._fits_without(pod, request, fewer):
                     victims = fewer
-            if len(victims) > self.moves_left() or not self.budgets.allows([self.objects[v.uid] for v in victims]):
+            if len(victims) > self.moves_left() or not self.budgets_allow(victims):
                 continue
             if self.trial(pod, request, victims, commit=False) is not None:
                 key = self.set_key(victims, now)
@@ -361,26 +391,19 @@ class Planner:
     # ------------------------------------------------------------------ free devices
     def free_devices(self, count: int, *, model: str | None = None, same_node: bool = True,
                      max_priority: int = 0) -> Plan:
-        from hami_py.defrag.freeing import plan_free_devices
         self._reset()
         before = self.usage()
         plan = plan_free_devices(self, count=count, model=model, same_node=same_node, max_priority=max_priority)
         for uid in [u for u in self.charged if u.startswith(HOLD_PREFIX)]:
             self.cache.remove_pod(uid)      # the freed devices show free in the "after" books
         self.charged = [u for u in self.charged if not u.startswith(HOLD_PREFIX)]
-        self.cache.quota.used.pop(HOLD_NAMESPACE, None)
+        self.cache.quota.used.pop(HOLD_NAMESPACE, None)   # the holds' (now empty) quota entry
         return self._finish(plan, before)
 
 
-HOLD_PREFIX = "defrag-hold/"
-HOLD_NAMESPACE = "hami-defrag-hold"
-
-
 def _blocked_hint(blocked: dict[str, str]) -> str:
+    """`` (N pod(s) may not move: ...)``: the three commonest reasons, most common first."""
     if not blocked:
         return ""
-    reasons: dict[str, int] = {}
-    for why in blocked.values():
-        reasons[why] = reasons.get(why, 0) + 1
-    shown = ", ".join(f"{n} because {why}" for why, n in sorted(reasons.items(), key=lambda kv: -kv[1])[:3])
+    shown = ", ".join(f"{n} because {why}" for why, n in Counter(blocked.values()).most_common(3))
     return f" ({len(blocked)} pod(s) may not move: {shown})"

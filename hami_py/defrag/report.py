@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from html import escape
 
 from hami_py.defrag.plan import Plan
-from hami_py.simulate.report_html import _CSS, colour
+from hami_py.simulate.report_html import CSS, IDLE, UNHEALTHY, colour
 from hami_py.simulate.report_text import memory_glyph
 
 
@@ -76,14 +76,10 @@ def render_table(plan: Plan, header: Header) -> str:
         add(f"Reason      {plan.reason}")
     if plan.moves:
         add("")
-        rows = [(m.pod, m.node, m.to or "-", str(m.priority), running_label(m.running_s)) for m in plan.moves]
-        lines.extend(_columns(("MOVE", "FROM", "TO", "PRIORITY", "RUNNING"), rows))
+        lines.extend(_columns(("MOVE", "FROM", "TO", "PRIORITY", "RUNNING"), _move_rows(plan)))
     if plan.placements:
         add("")
-        names = {m.uid: m.pod for m in plan.moves}
-        rows = [(p.pod, p.node or "-", ", ".join(names.get(u, u) for u in p.victims) or "(fits now)")
-                for p in plan.placements]
-        lines.extend(_columns(("MAKES ROOM FOR", "NODE", "AFTER MOVING"), rows))
+        lines.extend(_columns(("MAKES ROOM FOR", "NODE", "AFTER MOVING"), _placement_rows(plan)))
     if plan.freed:
         add("")
         lines.extend(_columns(("FREED DEVICE", "NODE", "TYPE"), [(f["id"], f["node"], f["type"]) for f in plan.freed]))
@@ -93,6 +89,17 @@ def render_table(plan: Plan, header: Header) -> str:
         rows = [(n, _strip(plan.devices_before.get(n, [])), _strip(plan.devices_after.get(n, []))) for n in nodes]
         lines.extend(_columns(("NODE", "MEMORY BEFORE", "AFTER"), rows))
     return "\n".join(lines) + "\n"
+
+
+def _move_rows(plan: Plan) -> list[tuple[str, ...]]:
+    return [(m.pod, m.node, m.to or "-", str(m.priority), running_label(m.running_s)) for m in plan.moves]
+
+
+def _placement_rows(plan: Plan) -> list[tuple[str, ...]]:
+    """Each pod made room for, its node and the moves it waits for."""
+    names = {m.uid: m.pod for m in plan.moves}
+    return [(p.pod, p.node or "-", ", ".join(names.get(u, u) for u in p.victims) or "(fits now)")
+            for p in plan.placements]
 
 
 def _columns(head: tuple, rows: list[tuple]) -> list[str]:
@@ -106,7 +113,6 @@ _EXTRA_CSS = ".cell{display:inline-block;min-width:64px;padding:1px 6px;border-r
 
 
 def render_html(plan: Plan, header: Header) -> str:
-    names = {m.uid: m.pod for m in plan.moves}
     body = [
         "<h1>hami-scheduler defrag</h1>",
         '<div class="inputs">',
@@ -129,14 +135,10 @@ def render_html(plan: Plan, header: Header) -> str:
         body.append(f'<p class="reason">{escape(plan.reason)}</p>')
     if plan.moves:
         body.append("<h2>Moves</h2>")
-        body.append(_html_table(("Pod", "From", "To", "Priority", "Running"),
-                                [(m.pod, m.node, m.to or "-", m.priority, running_label(m.running_s))
-                                 for m in plan.moves]))
+        body.append(_html_table(("Pod", "From", "To", "Priority", "Running"), _move_rows(plan)))
     if plan.placements:
         body.append("<h2>Pods made room for</h2>")
-        body.append(_html_table(("Pod", "Node", "After moving"),
-                                [(p.pod, p.node or "-", ", ".join(names.get(u, u) for u in p.victims) or "(fits now)")
-                                 for p in plan.placements]))
+        body.append(_html_table(("Pod", "Node", "After moving"), _placement_rows(plan)))
     nodes = touched_nodes(plan)
     if nodes:
         body.append("<h2>Devices before and after</h2>")
@@ -144,7 +146,7 @@ def render_html(plan: Plan, header: Header) -> str:
             body.append(f"<h3>{escape(node)}</h3>")
             body.append(_device_table(plan.devices_before.get(node, []), plan.devices_after.get(node, [])))
     return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>hami-scheduler defrag</title>"
-            f"<style>{_CSS}{_EXTRA_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+            f"<style>{CSS}{_EXTRA_CSS}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 def _html_table(head: tuple, rows: list[tuple]) -> str:
@@ -159,7 +161,7 @@ def _device_cell(d: dict | None) -> str:
     if d is None:
         return "<td>-</td>"
     fraction = d["usedmem"] / d["totalmem"] if d["totalmem"] else 0.0
-    fill = "#5c6670" if not d["health"] else ("#eef1f4" if d["used"] == 0 else colour(fraction))
+    fill = UNHEALTHY if not d["health"] else (IDLE if d["used"] == 0 else colour(fraction))
     ink = "#fff" if (not d["health"] or fraction > 0.6) else "#1d2733"
     return (f'<td><span class="cell" style="background:{fill};color:{ink}">'
             f'{d["usedmem"]}/{d["totalmem"]} MiB</span></td><td>{d["used"]}/{d["count"]}</td>')

@@ -30,11 +30,6 @@ def controller_of(pod: dict) -> dict | None:
     return None
 
 
-def pod_key(pod: dict) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name') or ''}"
-
-
 @dataclass(slots=True)
 class Budget:
     """A PodDisruptionBudget as far as eviction cares: its namespace, selector and the disruptions
@@ -96,9 +91,17 @@ class BudgetBook:
     def __init__(self, budgets: list[Budget]):
         self.budgets = budgets
         self.left = {b.key: b.allowed for b in budgets}
+        # pod uid -> the budgets selecting it: a search asks for the same pods in many sets.
+        self._selecting: dict[str, list[Budget]] = {}
 
     def selecting(self, pod: dict) -> list[Budget]:
-        return [b for b in self.budgets if b.selects(pod)]
+        uid = (pod.get("metadata") or {}).get("uid")
+        found = self._selecting.get(uid) if uid else None
+        if found is None:
+            found = [b for b in self.budgets if b.selects(pod)]
+            if uid:
+                self._selecting[uid] = found
+        return found
 
     def blocked_by(self, pod: dict) -> Budget | None:
         """A budget selecting the pod with no disruption left, or None."""

@@ -24,19 +24,21 @@ import os
 import tempfile
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
+import orjson
+
+from hami_py.cache.pod_ledger import pod_key
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceVendor, RequestError
-from hami_py.defrag.rules import Budget, budget_from_object, pod_key
+from hami_py.devices.registry import EVERY_FAMILY
+from hami_py.defrag.rules import Budget, budget_from_object
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
 from hami_py.scheduling.filter import Filterer
 from hami_py.scheduling.owned_annotations import scheduler_owned_annotations
 from hami_py.scheduling.requests import parse_pod_requests
 from hami_py.simulate.cluster import Cluster, load_cluster
-from hami_py.devices.registry import EVERY_FAMILY as SWITCHES
 from hami_py.simulate.source import InputError, Where, kubernetes_objects, load_documents, plain
 
 DEFAULT_SCHEDULER_NAME = "hami-scheduler"
@@ -68,9 +70,6 @@ class World:
     pending: list[dict]
     budgets: list[Budget]
     node_names: list[str]
-    app: Any = None                        # the running SchedulerApp (open_world), or None
-    source: str = ""
-    notes: list[str] = field(default_factory=list)
 
 
 # -- loading ------------------------------------------------------------------------------------
@@ -92,7 +91,6 @@ def snapshot_from_objects(objects: list[dict], *, source: str, vendors: dict[str
     """Objects listed from a live cluster, through the same loader as a dump: they are written
     to a temporary JSON file (JSON is YAML) and read back, so a node the scheduler would reject
     is reported the same way; the message names ``source`` instead of the file."""
-    import orjson
     with tempfile.TemporaryDirectory(prefix="hami-defrag-") as tmp:
         path = os.path.join(tmp, "snapshot.json")
         with open(path, "wb") as handle:
@@ -188,8 +186,8 @@ async def open_world(snapshot: Snapshot, *, device_config: DeviceConfig, node_po
             api.create("nodes", node)
         running = [api.create("pods", pod) for pod in cluster.existing_pods]
         options = embedded_options(node_scheduler_policy=node_policy, gpu_scheduler_policy=gpu_policy,
-                                   metrics_bind_address="", enable_ascend=SWITCHES.enable_ascend,
-                                   enable_iluvatar=SWITCHES.enable_iluvatar)
+                                   metrics_bind_address="", enable_ascend=EVERY_FAMILY.enable_ascend,
+                                   enable_iluvatar=EVERY_FAMILY.enable_iluvatar)
         async with running_scheduler(api, options=options, device_config=device_config,
                                      device_plugin=False) as app:
             uids = [p["metadata"]["uid"] for p in running]
@@ -198,8 +196,7 @@ async def open_world(snapshot: Snapshot, *, device_config: DeviceConfig, node_po
                            what="the scheduler to register every node and running pod")
             yield World(cache=app.cache, filterer=app.service.filterer, vendors=app.vendors,
                         pods_by_uid={p["metadata"]["uid"]: p for p in running}, pending=list(snapshot.pending),
-                        budgets=list(snapshot.budgets), node_names=cluster.node_names, app=app,
-                        source=cluster.path, notes=list(cluster.notes))
+                        budgets=list(snapshot.budgets), node_names=cluster.node_names)
     finally:
         await api.stop()
 
@@ -236,17 +233,14 @@ async def snapshot_live(*, kubeconfig: str, context: str | None, vendors: dict[s
             objects.extend(await _list_all(client, path, kind))
     finally:
         await client.close()
-    source = f"{kubeconfig}" + (f" (context {context})" if context else "")
+    source = kubeconfig + (f" (context {context})" if context else "")
     return snapshot_from_objects(objects, source=source, vendors=vendors, scheduler_name=scheduler_name)
 
 
 async def live_client(*, kubeconfig: str, context: str | None):
     """A KubeClient for the kubeconfig's context (its current one when None)."""
-    from kubernetes_asyncio import client as k8s_client, config as k8s_config
-    from hami_py.k8s.client import KubeClient
-    configuration = k8s_client.Configuration()
-    await k8s_config.load_kube_config(config_file=kubeconfig, context=context, client_configuration=configuration)
-    return KubeClient(configuration, qps=20, burst=40)
+    from hami_py.k8s.client import KubeClient, load_configuration
+    return KubeClient(await load_configuration(kubeconfig, context=context), qps=20, burst=40)
 
 
 async def _list_all(client, path: str, kind: str) -> list[dict]:

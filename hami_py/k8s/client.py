@@ -76,12 +76,13 @@ class TokenBucket:
             await asyncio.sleep((1 - self.tokens) / self.qps)
 
 
-async def load_configuration(kubeconfig: str | None) -> k8s_client.Configuration:
-    """``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else in-cluster."""
+async def load_configuration(kubeconfig: str | None, *, context: str | None = None) -> k8s_client.Configuration:
+    """``--kubeconfig``, else ``$KUBECONFIG``, else ``~/.kube/config``, else in-cluster;
+    ``context``: the kubeconfig's context to use (its current one when None)."""
     configuration = k8s_client.Configuration()
     path = kubeconfig or os.environ.get("KUBECONFIG")
     if path:
-        await k8s_config.load_kube_config(config_file=path, client_configuration=configuration)
+        await k8s_config.load_kube_config(config_file=path, context=context, client_configuration=configuration)
         return configuration
     try:
         k8s_config.load_incluster_config(client_configuration=configuration)

@@ -150,6 +150,20 @@ def _key(job: _Job) -> tuple[str, str, str]:
     return job.pod.kind, job.pod.namespace, job.pod.uid or job.pod.name
 
 
+def event_body(*, name: str, namespace: str, involved: dict, reason: str, message: str, type_: str,
+               component: str, instance: str, first, last, count: int = 1) -> dict:
+    """A core/v1 Event as this project writes every one (the recorder's, the defragmenter's)."""
+    return {
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": involved,
+        "reason": reason, "message": message, "type": type_,
+        "source": {"component": component},
+        "firstTimestamp": rfc3339(first), "lastTimestamp": rfc3339(last), "count": count,
+        "reportingComponent": component, "reportingInstance": instance,
+    }
+
+
 def rfc3339(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -363,15 +377,9 @@ class EventRecorder:
             involved["uid"] = pod.uid
         if pod.resource_version:
             involved["resourceVersion"] = pod.resource_version
-        return {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": seen.name, "namespace": pod.namespace},
-            "involvedObject": involved,
-            "reason": seen.reason, "message": seen.message, "type": seen.type,
-            "source": {"component": self.component},
-            "firstTimestamp": rfc3339(seen.first), "lastTimestamp": rfc3339(seen.last), "count": seen.count,
-            "reportingComponent": self.component, "reportingInstance": self.instance,
-        }
+        return event_body(name=seen.name, namespace=pod.namespace, involved=involved, reason=seen.reason,
+                          message=seen.message, type_=seen.type, component=self.component, instance=self.instance,
+                          first=seen.first, last=seen.last, count=seen.count)
 
     async def _write(self, seen: SeenEvent) -> None:
         """Write ``seen`` once the budget allows: a POST of a new Event, or a PATCH of the existing

@@ -38,6 +38,7 @@ from typing import Callable
 import orjson
 import structlog
 
+from hami_py.cache.pod_ledger import pod_key
 from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.scheduling.filter import FilterDecision, Filterer
@@ -165,27 +166,19 @@ class DefragHolds:
             hold = self._take(pod, raw, request=request)
             if hold is None:
                 return None
-        key = _key(pod)
-        if hold.node not in node_names:
-            log.info("defragmenter hold dropped: its node is not offered", pod=key, node=hold.node)
-            self.book.drop(hold, release=True)
+        outcome = self.book.resume(pod, hold, node_names, request)
+        if outcome is None:
             self._count("dropped")
             return None
-        left = self.book.remaining(hold)
-        if left:
+        if isinstance(outcome, int):
             if self.on_waiting is not None:
                 self.on_waiting()
-            failed = {name: held_elsewhere_reason(hold.node) for name in node_names}
-            failed[hold.node] = waiting_reason(len(left), hold.node)
+            failed = dict.fromkeys(node_names, held_elsewhere_reason(hold.node))
+            failed[hold.node] = waiting_reason(outcome, hold.node)
             return failed
-        decision = self.book.place(pod, hold, request)
-        if decision is None:
-            log.info("defragmenter hold dropped: the pod no longer fits its node", pod=key, node=hold.node)
-            self._count("dropped")
-            return None
-        log.info("defragmenter hold placed", pod=key, node=hold.node)
+        log.info("defragmenter hold placed", pod=pod_key(pod), node=hold.node)
         self._count("placed")
-        return decision
+        return outcome
 
     def release_all(self) -> int:
         """Give back every hold (at the end of leadership); their annotations may be acted on
@@ -197,7 +190,7 @@ class DefragHolds:
     # ------------------------------------------------------------------ taking and ending
     def _take(self, pod: dict, raw: str, *, request: PodRequest | None = None) -> Hold | None:
         meta = pod.get("metadata") or {}
-        uid, key = meta.get("uid") or "", _key(pod)
+        uid, key = meta.get("uid") or "", pod_key(pod)
         self._remember(uid, raw)
         try:
             wanted = parse_hold(raw)
@@ -262,8 +255,3 @@ class DefragHolds:
     def _count(self, outcome: str) -> None:
         if self.metrics is not None:
             self.metrics.defrag_holds.labels(outcome).inc()
-
-
-def _key(pod: dict) -> str:
-    meta = pod.get("metadata") or {}
-    return f"{meta.get('namespace') or 'default'}/{meta.get('name')}"

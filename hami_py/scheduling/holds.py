@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from hami_py.cache.pod_ledger import pod_key
 from hami_py.cache.records import PodUsage
 from hami_py.cache.usage import UsageCache
 from hami_py.scheduling.filter import FilterDecision, Filterer, pod_rv
@@ -96,13 +97,25 @@ class Holds:
         self.held[usage.uid] = hold
         return hold
 
-    def place(self, pod: dict, hold: Hold, request: PodRequest) -> FilterDecision | None:
-        """The pod's decision on its held node, once its victims are gone: the hold ends, and the
-        decision (which releases the held charge first) reserves the room as usual. None when
-        the pod does not fit there after all."""
+    def resume(self, pod: dict, hold: Hold, node_names: list[str], request: PodRequest) -> int | FilterDecision | None:
+        """A held pod's /filter, before any other decision: how many victims are still charged
+        (the pod waits; the caller words the answer); once none is, the pod's decision on its held
+        node (the hold ends, and the decision, which releases the held charge first, reserves the
+        room as usual). None when the hold ends without a decision: its node is not offered, or
+        the pod no longer fits there; decide as usual."""
+        if hold.node not in node_names:
+            log.info(f"{self.what} dropped: its node is not offered", pod=pod_key(pod), node=hold.node)
+            self.drop(hold, release=True)
+            return None
+        left = len(self.remaining(hold))
+        if left:
+            return left
         self.drop(hold)
         decision = self.filterer.decide(pod, [hold.node], request)
-        return decision if decision.node is not None else None
+        if decision.node is None:
+            log.info(f"{self.what} dropped: the pod no longer fits its node", pod=pod_key(pod), node=hold.node)
+            return None
+        return decision
 
     def release_all(self) -> int:
         """Give back every hold (at the end of leadership); how many there were."""

@@ -25,17 +25,22 @@ def has_key(gpu_policy, key):
     return False
 
 
-def stranded_fraction(total_mem, total_cores, count, used, used_mem, used_cores):
-    """The share of a device's memory that is stranded: free, on a device out of slots or cores,
-    so that no request can use it."""
+def stranded_memory(total_mem, total_cores, count, used, used_mem, used_cores):
+    """A device's stranded memory (MiB): free, on a device out of slots or cores, so that no
+    request can use it. The simulator reports the same figure (simulate/results.py)."""
     if count == 0 or total_mem == 0:
-        return 0.0
+        return 0
     free = total_mem - used_mem
-    if free <= 0:
+    if free <= 0 or (count - used >= 1 and (total_cores == 0 or used_cores < total_cores)):
+        return 0
+    return free
+
+
+def stranded_fraction(total_mem, total_cores, count, used, used_mem, used_cores):
+    """``stranded_memory`` as a share of the device's memory."""
+    if total_mem == 0:
         return 0.0
-    if count - used >= 1 and (total_cores == 0 or used_cores < total_cores):
-        return 0.0
-    return free / total_mem
+    return stranded_memory(total_mem, total_cores, count, used, used_mem, used_cores) / total_mem
 
 
 def frag_device_cost(total_mem, total_cores, count, used, used_mem, used_cores, mem, cores, slots):
@@ -57,23 +62,23 @@ def frag_device_cost(total_mem, total_cores, count, used, used_mem, used_cores, 
         + free / total_mem
 
 
-def frag_node_score(off, n, table, after_used, after_mem, after_cores, chosen):
+def frag_node_score(off, n, table, after_used, after_mem, after_cores):
     """The fragmentation-aware node score of a placement (higher is better), from the node's
-    devices before it (the table), after it (``after_*``, per device of the node) and the devices
-    it takes (``chosen``: the kernel's (row, device, mem, cores, profile, placement, slots)):
+    devices before it (the table) and after it (``after_*``, per device of the node):
 
         fill / 10 - (2 * whole devices' value lost + stranded memory added)
 
     The value of a node's whole free devices is the square of their number, per family (vendor
     id): breaking one of four costs 16 - 9 = 7, the only one of a node 1, so placements break
     whole devices where fewest are left, and nodes with several stay able to take a multi-device
-    pod. Stranded memory (``stranded_fraction``, in devices) changes only on the devices taken.
-    ``fill`` (memory used over the node's, after) prefers the fuller node
+    pod. Stranded memory (``stranded_fraction``, in devices) changes only on the devices taken
+    (on the others the two terms are equal). ``fill`` (memory used over the node's, after) prefers the fuller node
     between placements otherwise equal."""
     total_mem, total_cores, count, health, vendor = (
         table.total_mem, table.total_cores, table.count, table.health, table.vendor)
     used, used_mem, used_cores = table.used, table.used_mem, table.used_cores
     lost = 0
+    stranded = 0.0
     s_mem = s_tm = 0
     for k in range(n):
         j = off + k
@@ -84,15 +89,10 @@ def frag_node_score(off, n, table, after_used, after_mem, after_cores, chosen):
                     before += used[off + e] == 0
                     after += after_used[e] == 0
             lost += before * before - after * after
-        s_mem += after_mem[k]
-        s_tm += total_mem[j]
-    stranded = 0.0
-    for i, (_, j, _, _, _, _, _) in enumerate(chosen):
-        if any(chosen[e][1] == j for e in range(i)):
-            continue     # a device taken by several rows counts once, for the first
-        k = j - off
         stranded += (stranded_fraction(total_mem[j], total_cores[j], count[j], after_used[k], after_mem[k],
                                        after_cores[k])
                      - stranded_fraction(total_mem[j], total_cores[j], count[j], used[j], used_mem[j], used_cores[j]))
+        s_mem += after_mem[k]
+        s_tm += total_mem[j]
     fill = s_mem / s_tm if s_tm > 0 else 0.0
     return fill / 10.0 - (2.0 * lost + stranded)

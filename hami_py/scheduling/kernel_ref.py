@@ -400,7 +400,7 @@ def filter_nodes(table, query):
         if status != R.NODE_FIT:
             continue
         if node_policy == POLICY_FRAG:   # the placement's cost to what comes next, choosers' deltas added
-            node_score = frag_node_score(off, n, table, app_used, app_mem, app_cores, chosen) + delta_sum
+            node_score = frag_node_score(off, n, table, app_used, app_mem, app_cores) + delta_sum
             out_score[c] = node_score
         better = (best < 0 or (node_policy == POLICY_SPREAD and node_score < best_score)
                   or (node_policy != POLICY_SPREAD and node_score > best_score))

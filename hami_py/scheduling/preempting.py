@@ -41,6 +41,7 @@ from typing import Coroutine
 
 import structlog
 
+from hami_py.cache.pod_ledger import pod_key
 from hami_py.cache.usage import UsageCache
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.scheduling.filter import FilterDecision, Filterer
@@ -91,32 +92,19 @@ class Preemptor:
         self.refusals: dict[str, Refusals] = {}   # preemptor uid -> its refused evictions
 
     # ------------------------------------------------------------------ holds
-    def active_hold(self, uid: str) -> Hold | None:
-        """The pod's hold, if its charge is still the one the hold made and it has not expired."""
-        return self.book.active(uid)
-
-    def remaining(self, hold: Hold) -> list[str]:
-        """The victims still charged in the books (not gone yet)."""
-        return self.book.remaining(hold)
-
     def resume(self, pod: dict, node_names: list[str], request: PodRequest) -> dict | FilterDecision | None:
         """Before a held pod's decision: the FailedNodes answer while its victims are still there;
         once they are gone, the decision on its node (which its hold kept free); None when the pod
         holds nothing (or its node is no longer offered): decide as usual."""
-        uid = (pod.get("metadata") or {}).get("uid") or ""
-        hold = self.active_hold(uid)
+        hold = self.book.active((pod.get("metadata") or {}).get("uid") or "")
         if hold is None:
             return None
-        if hold.node not in node_names:
-            self._drop(hold, release=True)
-            return None
-        left = self.remaining(hold)
-        if left:
-            reason = f"{preempting_reason(len(hold.victims), hold.node)}: waiting for {len(left)} to leave"
-            failed = {name: f"waiting for the preemption on node {hold.node}" for name in node_names}
-            failed[hold.node] = reason
-            return failed
-        return self.book.place(pod, hold, request)
+        outcome = self.book.resume(pod, hold, node_names, request)
+        if not isinstance(outcome, int):
+            return outcome
+        failed = dict.fromkeys(node_names, f"waiting for the preemption on node {hold.node}")
+        failed[hold.node] = f"{preempting_reason(len(hold.victims), hold.node)}: waiting for {outcome} to leave"
+        return failed
 
     def _hold(self, pod: dict, choice: Choice, request: PodRequest) -> Hold | None:
         """Charge the pod's placement on the chosen node with the victims gone (holds.py)."""
@@ -126,9 +114,6 @@ class Preemptor:
     def release_all(self) -> int:
         """Give back every hold (at the end of leadership); how many there were."""
         return self.book.release_all()
-
-    def _drop(self, hold: Hold, *, release: bool = False) -> None:
-        self.book.drop(hold, release=release)
 
     # ------------------------------------------------------------------ preemption
     def begin(self, pod: dict, node_names: list[str], request: PodRequest,
@@ -155,7 +140,7 @@ class Preemptor:
         choices; the refusals are remembered for REFUSALS_KEPT_S, so the pod's next filters answer
         why (and try no pod that refused) instead of evicting again at once."""
         meta = pod.get("metadata") or {}
-        key = f"{meta.get('namespace') or 'default'}/{meta.get('name')}"
+        key = pod_key(pod)
         uid = meta.get("uid") or ""
         refusals = self._fresh_refusals(uid)
         for attempt in range(MAX_ATTEMPTS):
@@ -175,7 +160,7 @@ class Preemptor:
             refusals.expires = self.clock() + REFUSALS_KEPT_S
             self._forget_old_refusals()
             self.refusals[uid] = refusals
-            self._drop(hold, release=True)
+            self.book.drop(hold, release=True)
             if attempt + 1 == MAX_ATTEMPTS:
                 break
             choice, hold = self._choose_and_hold(pod, node_names, request, failed, refusals)

@@ -11,9 +11,9 @@ import sys
 
 from hami_py.cli import OneLineParser, UsageError
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
-from hami_py.devices.registry import build_vendors
-from hami_py.simulate.runner import SWITCHES
+from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.logs import configure_logging
+from hami_py.scheduling.policies import BINPACK, FRAGMENTATION_AWARE, SPREAD
 from hami_py.simulate.cluster import Cluster, load_cluster
 from hami_py.simulate.progress import ProgressBar
 from hami_py.simulate.report_html import render_html
@@ -22,7 +22,6 @@ from hami_py.simulate.report_text import render_table
 from hami_py.simulate.results import Report, ScenarioResult
 from hami_py.simulate.runner import Scenario, SimulationError, run_scenarios
 from hami_py.simulate.source import InputError
-from hami_py.scheduling.policies import FRAGMENTATION_AWARE
 from hami_py.simulate.workload import POLICIES, Workload, load_workload
 
 EXIT_FAILED = 1
@@ -53,10 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 # --compare-policies: upstream's four pairs, then fragmentation-aware for both (its device order
 # and its node score are one design; mixing it with binpack or spread is for a pod annotation).
-CLASSIC_POLICIES = ("binpack", "spread")
+CLASSIC_POLICIES = (BINPACK, SPREAD)
 
 
 def compared_scenarios(chosen: Scenario) -> list[Scenario]:
+    """The scenarios --compare-policies runs, each with the chosen --defrag-every; the chosen
+    pair last when it is none of them (a mixed pair such as binpack/fragmentation-aware)."""
     every = chosen.defrag_every
     scenarios = [Scenario(n, g, every) for n in CLASSIC_POLICIES for g in CLASSIC_POLICIES]
     scenarios.append(Scenario(FRAGMENTATION_AWARE, FRAGMENTATION_AWARE, every))
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--report-file goes with --output html")
         device_config = load_device_config(ns.device_config_file) if ns.device_config_file else DeviceConfig.default()
         configure_logging(json=False, level=logging.WARNING)   # before the vendors, which may log
-        vendors = build_vendors(device_config, SWITCHES)
+        vendors = build_vendors(device_config, EVERY_FAMILY)
         cluster = load_cluster(ns.cluster, vendors=vendors)
         workload = load_workload(ns.workload, vendors=vendors, device_config=device_config)
     except (UsageError, ConfigError, InputError) as exc:

@@ -5,8 +5,9 @@ scheduler's usage cache and filter, and the pods as the embedded API server hold
 moves are carried out as a controller and kube-scheduler would: each moved pod is deleted (the
 simulation's eviction; the embedded cluster has no budgets), then the pods the room was made for
 are sent through /filter and /bind, then the moved pods' replacements (same name, a new uid, for
-what was left of its lifetime: the work a pod stands for does not grow because it moved). Every workload pod counts as owned by a controller of
-its template, so any of them may move; the planner's other rules (priority, opt-out) apply.
+what was left of its lifetime: the work a pod stands for does not grow because it moved). Every
+workload pod counts as owned by a controller of its template, so any of them may move; the
+planner's other rules (priority, opt-out) apply.
 
 The same planner, asked without moves at the end of a run, also says which pending pods moves
 could place (``pending_movable``): with --defrag-every that is the figure that must be zero.

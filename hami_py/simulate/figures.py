@@ -3,7 +3,7 @@
 ``fragmentation``: free memory on devices that would refuse the workload's typical request
 (asked through the scheduler's own filter, nothing reserved). ``fragmentation_failures``:
 pending pods whose memory the family's free memory would hold. Stranded memory (free memory on
-devices out of slots or cores) is DeviceState.stranded_mib, sampled over the run by the runner.
+devices out of slots or cores) is results.stranded_mib, sampled over the run by the runner.
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def pin_annotation(vendor_key: str, vendor: DeviceVendor) -> str | None:
     return None
 
 
-def fragmentation_failures(run: _Run, workload: Workload) -> int:
+def fragmentation_failures(run: _Run) -> int:
     """Pending pods whose device memory the cluster's free memory would hold: per family, the
     pod's memory request (per device x devices, a percentage of the family's largest device)
     is at most the free memory of that family's healthy devices."""
@@ -44,14 +44,10 @@ def fragmentation_failures(run: _Run, workload: Workload) -> int:
         if v >= 0 and cache.health[i]:
             free[v] = free.get(v, 0) + max(cache.total_mem[i] - cache.used_mem[i], 0)
             largest[v] = max(largest.get(v, 0), cache.total_mem[i])
-    templates = {t.name: t for t in workload.templates}
     failures = 0
     for outcome in run.pending:
-        template = templates.get(outcome.template)
-        if template is None:
-            continue
         need: dict[int, int] = {}
-        for per_vendor in template.request.per_container:
+        for per_vendor in run.arrivals[outcome.arrival].template.request.per_container:
             for key, req in per_vendor.items():
                 v = cache.vendor_ids.get(key)
                 if v is None:

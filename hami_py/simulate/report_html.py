@@ -16,12 +16,12 @@ from hami_py.simulate.results import (
 
 # Sequential colour scale for memory use: pale green (little) through amber to deep red (full).
 _STOPS = ((0.0, (214, 239, 207)), (0.5, (253, 190, 90)), (1.0, (178, 24, 43)))
-_IDLE = "#eef1f4"
-_UNHEALTHY = "#5c6670"
+IDLE = "#eef1f4"
+UNHEALTHY = "#5c6670"
 _CELL_W, _CELL_H, _GAP = 34, 22, 3
 _LEGEND_W = 440
 
-_CSS = """
+CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px 32px;color:#1d2733}
 body{background:#fff}h1{font-size:22px;margin:0 0 4px}
 h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #dde3ea;padding-bottom:4px}
@@ -68,7 +68,7 @@ def heat_map(result: ScenarioResult, *, title: str = "") -> str:
         for k, d in enumerate(row["gpus"]):
             x = label_w + k * (_CELL_W + _GAP)
             fraction = d.memory_used / d.memory if d.memory else 0.0
-            fill = _UNHEALTHY if not d.health else (_IDLE if d.slots_used == 0 else colour(fraction))
+            fill = UNHEALTHY if not d.health else (IDLE if d.slots_used == 0 else colour(fraction))
             text = "x" if not d.health else f"{round(100 * fraction)}"
             ink = "#fff" if (not d.health or fraction > 0.6) else "#1d2733"
             tip = (f"{row['name']} {device_label(d, mixed=result.mixed)} {d.type}: memory {d.memory_used}/{d.memory} MiB "
@@ -94,10 +94,10 @@ def _legend(y: float) -> str:
     x = x0 + (steps + 1) * box + 4
     parts.append(f'<text x="{x}" y="{y + 11}" fill="#5b6775">100% memory</text>')
     x += 84
-    parts.append(f'<rect x="{x}" y="{y}" width="{box}" height="14" fill="{_IDLE}" stroke="#c5ced8"/>'
+    parts.append(f'<rect x="{x}" y="{y}" width="{box}" height="14" fill="{IDLE}" stroke="#c5ced8"/>'
                  f'<text x="{x + 20}" y="{y + 11}" fill="#5b6775">idle</text>')
     x += 50
-    parts.append(f'<rect x="{x}" y="{y}" width="{box}" height="14" fill="{_UNHEALTHY}"/>'
+    parts.append(f'<rect x="{x}" y="{y}" width="{box}" height="14" fill="{UNHEALTHY}"/>'
                  f'<text x="{x + 20}" y="{y + 11}" fill="#5b6775">unhealthy</text>')
     return "".join(parts)
 
@@ -138,7 +138,7 @@ def render_html(report: Report) -> str:
     body.append(pods)
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
-            f"<title>hami-scheduler simulate: {escape(report.cluster_file)}</title><style>{_CSS}</style></head>"
+            f"<title>hami-scheduler simulate: {escape(report.cluster_file)}</title><style>{CSS}</style></head>"
             f"<body>{''.join(body)}</body></html>\n")
 
 

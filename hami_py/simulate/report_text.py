@@ -52,10 +52,10 @@ def render_table(report: Report, *, detail: bool = False) -> str:
         f"(peak {s['peakMemoryPercent']:.1f}%)")
     add(f"Cores       {c['percent']:5.1f}%  {c['used']:,} / {c['total']:,}")
     add(f"Slots       {sl['percent']:5.1f}%  {sl['used']:,} / {sl['total']:,}")
-    add(_fragmentation_line(s["fragmentation"], devices="devices" if r.mixed else "GPUs"))
-    add(f"Stranded    {s['strandedMiB']:,} MiB on {'devices' if r.mixed else 'GPUs'} out of slots or cores "
-        f"(mean over the arrivals {s['meanStrandedMiB']:,} MiB); {s['wholeDevicesFree']} whole "
-        f"{'devices' if r.mixed else 'GPUs'} free")
+    devices = "devices" if r.mixed else "GPUs"
+    add(_fragmentation_line(s["fragmentation"], devices=devices))
+    add(f"Stranded    {s['strandedMiB']:,} MiB on {devices} out of slots or cores "
+        f"(mean over the arrivals {s['meanStrandedMiB']:,} MiB); {s['wholeDevicesFree']} whole {devices} free")
     add(f"Pending     {s['fragmentationFailures']} of {s['pending']} although free memory would hold them; "
         f"{s['pendingMovesCouldPlace']} that moving pods could place")
     if r.defrag_every:

@@ -25,7 +25,6 @@ from itertools import compress
 from typing import Callable
 
 import aiohttp
-import orjson
 
 from hami_py.app import SchedulerApp
 from hami_py.config import DeviceConfig
@@ -36,11 +35,10 @@ from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.simulate import defragment as defragmenting
 from hami_py.simulate.cluster import Cluster
 from hami_py.simulate.figures import fragmentation, fragmentation_failures
-from hami_py.simulate.results import DeviceState, PodOutcome, ScenarioResult, percent, summarize_failed
-from hami_py.simulate.workload import Template, Workload
-
-# A simulated cluster may hold any family: every one upstream gates behind a switch is on.
-SWITCHES = EVERY_FAMILY
+from hami_py.simulate.results import (
+    DeviceState, PodOutcome, ScenarioResult, percent, stranded_mib, summarize_failed,
+)
+from hami_py.simulate.workload import Arrival, Workload
 
 
 # Generous: a scheduler that answers nothing for this long is broken, not slow.
@@ -150,7 +148,8 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
             api.create("pods", pod)
         options = embedded_options(node_scheduler_policy=scenario.node_policy,
                                    gpu_scheduler_policy=scenario.gpu_policy, metrics_bind_address="",
-                                   enable_ascend=SWITCHES.enable_ascend, enable_iluvatar=SWITCHES.enable_iluvatar)
+                                   enable_ascend=EVERY_FAMILY.enable_ascend,
+                                   enable_iluvatar=EVERY_FAMILY.enable_iluvatar)
         async with running_scheduler(api, options=options, device_config=device_config) as app:
             await wait_for(lambda: all(n in app.cache.nodes for n in cluster.node_names), timeout=_WAIT_S,
                            what="the scheduler to register every node")
@@ -165,7 +164,7 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
                                     fragmentation=fragmentation(app, workload, cluster.node_names),
                                     peak_memory_percent=run.peak_memory_percent,
                                     mean_stranded_mib=run.mean_stranded_mib,
-                                    fragmentation_failures=fragmentation_failures(run, workload),
+                                    fragmentation_failures=fragmentation_failures(run),
                                     pending_movable=pending_movable, moves=run.moves,
                                     defrag_runs=run.defrag_runs, defrag_every=scenario.defrag_every,
                                     existing_pods=len(cluster.existing_pods))
@@ -196,7 +195,7 @@ class _Run:
         self.step = 0
         self.moves = 0
         self.defrag_runs = 0
-        self._templates: dict[str, Template] = {}
+        self.arrivals: list[Arrival] = []     # in order: an outcome's arrival step is its index
         self._remaining: dict[int, int] = {}    # a moved pod's lifetime left (by id of its outcome)
         self._stranded_sum = 0       # stranded MiB summed over the arrivals (its mean is reported)
         self._stranded_samples = 0
@@ -205,17 +204,16 @@ class _Run:
         await self.extender.close()
 
     async def play(self, workload: Workload) -> None:
-        arrivals = workload.arrivals()
+        self.arrivals = arrivals = workload.arrivals()
         for arrival in arrivals:
             self.step = arrival.step
             await self._expire(arrival.step)
             outcome = PodOutcome(namespace=arrival.namespace, name=arrival.name, template=arrival.template.name,
                                  arrival=arrival.step, lifetime=arrival.template.lifetime)
             self.outcomes.append(outcome)
-            self._templates[outcome.template] = arrival.template
             created = self.api.create("pods", self._manifest(arrival.manifest(), outcome.template))
             outcome.uid = created["metadata"]["uid"]
-            await self._attempt(outcome, created, arrival.step)
+            await self.attempt(outcome, created, arrival.step)
             if self.defrag_every and (arrival.step + 1) % self.defrag_every == 0 and self.pending:
                 self.defrag_runs += 1
                 self.moves += await defragmenting.defragment(self, arrival.step)
@@ -226,7 +224,7 @@ class _Run:
             # Once more after the last arrival: no pod is left pending that moves could place.
             self.defrag_runs += 1
             self.moves += await defragmenting.defragment(self, arrivals[-1].step)
-        await self._allocations_done()
+        await self.allocations_done()
 
     def _manifest(self, pod: dict, template: str) -> dict:
         # Owned by a controller of its template, so that the defragmenter may move it (and the
@@ -236,13 +234,8 @@ class _Run:
         pod["metadata"]["creationTimestamp"] = defragmenting.simulated_time(self.step)
         return defragmenting.owned_by_template(pod, template)
 
-    # The defragmenter's hooks (simulate/defragment.py).
-    async def allocations_done(self) -> None:
-        await self._allocations_done()
-
-    async def attempt(self, outcome: PodOutcome, pod: dict, step: int) -> None:
-        await self._attempt(outcome, pod, step)
-
+    # allocations_done, attempt, forget_expiry and replace are the defragmenter's hooks too
+    # (simulate/defragment.py).
     def forget_expiry(self, outcome: PodOutcome, step: int) -> None:
         """A moved pod keeps what is left of its lifetime: the work it stands for does not grow
         because it moved."""
@@ -250,20 +243,18 @@ class _Run:
             if outcome in due:
                 due.remove(outcome)
                 self._remaining[id(outcome)] = max(at - step, 1)
+                return
 
     async def replace(self, outcome: PodOutcome, step: int) -> None:
         """A moved pod's replacement: the same name again, a new uid, scheduled afresh, for the
         rest of its lifetime."""
-        template = self._templates[outcome.template]
-        manifest = self._manifest(orjson.loads(orjson.dumps(template.pod)), outcome.template)
-        manifest["metadata"]["name"] = outcome.name
-        manifest["metadata"]["namespace"] = outcome.namespace
+        manifest = self._manifest(self.arrivals[outcome.arrival].manifest(), outcome.template)
         created = self.api.create("pods", manifest)
         outcome.uid = created["metadata"]["uid"]
         outcome.node, outcome.devices, outcome.moved = None, [], outcome.moved + 1
-        await self._attempt(outcome, created, step)
+        await self.attempt(outcome, created, step)
 
-    async def _allocations_done(self) -> None:
+    async def allocations_done(self) -> None:
         plugin = self.app.device_plugin
         await wait_for(lambda: plugin.allocated >= self.binds, timeout=_WAIT_S, interval=0.0005,
                        what="the device plugin to finish allocating")
@@ -273,7 +264,7 @@ class _Run:
         due = self.expiries.pop(step, [])
         if not due:
             return
-        await self._allocations_done()  # a pod mid-allocation still holds its node lock
+        await self.allocations_done()  # a pod mid-allocation still holds its node lock
         for outcome in due:
             self.api.delete("pods", outcome.name, outcome.namespace)
             outcome.completed_at = step
@@ -288,11 +279,11 @@ class _Run:
                 outcome.reason, outcome.failed_nodes = earlier.reason, earlier.failed_nodes
                 continue
             pod = self.api.get("pods", outcome.name, outcome.namespace)
-            await self._attempt(outcome, pod, step)
+            await self.attempt(outcome, pod, step)
             if outcome.node is None:
                 failed_templates[outcome.template] = outcome
 
-    async def _attempt(self, outcome: PodOutcome, pod: dict, step: int) -> None:
+    async def attempt(self, outcome: PodOutcome, pod: dict, step: int) -> None:
         outcome.attempts += 1
         candidates = self._candidates(pod)
         if not candidates:
@@ -307,7 +298,7 @@ class _Run:
             self._still_pending(outcome, reason, failed)
             return
         node = names[0]
-        await self._allocations_done()
+        await self.allocations_done()
         bound = await self._call("bind", outcome, self.extender.bind(pod, node))
         if bound.get("Error"):
             self._still_pending(outcome, f"bind to {node} failed: {bound['Error']}", None)
@@ -371,25 +362,28 @@ class _Run:
         return self._stranded_sum // self._stranded_samples if self._stranded_samples else 0
 
     def _sample_stranded(self) -> None:
-        """Stranded memory after an arrival: free memory of healthy devices out of slots or cores
-        (DeviceState.stranded_mib, over the cache's arrays)."""
+        """Stranded memory after an arrival (results.stranded_mib, over the cache's arrays)."""
         c = self.app.cache
-        total = 0
-        for i, v in enumerate(c.vendor):
-            if v >= 0 and c.health[i] and (c.used[i] >= c.count[i]
-                                           or (c.total_cores[i] > 0 and c.used_cores[i] >= c.total_cores[i])):
-                total += max(c.total_mem[i] - c.used_mem[i], 0)
-        self._stranded_sum += total
+        self._stranded_sum += stranded_mib(health=self._counted_devices(), slots=c.count, slots_used=c.used,
+                                           memory=c.total_mem, memory_used=c.used_mem, cores=c.total_cores,
+                                           cores_used=c.used_cores)
         self._stranded_samples += 1
 
     def _sample_usage(self) -> None:
         cache = self.app.cache
+        counted = self._counted_devices()
+        used = sum(compress(cache.used_mem, counted))
+        total = sum(compress(cache.total_mem, counted))
+        self.peak_memory_percent = max(self.peak_memory_percent, percent(used, total))
+
+    def _counted_devices(self) -> list[bool]:
+        """Per cache slot: a healthy device of a known family (dead slots and unhealthy devices
+        count towards no figure)."""
+        cache = self.app.cache
         # The simulated cluster's devices never change once it runs: which count is fixed.
         if self._counted is None or len(self._counted) != len(cache.vendor):
-            self._counted = [v >= 0 and h for v, h in zip(cache.vendor, cache.health)]
-        used = sum(compress(cache.used_mem, self._counted))
-        total = sum(compress(cache.total_mem, self._counted))
-        self.peak_memory_percent = max(self.peak_memory_percent, percent(used, total))
+            self._counted = [v >= 0 and bool(h) for v, h in zip(cache.vendor, cache.health)]
+        return self._counted
 
 
 def device_states(app: SchedulerApp, node_names: list[str]) -> list[DeviceState]:
