@@ -21,6 +21,7 @@ from hami_py.k8s.client import KubeClient, load_configuration
 from hami_py.scheduling.defrag_holds import HOLD_ANNOTATION, hold_annotation, parse_hold
 from tests.conftest import (assert_books_balance, bind_placed, filtered, pod_events_applied, register_nodes,
                             wait_until)
+from tests.test_preemption import running  # create, filter, bind, and play the kubelet
 
 
 @pytest.fixture
@@ -57,18 +58,6 @@ def pod(name: str, gpumem: int, *, labels: dict | None = None, grace: int | None
     if grace is not None:
         made["spec"]["terminationGracePeriodSeconds"] = grace
     return made
-
-
-async def running(api, app, extender, manifest: dict, nodes: list[str]) -> dict:
-    """Create, filter and bind a pod, then play its kubelet (Running, Ready): the stored pod."""
-    created = api.create("pods", manifest)
-    result = await filtered(app, extender, created, nodes)
-    assert result["NodeNames"], result
-    await bind_placed(api, app, extender, created, result)
-    stored = api.patch("pods", manifest["metadata"]["name"], {"status": {
-        "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}})
-    await pod_events_applied(app, stored)
-    return stored
 
 
 def move(stored: dict, node: str, to: str | None = None) -> Move:
