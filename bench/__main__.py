@@ -38,9 +38,10 @@ import orjson
 
 from bench import report
 from bench.kernel import kernel_bench
+from bench.plans import PLANS, Plan
 from bench.procs import REPO_ROOT, BenchError
 from bench.profiling import Profiler, attach_command, merge_collapsed, summarize_collapsed
-from bench.scenarios import PHASES, PLANS, Plan, run_cluster, run_mixed
+from bench.scenarios import PHASES, run_cluster, run_mixed
 
 BENCH_DIR = Path(__file__).resolve().parent
 

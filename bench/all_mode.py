@@ -160,10 +160,10 @@ def inprocess_costs(shape, *, calls: int = 50) -> dict:
 
     from bench.kernel import _time_calls, build_cache
     from bench.seed import node_names, pending_pod
-    from hami_py.scheduling.filter import Filterer
-    from hami_py.scheduling.prioritize import AllNodes
-    from hami_py.scheduling.requests import parse_pod_requests
-    from hami_py.scheduling.service import filter_result
+    from hami_py.scheduling.decision.filter import Filterer
+    from hami_py.scheduling.verbs.prioritize import AllNodes
+    from hami_py.scheduling.decision.requests import parse_pod_requests
+    from hami_py.scheduling.verbs.service import filter_result
 
     import gc
     cache, vendors = build_cache(shape)

@@ -26,6 +26,7 @@ import orjson
 
 from bench.load import bind_body, filter_body, post, run_filters, summarize_ms
 from bench.procs import BenchError
+from bench.rounds import median_round, server_mean_ms, server_over_5ms
 from bench.seed import node_name
 
 WARMUP = 20
@@ -41,7 +42,6 @@ class BacklogPlan:
 
 
 async def phase_backlog(ctx) -> dict:
-    from bench.scenarios import _median_round, _server_mean_ms, _server_over_5ms
     plan: BacklogPlan = ctx.plan.backlog
     url = ctx.scheduler.url
     stuck = list(range(plan.stuck_nodes))
@@ -67,8 +67,8 @@ async def phase_backlog(ctx) -> dict:
             run = await run_filters(ctx.session, url, batch, concurrency=1,
                                     time_limit_s=plan.time_limit_s - (time.monotonic() - sent))
             after, _, _ = await ctx.scrape()
-            rounds.append({**summarize_ms(run.latencies), "server_mean_ms": _server_mean_ms(before, after),
-                           "server_over_5ms_pct": _server_over_5ms(before, after),
+            rounds.append({**summarize_ms(run.latencies), "server_mean_ms": server_mean_ms(before, after),
+                           "server_over_5ms_pct": server_over_5ms(before, after),
                            "outcomes": dict(run.outcomes), "errors": dict(run.errors)})
         waiting = sum(not b.done() for b in binds)
     finally:
@@ -78,7 +78,7 @@ async def phase_backlog(ctx) -> dict:
         await asyncio.gather(*binds)
         await _recover(ctx, stuck)
     await ctx.cleanup(backlog + new)
-    median = _median_round(rounds)
+    median = median_round(rounds)
     return {"stuck_nodes": plan.stuck_nodes, "backlog_pods": plan.backlog_pods, "binds_waiting_at_end": waiting,
             "filter": {k: median[k] for k in ("n", "p50", "p90", "p99", "max", "mean", "p99_rounds")},
             "server_mean_ms": median["server_mean_ms"], "server_over_5ms_pct": median["server_over_5ms_pct"],

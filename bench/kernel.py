@@ -19,10 +19,10 @@ from hami_py import _kernel
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
-from hami_py.scheduling import kernel_ref
-from hami_py.scheduling.filter import Filterer
-from hami_py.scheduling.fit_query import FitQuery
-from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.scheduling.kernel import reference as kernel_ref
+from hami_py.scheduling.decision.filter import Filterer
+from hami_py.scheduling.kernel.fit_query import FitQuery
+from hami_py.scheduling.decision.requests import parse_pod_requests
 
 
 def build_cache(shape: ClusterShape) -> tuple[UsageCache, dict]:

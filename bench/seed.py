@@ -15,7 +15,7 @@ measures the cost of *having* more pods in the cache, not the cost of a fuller c
 Probe nodes are the last ``probe_nodes`` nodes: H200s whose 8 GPUs are each filled completely by
 one "blocker" pod, so a probe pod fits there only once a blocker is gone. That makes "the
 scheduler has applied this pod event" observable from outside, through /filter alone (see
-``Sentinel`` in bench/scenarios.py); the blockers count among the P pods.
+``Sentinel`` in bench/context.py); the blockers count among the P pods.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """The /filter hot loop: fit every candidate node, score, choose, in one call.
 
-This is a line-for-line translation of ``hami_py/scheduling/kernel_ref.py`` (read that for the
+This is a line-for-line translation of ``hami_py/scheduling/kernel/reference.py`` (read that for the
 rules and their sources); hypothesis keeps the two equal. It walks the usage cache's typed arrays
 directly, so a filter costs O(candidate nodes x devices) in C and nothing per running pod; only
 the rows of a family with a chooser (FLAG_CHOOSE) or a charger (FLAG_CHARGE) call back into
@@ -15,7 +15,7 @@ from libc.string cimport memset
 
 from kernel_codes cimport *
 
-# Every number of kernel_codes.pxd, for Python: hami_py.reasons, kernel_ref and the device base
+# Every number of kernel_codes.pxd, for Python: hami_py.reasons and hami_py.kernel_codes
 # read theirs from here (tests/test_kernel.py checks that this lists every name of the .pxd).
 CODES = {
     "OK": OK, "CARD_NOT_HEALTH": CARD_NOT_HEALTH, "CARD_CORDONED": CARD_CORDONED,
@@ -181,7 +181,7 @@ cdef inline void mig_select(Py_ssize_t j, long long occupied, long long mem,
                             const int[:] mig_prof_off, const int[:] mig_prof_len, const int[:] prof_mem,
                             const int[:] prof_place_off, const int[:] prof_place_len,
                             const long long[:] place_mask, int *out_p, int *out_q) noexcept nogil:
-    """kernel_ref._mig_select."""
+    """reference_fit.mig_select."""
     cdef int p, q
     out_p[0] = -1
     out_q[0] = -1
@@ -198,7 +198,7 @@ cdef inline void mig_select(Py_ssize_t j, long long occupied, long long mem,
 cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, int *picked_prof, int *picked_place,
                               Py_ssize_t npicked, int nums, const int[:] pair_score, int poff,
                               Py_ssize_t n, int *combo, int *best_combo) noexcept nogil:
-    """kernel_ref._topology_pick: keep the best-connected ``nums`` of the picked devices, in place."""
+    """reference_fit.topology_pick: keep the best-connected ``nums`` of the picked devices, in place."""
     cdef Py_ssize_t i, j, best_i = 0, weighed = 0
     cdef long long total, best_total = 0
     cdef bint found = False
@@ -250,7 +250,7 @@ cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, int *picked_pr
 cdef int run_chooser(object choosers, int v, Py_ssize_t ni, int nums, int *picked, long long *picked_mem,
                      int *picked_prof, int *picked_place, Py_ssize_t npicked, double *delta,
                      list errors) noexcept with gil:
-    """kernel_ref._choose: 0 with ``picked[:nums]`` rewritten to the chooser's picks (in its order)
+    """reference_fit.choose: 0 with ``picked[:nums]`` rewritten to the chooser's picks (in its order)
     and ``delta`` set, or the reason code it refused the node with; -1 when it raised (a bad
     answer is a ValueError), the exception then in ``errors`` for filter_nodes to raise once its
     buffers are freed (a try/finally around the hot loop costs it a few per cent)."""
@@ -290,7 +290,7 @@ cdef int choose(object choosers, int v, Py_ssize_t ni, int nums, int *picked, lo
 
 cdef int run_charger(object chargers, int v, Py_ssize_t ni, Py_ssize_t r, int *memreq, int *cores, int *slots,
                      list errors) noexcept with gil:
-    """kernel_ref._charge: 0 with ``memreq``/``cores``/``slots`` set to what one device of the row
+    """reference_fit.charge: 0 with ``memreq``/``cores``/``slots`` set to what one device of the row
     costs on node ``ni`` (row ``r``), or the reason code the charger refused the node with; -1 when it raised
     (the exception then in ``errors``, as run_chooser)."""
     try:
@@ -320,7 +320,7 @@ cdef int charge(object chargers, int v, Py_ssize_t ni, Py_ssize_t r, int *memreq
 
 
 def filter_nodes(table, query):
-    """kernel_ref.filter_nodes: ``table`` has the columns of fit_query.TABLE_COLUMNS, ``query``
+    """reference.filter_nodes: ``table`` has the columns of fit_query.TABLE_COLUMNS, ``query``
     is a fit_query.FitQuery whose out_* arrays receive the answer; returns the winner or -1."""
     # Typed views of every input and output, taken once.
     cdef const int[:] total_mem = table.total_mem
@@ -824,7 +824,7 @@ def filter_nodes(table, query):
 def best_fit_nodes(const int[:] status, const double[:] score, Py_ssize_t k, bint spread):
     """``(fitting nodes, indexes of the k best of them, best first)``: best is the highest score
     (binpack) or the lowest (spread), the earlier candidate on a tie, as the kernel's own choice.
-    Same as ``kernel_ref.best_fit_nodes``. An insertion-sorted buffer of k: O(n) for small k."""
+    Same as ``reference.best_fit_nodes``. An insertion-sorted buffer of k: O(n) for small k."""
     cdef Py_ssize_t n = status.shape[0], c, i, kept = 0, fit = 0
     cdef double s
     if k <= 0:

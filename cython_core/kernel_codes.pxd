@@ -1,8 +1,8 @@
 # The numbers the fit kernel and the Python side must agree on, written once.
 #
 # ``fit_kernel.pyx`` cimports this file and exports every name below in ``_kernel.CODES``;
-# ``hami_py/reasons.py``, ``hami_py/scheduling/kernel_ref.py`` and ``hami_py/devices/base.py``
-# take their values from there, so nothing else repeats a number. ``tests/test_kernel.py`` reads
+# ``hami_py/reasons.py`` and ``hami_py/kernel_codes.py`` take their values from there (the
+# reference and the device base read those two), so nothing else repeats a number. ``tests/test_kernel.py`` reads
 # this file and fails when a name is missing from CODES or the built kernel is older than it.
 # Add a name: here, in the CODES dict of fit_kernel.pyx, and where Python reads it.
 

@@ -16,7 +16,7 @@ from aiohttp import web
 
 from hami_py.aio import cancel_and_wait
 from hami_py.allocation_metrics import AllocationMetrics, quota_samples
-from hami_py.cache.usage import UsageCache
+from hami_py.cache.usage import PodState, UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceVendor
 from hami_py.devices.registry import FamilySwitches, build_vendors
@@ -36,12 +36,12 @@ from hami_py.k8s.registration import RegistrationKeeper
 from hami_py.k8s.requeue import RequeueNudger
 from hami_py.k8s.tokenreview import DevicePluginIdentity
 from hami_py.metrics import Metrics, StuckLockCollector
-from hami_py.scheduling.admission import AdmissionSettings
-from hami_py.scheduling.bind import Binder
-from hami_py.scheduling.filter import Filterer
-from hami_py.scheduling.preempting import Preemptor
-from hami_py.scheduling.refit import RefitEndpoint, Refitter
-from hami_py.scheduling.service import SchedulerService
+from hami_py.scheduling.admission.rules import AdmissionSettings
+from hami_py.scheduling.verbs.bind import Binder
+from hami_py.scheduling.decision.filter import Filterer
+from hami_py.scheduling.eviction.preempting import Preemptor
+from hami_py.scheduling.verbs.refit import RefitEndpoint, Refitter
+from hami_py.scheduling.verbs.service import SchedulerService
 
 log = structlog.get_logger(__name__)
 
@@ -82,9 +82,9 @@ class Options:
     # filter passes the node over and a bind onto it fails at once (cache/stuck_locks.py). 0: never.
     node_lock_stuck_after_s: float = 30.0
     # Ours: a /bind is answered within this, whatever it waits for (it runs on to its end): well
-    # inside kube-scheduler's 30 s httpTimeout (scheduling/service.py).
+    # inside kube-scheduler's 30 s httpTimeout (scheduling/verbs/service.py).
     bind_answer_s: float = 25.0
-    # Ours: device preemption by the extender (scheduling/preempting.py), and how long it holds
+    # Ours: device preemption by the extender (scheduling/eviction/preempting.py), and how long it holds
     # the room it freed for its pod.
     device_preemption: bool = False
     device_preemption_hold_s: float = 120.0
@@ -385,7 +385,7 @@ class SchedulerApp:
     def _allocating(self, uid: str) -> bool:
         """The pod watch shows the pod, its device plugin not yet done with it."""
         usage = self.cache.pods.get(uid)
-        return usage is not None and not usage.allocated
+        return usage is not None and usage.state is not PodState.ALLOCATED
 
     def _on_filter(self, pod: dict, what: str, detail) -> None:
         self.events.on_filter(pod, what, detail)
@@ -399,7 +399,7 @@ class SchedulerApp:
         self.cache.on_pod_event(kind, pod)
         # After the books: a hold is charged next to the victims as the books have them now.
         self.service.defrag_holds.observe(kind, pod)
-        if charged is not None and charged.bound and uid not in self.cache.pods:
+        if charged is not None and charged.state.bound and uid not in self.cache.pods:
             self.requeue.freed(charged.node)     # a bound pod's devices released
         if kind == "DELETED" and uid:
             self.events.forget(uid)

@@ -16,6 +16,7 @@ import sys
 
 from hami_py import __version__
 from hami_py.app import Options, SchedulerApp, split_host_port
+from hami_py.cliargs import EXIT_USAGE, OneLineParser, UsageError
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.devices.codec import parse_go_bool
 from hami_py.devices.registry import FamilySwitches, build_vendors
@@ -24,20 +25,8 @@ from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, FILTERING_SUCCEED_MODES,
 from hami_py.http.tls import TLSConfigError
 from hami_py.k8s.leader import check_leader_options, leader_identity
 from hami_py.logs import configure_logging
-from hami_py.scheduling.policies import GPU_POLICY_TOKENS, NODE_POLICIES, policy_tokens
-from hami_py.scheduling.prioritize import FILTER_MODES
-
-EXIT_USAGE = 2
-
-
-class UsageError(Exception):
-    pass
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, no usage dump
-        raise UsageError(message)
-
+from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES, policy_tokens
+from hami_py.scheduling.verbs.prioritize import FILTER_MODES
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
 _DURATION_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}

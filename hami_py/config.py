@@ -13,7 +13,10 @@ into its own config type, beside its module (``hami_py/devices/``), and a proble
 one line naming the file, the line and the field (``<file>: line 3: nvidia.defaultMemory:
 expected an integer, got string "abc"``), which the CLI prints before exiting with status 2.
 This module names no family's fields and imports no family: the device layer depends on it, not
-the other way round. The sections themselves are kept as parsed, so the file round-trips.
+the other way round. Each family declares its top-level section (:class:`ConfigSection`: name,
+shape, the keys upstream counts) beside its ``build_family``, and ``hami_py.devices.registry``
+hands those declarations over here, so a new family never edits this file. The sections
+themselves are kept as parsed, so the file round-trips.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import datetime
 from importlib import resources
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterable
 
 import yaml
 
@@ -32,49 +35,62 @@ class ConfigError(ValueError):
     """The device config cannot be used; the message is one line naming file, line and field."""
 
 
-# Every vendor section upstream decodes, and the keys it reads from each: only to tell an all-empty
-# file, which upstream refuses, from a usable one (the families read their sections themselves).
-SECTION_KEYS: dict[str, tuple[str, ...]] = {
-    "nvidia": ("resourceCountName", "resourceMemoryName", "resourceMemoryPercentageName", "resourceCoreName",
-               "resourcePriorityName", "overwriteEnv", "defaultMemory", "defaultCores", "defaultGPUNum",
-               "memoryFactor", "disableCoreLimit", "gpuCorePolicy", "runtimeClassName", "migProfileAllowlist",
-               "deviceSplitCount", "deviceMemoryScaling", "deviceCoreScaling", "preConfiguredDeviceMemory",
-               "libCudaLogLevel", "enableNumaTopology"),
-    "cambricon": ("resourceCountName", "resourceMemoryName", "resourceCoreName"),
-    "hygon": ("resourceCountName", "resourceMemoryName", "resourceCoreName", "memoryFactor"),
-    "metax": ("resourceCountName", "resourceVCountName", "resourceVMemoryName", "resourceVCoreName",
-              "sgpuTopologyAware"),
-    "enflame": ("resourceNameGCU", "resourceNameDRSGCU", "resourceNameGCUMemory", "resourceNameGCUCore",
-                "resourceNameVGCU", "resourceNameVGCUPercentage"),
-    "mthreads": ("resourceCountName", "resourceMemoryName", "resourceCoreName"),
-    "kunlun": ("resourceCountName", "resourceVCountName", "resourceVMemoryName"),
-    "awsneuron": ("resourceCountName", "resourceCoreName"),
-    "amd": ("resourceCountName", "resourceMemoryName", "resourceCoreName"),
-    "vastai": ("resourceCountName",),
-    "biren": ("resourceCountName",),
-    "iluvatars": (),   # a list of chip entries
-    "vnpus": (),       # {hamiVnpuCore, configs: [...]}
-}
-# Pointer fields upstream (the NVIDIA device plugin's keys): any value, zero included, sets them.
-_SET_WHEN_PRESENT = frozenset({("nvidia", key) for key in (
-    "deviceSplitCount", "deviceMemoryScaling", "deviceCoreScaling", "preConfiguredDeviceMemory",
-    "libCudaLogLevel", "enableNumaTopology")})
-_LIST_SECTIONS = frozenset({"iluvatars"})
+@dataclass(slots=True, frozen=True)
+class ConfigSection:
+    """A top-level section of the file as the family reading it declares it (its module's
+    ``CONFIG_SECTION``): the name, its shape, and the keys upstream reads from it, which are
+    only looked at here to tell an all-empty file, which upstream refuses, from a usable one
+    (the family reads its section itself, with :class:`Section`)."""
+    name: str
+    keys: tuple[str, ...] = ()          # set when not the Go zero value
+    pointer_keys: tuple[str, ...] = ()  # Go pointer fields: any value, zero included, sets them
+    is_list: bool = False               # a list of entries (set when not empty), not a mapping
+
+    def is_set(self, value: Any) -> bool:
+        """Whether the section, as parsed, sets anything upstream reads."""
+        if self.is_list:
+            return bool(value)
+        return (any(not _is_zero(value.get(key)) for key in self.keys)
+                or any(value.get(key) is not None for key in self.pointer_keys))
+
+
+# Where the families' sections come from: hami_py.devices.registry declares its gatherer when it
+# is imported (this module imports no family). Other top-level keys are ignored, as yaml.v2 does.
+_family_sections: Callable[[], Iterable[ConfigSection]] | None = None
+
+
+def declare_family_sections(source: Callable[[], Iterable[ConfigSection]]) -> None:
+    """Read the device config file's sections as ``source()`` declares them, in that order."""
+    global _family_sections
+    _family_sections = source
+
+
+def _declared_sections() -> dict[str, ConfigSection]:
+    if _family_sections is None:
+        raise RuntimeError("the device families have not declared their config sections: "
+                           "import hami_py.devices.registry before reading a device config")
+    return {section.name: section for section in _family_sections()}
+
+
 # The source named in messages about a config built in memory, not read from a file.
 UNNAMED_SOURCE = "device config"
 
 
 @dataclass(slots=True)
 class DeviceConfig:
-    """The whole file: every vendor section upstream reads, as parsed (mapping, or list for
-    ``iluvatars``), plus the node tree that points messages at the file's lines."""
+    """The whole file: every family's section, as parsed (a mapping, or a list where the family
+    declares one), plus the node tree that points messages at the file's lines."""
     sections: dict[str, Any] = field(default_factory=dict)
     document: Document | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def default(cls) -> DeviceConfig:
-        """The device config the Helm chart installs by default (a fresh copy each call)."""
-        return parse_device_config(CHART_DEFAULT_DEVICE_CONFIG, "<chart defaults>")
+        """The device config the Helm chart installs by default (a fresh copy each call).
+
+        Package data holding only families' sections (tests pin them and check that a file of
+        the same text parses alike), so it is kept as written, without the families'
+        declarations: code that loads no family (the fake cluster's node builders) reads it too."""
+        return _parse(CHART_DEFAULT_DEVICE_CONFIG, "<chart defaults>", None)
 
     def section(self, name: str) -> Section:
         """The reader of one vendor section; an absent section reads as all zero values."""
@@ -105,14 +121,22 @@ def load_device_config(path: str | Path) -> DeviceConfig:
 
 def parse_device_config(text: str, source: str = "<string>") -> DeviceConfig:
     """Like :func:`load_device_config` for text already in memory; ``source`` names it in errors."""
+    return _parse(text, source, _declared_sections())
+
+
+def _parse(text: str, source: str, declared: dict[str, ConfigSection] | None) -> DeviceConfig:
+    """The file's ``declared`` sections, checked; None keeps every top-level section unchecked."""
     root, data = _read_yaml(text, source)
     doc = Document(source, root)
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise doc.error((), f"expected a mapping of vendor sections, got {kind_of(data)}")
-    config = DeviceConfig(sections=_read_sections(doc, data), document=doc)
-    if _is_empty(config):
+    if declared is None:
+        return DeviceConfig(sections={name: value for name, value in data.items() if value is not None}, document=doc)
+    config = DeviceConfig(sections=_read_sections(doc, data, declared), document=doc)
+    # Upstream's "all configurations are empty": no section sets anything it reads.
+    if not any(declared[name].is_set(section) for name, section in config.sections.items()):
         raise ConfigError(f"{source}: all configurations are empty")
     return config
 
@@ -151,13 +175,13 @@ def _load_first(loader_type, text: str) -> tuple[yaml.Node | None, Any]:
     return root, data
 
 
-def _read_sections(doc: Document, data: dict) -> dict[str, Any]:
+def _read_sections(doc: Document, data: dict, declared: dict[str, ConfigSection]) -> dict[str, Any]:
     sections: dict[str, Any] = {}
-    for name in SECTION_KEYS:   # other top-level keys are ignored, as yaml.v2 does
+    for name, declaration in declared.items():   # other top-level keys are ignored, as yaml.v2 does
         value = data.get(name)
         if value is None:
             continue
-        expected = list if name in _LIST_SECTIONS else dict
+        expected = list if declaration.is_list else dict
         if not isinstance(value, expected):
             shape = "a list" if expected is list else "a mapping"
             raise doc.error((name,), f"expected {shape}, got {kind_of(value)}")
@@ -172,24 +196,6 @@ def _is_zero(value: Any) -> bool:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return value == 0
     return isinstance(value, (str, list, dict)) and not value
-
-
-def _is_empty(config: DeviceConfig) -> bool:
-    """Upstream's "all configurations are empty": no section sets anything it reads."""
-    for name, section in config.sections.items():
-        if name == "iluvatars":
-            if section:
-                return False
-        elif name == "vnpus":
-            if section.get("configs"):
-                return False
-        else:
-            for key in SECTION_KEYS[name]:
-                value = section.get(key)
-                is_set = value is not None if (name, key) in _SET_WHEN_PRESENT else not _is_zero(value)
-                if is_set:
-                    return False
-    return True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,13 +14,14 @@ from __future__ import annotations
 import copy
 import itertools
 
+from hami_py.cache.pod_states import PodState
 from hami_py.cache.records import BIND_PHASE_ANNOTATION
-from hami_py.scheduling.bind import BIND_TIME_ANNOTATION
+from hami_py.scheduling.verbs.bind import BIND_TIME_ANNOTATION
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.registry import FamilySwitches, build_vendors
-from hami_py.scheduling.filter import Filterer
-from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.scheduling.decision.filter import Filterer
+from hami_py.scheduling.decision.requests import parse_pod_requests
 
 VENDORS = build_vendors(DeviceConfig.default(), FamilySwitches(enable_ascend=True, enable_iluvatar=True))
 
@@ -82,7 +83,7 @@ class World:
 
     def _binding(self, uid: str) -> dict[str, str]:
         """The annotations the Binding of a reserved pod carries: the decision's, bind-phase
-        ``allocating`` and the bind time (scheduling/bind.py)."""
+        ``allocating`` and the bind time (scheduling/verbs/bind.py)."""
         return {**self.decisions[uid], BIND_PHASE_ANNOTATION: "allocating", BIND_TIME_ANNOTATION: "1767225600"}
 
     def bind(self, uid: str) -> None:
@@ -92,7 +93,7 @@ class World:
         del self.decisions[uid]
         record = self.cache.pods.get(uid)
         if record is not None:
-            record.bound = True
+            self.cache.mark_bound(record)
         pod = self.objects[uid]
         pod["metadata"]["annotations"].update(annotations)
         pod["spec"]["nodeName"] = annotations["hami.io/vgpu-node"]
@@ -159,3 +160,14 @@ class World:
 
     def bound(self) -> list[str]:
         return [u for u, p in self.objects.items() if p["spec"].get("nodeName")]
+
+    def expected_states(self) -> dict[str, PodState]:
+        """Each charged pod's state as the API server's objects and the steps taken say it must be
+        (cache/pod_states.py): reserved while only our /filter's, bound once the object shows the
+        Binding, allocated once the device plugin answered. A pod without a decision has none."""
+        states = {uid: PodState.RESERVED for uid in self.decisions}
+        for uid, pod in self.objects.items():
+            if pod["spec"].get("nodeName") and "hami.io/vgpu-node" in pod["metadata"]["annotations"]:
+                done = pod["metadata"]["annotations"].get(BIND_PHASE_ANNOTATION) in ("success", "failed")
+                states[uid] = PodState.ALLOCATED if done else PodState.BOUND
+        return states

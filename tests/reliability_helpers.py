@@ -20,7 +20,7 @@ import asyncio
 import time
 from contextlib import AsyncExitStack
 
-from hami_py.cache.usage import VGPU_NODE_ANNOTATION, collapse
+from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodState, collapse
 from hami_py.podshape import pod_shape
 from hami_py.devices.base import AllocationDecodeError, DeviceDecodeError, NodeView
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
@@ -60,7 +60,7 @@ def pending_reservations(api, app) -> dict[str, object]:
     pods = {(p.get("metadata") or {}).get("uid"): p for p in api.list("pods")}
     out = {}
     for uid, rec in app.cache.pods.items():
-        if not (rec.reserved and rec.decided and rec.resource_version is None):
+        if rec.state not in (PodState.RESERVED, PodState.BOUND_UNSEEN):
             continue
         pod = pods.get(uid)
         if pod is None or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
@@ -162,7 +162,7 @@ def explain_mismatch(api, app) -> str:
             f"node={pod['spec'].get('nodeName')} "
             f"ann={ {k: v for k, v in (pod['metadata'].get('annotations') or {}).items() if k.startswith('hami.io/vgpu')} }")
         entries = [(e.uuid[-6:], e.mem, e.cores, e.slots) for e in rec.entries]
-        lines.append(f"  {uid[:8]} {rec.name} {rec.node} {rec.resource_version} {rec.reserved} {entries} | {shown}")
+        lines.append(f"  {uid[:8]} {rec.name} {rec.node} {rec.resource_version} {rec.state.value} {entries} | {shown}")
     lines.append(f"released: { {uid[:8]: node for uid, (node, _) in app.cache.released.items()} }")
     return "\n".join(lines)
 

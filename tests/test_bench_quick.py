@@ -13,7 +13,8 @@ import math
 import aiohttp
 
 from bench import report
-from bench.scenarios import QUICK, ClusterPlan, ContentionPlan, EventsPlan, WriteDelayPlan, run_cluster, run_mixed
+from bench.plans import QUICK, ClusterPlan, ContentionPlan, EventsPlan, WriteDelayPlan
+from bench.scenarios import run_cluster, run_mixed
 from bench.seed import FAMILY_VENDOR, ClusterShape, mixed_unavailable
 
 

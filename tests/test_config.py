@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import subprocess
+import sys
+
 import pytest
 import yaml
 
@@ -11,7 +14,7 @@ from hami_py.config import (
     CHART_DEFAULT_DEVICE_CONFIG, ConfigError, DeviceConfig, load_device_config, parse_device_config,
 )
 from hami_py.devices.nvidia import MigProfileAllowlistEntry, NvidiaConfig, nvidia_config
-from hami_py.devices.registry import FamilySwitches, build_vendors
+from hami_py.devices.registry import FamilySwitches, build_vendors, config_sections
 
 FIXTURE = Path(__file__).parent.parent / "manifests" / "device-config.yaml"
 
@@ -72,6 +75,23 @@ def test_chart_default_sections():
     assert [c["commonWord"] for c in others["vnpus"]["configs"]] == [
         "Ascend910A", "Ascend910B2", "Ascend910B3", "Ascend910B4-1", "Ascend910B4", "Ascend310P", "Ascend910C"]
     assert [i["commonWord"] for i in others["iluvatars"]] == ["MR-V100", "MR-V50", "BI-V150", "BI-V100"]
+
+
+def test_every_family_declares_its_section_once():
+    """A family's section is declared beside its build_family (CONFIG_SECTION) and reaches the
+    file reader through the registry: the chart's sections are exactly the families'."""
+    names = [section.name for section in config_sections()]
+    assert len(names) == len(set(names))
+    assert set(names) == set(DeviceConfig.default().sections)
+
+
+def test_reading_a_file_needs_the_families_declarations_and_the_chart_default_does_not():
+    code = ("from hami_py.config import DeviceConfig, parse_device_config\n"
+            "assert 'nvidia' in DeviceConfig.default().sections\n"
+            "parse_device_config('nvidia: {resourceCountName: x}')\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.rstrip().endswith("import hami_py.devices.registry before reading a device config")
 
 
 def test_default_returns_independent_copies():

@@ -97,7 +97,7 @@ async def test_a_live_cluster_is_listed_read_only_and_planned_like_its_dump(tmp_
     from hami_py.devices.registry import build_vendors
     from hami_py.fakeapi import FakeApiServer, write_kubeconfig
     from hami_py.devices.registry import EVERY_FAMILY
-    from hami_py.simulate.source import kubernetes_objects, load_documents, plain
+    from hami_py.offline.source import kubernetes_objects, load_documents, plain
 
     vendors = build_vendors(DeviceConfig.default(), EVERY_FAMILY)
     api = FakeApiServer()

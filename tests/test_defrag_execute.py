@@ -1,5 +1,5 @@
 """``defrag --execute`` (hami_py/defrag/execute.py) against the in-repo API server, with the
-scheduler's hold of the freed room (hami_py/scheduling/defrag_holds.py).
+scheduler's hold of the freed room (hami_py/scheduling/eviction/defrag_holds.py).
 
 The executor runs with a client of its own, as the CLI does in another process; the scheduler
 runs without --device-preemption (the defragmenter's holds are always on). Plans are written by
@@ -18,7 +18,7 @@ from hami_py.defrag.plan import Move, Placement, Plan
 from hami_py.fakeapi import write_kubeconfig
 from hami_py.fakeapi.objects import T4, gpu_node, gpu_pod, gpu_uuid
 from hami_py.k8s.client import KubeClient, load_configuration
-from hami_py.scheduling.defrag_holds import HOLD_ANNOTATION, hold_annotation, parse_hold
+from hami_py.scheduling.eviction.defrag_holds import HOLD_ANNOTATION, hold_annotation, parse_hold
 from tests.conftest import (assert_books_balance, bind_placed, filtered, pod_events_applied, register_nodes,
                             wait_until)
 from tests.test_preemption import running  # create, filter, bind, and play the kubelet

@@ -1,4 +1,4 @@
-"""The defragmenter's search (hami_py/defrag/planner.py) on small random clusters, by hypothesis.
+"""The defragmenter's search (hami_py/defrag/search.py and planner.py) on small random clusters, by hypothesis.
 
 Random nodes (1-3 GPUs of 10000 MiB, split 2-3), random running shares (a ReplicaSet's, a
 DaemonSet's or a bare pod; some opting out, some under a PodDisruptionBudget) and one pending pod
@@ -22,13 +22,14 @@ from itertools import combinations
 from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
 
 from hami_py.config import DeviceConfig
-from hami_py.defrag.planner import MAX_SET_SIZE, Planner, replacement_of, replacement_order
+from hami_py.defrag.planner import Planner
 from hami_py.defrag.rules import OPT_OUT_ANNOTATION, Budget
+from hami_py.defrag.search import MAX_SET_SIZE, replacement_of, replacement_order
 from hami_py.defrag.world import books_world
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
-from hami_py.scheduling.owned_annotations import scheduler_owned_annotations
-from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.scheduling.admission.owned_annotations import scheduler_owned_annotations
+from hami_py.scheduling.decision.requests import parse_pod_requests
 
 VENDORS = build_vendors(DeviceConfig.default())
 OWNED = scheduler_owned_annotations(VENDORS)
@@ -97,7 +98,7 @@ def build(nodes_spec, pods_spec, pending_spec, allowed: int):
 def books(world) -> tuple:
     cache = world.cache
     return ({n: cache.device_usage(n) for n in world.node_names},
-            {u: (p.node, p.entries, p.bound, p.resource_version) for u, p in cache.pods.items()},
+            {u: (p.node, p.entries, p.state, p.resource_version) for u, p in cache.pods.items()},
             {n: set(m) for n, m in cache.node_pods.items()})
 
 

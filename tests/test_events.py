@@ -323,8 +323,8 @@ def test_failure_and_success_messages():
 def _decide_over(nodes: list[dict], pod: dict, *, default_node: str = "binpack"):
     from hami_py.cache.usage import UsageCache
     from hami_py.devices.registry import build_vendors
-    from hami_py.scheduling.filter import Filterer
-    from hami_py.scheduling.requests import parse_pod_requests
+    from hami_py.scheduling.decision.filter import Filterer
+    from hami_py.scheduling.decision.requests import parse_pod_requests
     from hami_py.config import DeviceConfig
     vendors = build_vendors(DeviceConfig.default())
     cache = UsageCache(vendors)
@@ -338,7 +338,7 @@ def _decide_over(nodes: list[dict], pod: dict, *, default_node: str = "binpack")
 def test_success_message_lists_the_best_nodes_only_at_scale():
     """At thousands of nodes only the LISTED_NODE_SCORES best are listed (winner last), after a
     count of those left out; identical nodes tie, and the winner is listed whatever the tie."""
-    from hami_py.scheduling.filter import LISTED_NODE_SCORES
+    from hami_py.scheduling.decision.filter import LISTED_NODE_SCORES
     idle = [gpu_node(f"idle-{i:03d}", devices=registration(f"idle-{i:03d}", gpus=1, model=T4)) for i in range(60)]
     full = [gpu_node(f"full-{i}", devices=registration(f"full-{i}", gpus=1, model={**T4, "devmem": 500}))
             for i in range(3)]

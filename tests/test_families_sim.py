@@ -122,7 +122,7 @@ def test_kind_patch_decodes(fake_device):
 def test_kind_demo_pods_ask_for_the_family(fake_device):
     """The demo pods of each FAKE_DEVICE parse as requests of that family's vendor."""
     from hami_py.devices.registry import build_vendors
-    from hami_py.scheduling.requests import parse_pod_requests
+    from hami_py.scheduling.decision.requests import parse_pod_requests
     module, vendor_key, *_ = EXPECTED[fake_device]
     family_vendors(module)
     vendors = build_vendors(DeviceConfig.default(), SWITCHES)

@@ -24,7 +24,7 @@ from hami_py.fakeapi.objects import H200, gpu_node, gpu_pod, registration
 from hami_py.k8s.client import KubeClient, load_configuration
 from hami_py.k8s.informer import Informer
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
-from hami_py.scheduling.stale import decision_keys
+from hami_py.scheduling.verbs.stale import decision_keys
 from tests.conftest import filtered, informer_of, pod_events_applied
 from tests.reliability_helpers import schedule_with_retries, wait_books_balance, wait_lock_free
 

@@ -13,13 +13,14 @@ import asyncio
 import aiohttp
 import pytest
 
+from hami_py.cache.pod_states import PodState
 from hami_py.cli import build_parser, main, options_from_args
 from hami_py.embedded import embedded_options
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, gpu_uuid, registration
 from hami_py.k8s.events import FILTERING_SUCCEED
-from hami_py.scheduling.filter import LISTED_NODE_SCORES
-from hami_py.scheduling.policies import NODE_POLICY_ANNOTATION
-from hami_py.scheduling.prioritize import MAX_EXTENDER_PRIORITY
+from hami_py.scheduling.decision.filter import LISTED_NODE_SCORES
+from hami_py.scheduling.decision.policies import NODE_POLICY_ANNOTATION
+from hami_py.scheduling.verbs.prioritize import MAX_EXTENDER_PRIORITY
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
 from tests.conftest import UNBOUND_WINDOW_S, assert_books_balance, keeper_passes, register_nodes, wait_until
 from tests.reliability_helpers import oversubscribed, wait_books_balance
@@ -174,7 +175,7 @@ async def test_prioritize_right_after_the_pods_filter_reuses_its_fit(api, app, e
     """kube-scheduler's /prioritize follows the pod's /filter in the same scheduling cycle, with
     the nodes the filter let through: no second kernel run, the same scores a fresh fit gives.
     Other nodes, another pod or a fit older than LAST_FIT_S are fitted again."""
-    from hami_py.scheduling import prioritize as module
+    from hami_py.scheduling.verbs import prioritize as module
     names = await used_nodes(api, app, extender)
     filterer = app.service.filterer
     runs = []
@@ -422,9 +423,9 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 from hami_py.cache.usage import UsageCache  # noqa: E402
 from hami_py.config import DeviceConfig  # noqa: E402
 from hami_py.devices.registry import build_vendors  # noqa: E402
-from hami_py.scheduling.filter import Filterer  # noqa: E402
-from hami_py.scheduling.prioritize import AllNodes  # noqa: E402
-from hami_py.scheduling.requests import parse_pod_requests  # noqa: E402
+from hami_py.scheduling.decision.filter import Filterer  # noqa: E402
+from hami_py.scheduling.verbs.prioritize import AllNodes  # noqa: E402
+from hami_py.scheduling.decision.requests import parse_pod_requests  # noqa: E402
 
 VENDORS = build_vendors(DeviceConfig.default())
 
@@ -556,7 +557,7 @@ def test_all_mode_filter_and_prioritize_answer_any_request_and_never_reserve():
                 for entry in answer:
                     assert set(entry) == {"Host", "Score"} and entry["Host"] in given_names, (entry, args)
                     assert isinstance(entry["Score"], int) and 0 <= entry["Score"] <= MAX_EXTENDER_PRIORITY
-            assert not [p for p in cluster.app.cache.pods.values() if p.reserved and not p.bound], "reserved"
+            assert not [p for p in cluster.app.cache.pods.values() if p.state in (PodState.RESERVED, PodState.HELD)], "reserved"
 
         check()
 
@@ -569,7 +570,7 @@ def test_all_mode_filter_and_prioritize_answer_any_request_and_never_reserve():
 @pytest.mark.parametrize("names", [[], ["n1"], ["a", "b.c", "d-e_f", ""], ['q"uote', "back\\slash", "ü"],
                                    [f"gpu-node-{i:05}" for i in range(300)]])
 def test_the_priority_list_is_written_as_json_would_write_it(names):
-    from hami_py.scheduling.prioritize import HostPriorities
+    from hami_py.scheduling.verbs.prioritize import HostPriorities
     import orjson
     values = [i % (MAX_EXTENDER_PRIORITY + 1) for i in range(len(names))]
     priorities = HostPriorities(names, values)

@@ -29,8 +29,8 @@ from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
 from hami_py.embedded import wait_for
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
-from hami_py.scheduling.filter import Filterer
-from hami_py.scheduling.requests import MAX_DEVICES_PER_POD, parse_pod_requests
+from hami_py.scheduling.decision.filter import Filterer
+from hami_py.scheduling.decision.requests import MAX_DEVICES_PER_POD, parse_pod_requests
 from tests.reliability_helpers import LoopCluster, finish_allocation, wait_books_balance
 
 FILTER_FIELDS = {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}

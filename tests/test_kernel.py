@@ -12,6 +12,7 @@ drawn per vendor, and the chooser's calls are compared too.
 The kernel's numbers are written once, in cython_core/kernel_codes.pxd: a test here reads that
 file and fails when the Python side or the built kernel disagrees with it.
 """
+import ast
 import re
 from array import array
 from pathlib import Path
@@ -20,13 +21,13 @@ from types import SimpleNamespace
 import pytest
 from hypothesis import event, given, settings, strategies as st
 
-from hami_py import _kernel
+from hami_py import _kernel, kernel_codes
 from hami_py import reasons as R
 from hami_py.cache import quota
 from hami_py.devices import base
-from hami_py.scheduling import kernel_ref
-from hami_py.scheduling.fit_query import TABLE_COLUMNS, FitQuery
-from hami_py.scheduling.kernel_ref import (
+from hami_py.scheduling.kernel import reference as kernel_ref
+from hami_py.scheduling.kernel.fit_query import TABLE_COLUMNS, FitQuery
+from hami_py.scheduling.kernel.reference import (
     CHAIN_BASE as B, FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_FRAG, KEY_NUMA,
     KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN, ORDER_MUTEX, ORDER_SPREAD, POLICY_BINPACK, POLICY_FRAG, POLICY_SPREAD,
     ROW_WIDTH, UNLIMITED,
@@ -466,12 +467,14 @@ def _pxd_codes() -> dict[str, int]:
 
 
 def test_every_shared_number_comes_from_kernel_codes_pxd():
-    """reasons.py, kernel_ref and the device base take their numbers from the built kernel, which
-    compiled them from kernel_codes.pxd: a name missing from CODES, a kernel built before the
-    .pxd changed, or a number typed back into a Python module fails here."""
+    """reasons.py and kernel_codes.py take their numbers from the built kernel, which compiled
+    them from kernel_codes.pxd (kernel_ref and the device base import them from there): a name
+    missing from CODES, a kernel built before the .pxd changed, or a number typed back into a
+    Python module fails here."""
     codes = _pxd_codes()
     assert len(codes) > 40 and _kernel.CODES == codes
     python_side = {**{n: getattr(R, n) for n in codes if hasattr(R, n)},
+                   **{n: getattr(kernel_codes, n) for n in codes if hasattr(kernel_codes, n)},
                    **{n: getattr(kernel_ref, n) for n in codes if hasattr(kernel_ref, n)},
                    **{n: getattr(base, n) for n in codes if n.startswith("FLAG_")}}
     assert {n: codes[n] for n in python_side} == python_side
@@ -479,6 +482,23 @@ def test_every_shared_number_comes_from_kernel_codes_pxd():
     # Every device reason has upstream's string; the reason count bounds them.
     assert sorted(R.NAMES) == list(range(1, R.N_DEVICE_REASONS))
     assert _kernel.QUOTA_UNLIMITED == quota.UNLIMITED == UNLIMITED
+    # One Python home per number: the reasons in reasons.py, the rest in kernel_codes.py.
+    assert set(codes) == {n for n in codes if hasattr(R, n)} ^ set(kernel_codes.__all__)
+
+
+def test_the_reference_is_read_by_tests_not_by_the_scheduler():
+    """kernel_ref.py specifies the kernel; the scheduler takes the kernel's numbers from
+    kernel_codes.py, so the reference can be reshaped without touching production code."""
+    root = Path(__file__).resolve().parent.parent / "hami_py"
+    importers = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+                     if isinstance(node, ast.ImportFrom) else
+                     [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            if "hami_py.scheduling.kernel.reference" in names and path.name != "kernel_ref.py":
+                importers.append(str(path.relative_to(root.parent)))
+    assert importers == []
 
 
 # -- device families' rules, one by one ------------------------------------------------------
@@ -648,8 +668,8 @@ def _decide(family, devices, pod_mem, *, used=()):
     from hami_py.cache.usage import UsageCache
     from hami_py.config import DeviceConfig
     from hami_py.devices.registry import build_vendors
-    from hami_py.scheduling.filter import Filterer
-    from hami_py.scheduling.requests import parse_pod_requests
+    from hami_py.scheduling.decision.filter import Filterer
+    from hami_py.scheduling.decision.requests import parse_pod_requests
 
     vendors = {**build_vendors(DeviceConfig.default()), family.vendor_key: family}
     cache = UsageCache(vendors)

@@ -43,7 +43,7 @@ from hami_py.http.refit import REFIT_PATH
 from hami_py.http.webhook import WEBHOOK_PATH
 from hami_py.k8s.budget import REQUESTS_PER_POD, pods_per_second_cap
 from hami_py.metrics import Metrics
-from hami_py.scheduling.admission import SUPPORTED_VERSIONS
+from hami_py.scheduling.admission.rules import SUPPORTED_VERSIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"

@@ -142,6 +142,9 @@ def check_sequence(family: str, devices: tuple[int, ...], steps: list[tuple[str,
                 continue
             uid = sorted(pool)[pick % len(pool)]
             getattr(world, step)(uid)
+        # Every pod's named state, against what the objects say it must be.
+        states = {uid: record.state for uid, record in world.cache.pods.items()}
+        assert states == world.expected_states(), f"{family}: after step {number} ({step}): pod states"
         model = world.model()
         # The books themselves first (what every later answer is computed from), then the answers.
         for name in world.names:

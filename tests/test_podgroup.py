@@ -85,7 +85,7 @@ async def test_a_bind_waits_for_the_allocation_before_it_and_is_woken_by_the_nod
     The once-a-second retry is turned off, so only the watch can wake it in time."""
     from hami_py.embedded import running_scheduler
     from hami_py.fakeapi.kubescheduler import ExtenderClient
-    from hami_py.scheduling import bind as bind_module
+    from hami_py.scheduling.verbs import bind as bind_module
     monkeypatch.setattr(bind_module, "LOCK_RECHECK_S", 3600.0)
     async with running_scheduler(api, options=embedded_options(node_lock_wait_s=30), device_plugin=False) as app:
         client = ExtenderClient(app.url)
@@ -113,7 +113,7 @@ async def test_queued_binds_take_the_lock_one_release_at_a_time(api, monkeypatch
     cost about fifty requests a pod for twenty waiters)."""
     from hami_py.embedded import running_scheduler
     from hami_py.fakeapi.kubescheduler import ExtenderClient
-    from hami_py.scheduling import bind as bind_module
+    from hami_py.scheduling.verbs import bind as bind_module
     monkeypatch.setattr(bind_module, "LOCK_RECHECK_S", 3600.0)
     async with running_scheduler(api, options=embedded_options(node_lock_wait_s=30)) as app:
         client = ExtenderClient(app.url)

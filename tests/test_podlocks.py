@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from hami_py.embedded import wait_for
-from hami_py.scheduling.podlocks import PodBusy, PodLocks
+from hami_py.scheduling.verbs.podlocks import PodBusy, PodLocks
 
 
 async def test_a_follow_up_claims_the_lock_before_its_filter_lets_go():

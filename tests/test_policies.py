@@ -8,8 +8,8 @@ from hami_py.config import DeviceConfig
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
-from hami_py.scheduling.kernel_ref import CHAIN_BASE, KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX
-from hami_py.scheduling.policies import gpu_policy_code
+from hami_py.kernel_codes import CHAIN_BASE, KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX
+from hami_py.scheduling.decision.policies import gpu_policy_code
 from tests.conftest import decision_annotations, wait_until
 
 

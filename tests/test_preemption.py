@@ -2,7 +2,7 @@
 
 A pod with a priority that fits nowhere evicts, through the Eviction API, the fewest lower-priority
 device pods of one node that make room, holds that room, and is placed there by its next /filter.
-Each rule of scheduling/preemption.py and scheduling/preempting.py has a test here; the search's
+Each rule of scheduling/eviction/victims.py and scheduling/eviction/preempting.py has a test here; the search's
 minimality is a hypothesis property in tests/test_preemption_property.py.
 """
 from __future__ import annotations
@@ -507,7 +507,8 @@ async def test_another_family_with_a_chooser_preempts_the_same_way(api, app, ext
     """Kunlun P800 whole cards (the family's topology chooser picks the cards): two 4-card pods
     fill the board; a 4-card pod of a higher priority evicts the lower of them, an 8-card one both."""
     from tests.conftest import device_pod
-    from hami_py.fakeapi.families import family_node, find_device_model
+    from hami_py.fakeapi.families import find_device_model
+    from hami_py.fakeapi.family_nodes import family_node
     kunlun = find_device_model("P800")
     nodes = await register_nodes(api, app, family_node("k1", kunlun.parts("k1")))
 

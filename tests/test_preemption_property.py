@@ -1,4 +1,4 @@
-"""The victim search (scheduling/preemption.py) against a plain-Python reference, by hypothesis.
+"""The victim search (scheduling/eviction/victims.py) against a plain-Python reference, by hypothesis.
 
 Random nodes (GPUs of one size, split counts), random running pods (GPU memory shares, priorities)
 and a random preemptor that fits nowhere as things are. The reference fit is the rule in its
@@ -18,14 +18,15 @@ from itertools import combinations
 
 from hypothesis import HealthCheck, assume, event, given, settings, strategies as st
 
+from hami_py.cache.pod_states import PodState
 from hami_py.cache.records import PodUsage, UsageEntry
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
-from hami_py.scheduling.filter import Filterer
-from hami_py.scheduling.preemption import VictimSearch, set_key
-from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.scheduling.decision.filter import Filterer
+from hami_py.scheduling.eviction.victims import VictimSearch, set_key
+from hami_py.scheduling.decision.requests import parse_pod_requests
 
 VENDORS = build_vendors(DeviceConfig.default())
 MODEL = {"type": "NVIDIA T4", "devmem": 10000, "devcore": 100}
@@ -96,7 +97,7 @@ def check(nodes_spec, pods_spec, preemptor, *, bounded: bool) -> None:
         running.append(p)
         cache.add_pod_usage(PodUsage(uid=p["uid"], namespace="default", name=f"p{k}", node=node["name"],
                                      entries=[UsageEntry("NVIDIA", node["uuids"][gi], p["mem"], 0, 1)],
-                                     resource_version=k + 1, bound=True, priority=priority, started=p["started"]))
+                                     resource_version=k + 1, state=PodState.BOUND, priority=priority, started=p["started"]))
     nums, mem_k, prio = preemptor
     mem = mem_k * 1000
     assume(not any(ref_fits(ref_node(n, running, set()), nums, mem) for n in nodes))
@@ -146,7 +147,7 @@ def check(nodes_spec, pods_spec, preemptor, *, bounded: bool) -> None:
 def test_the_search_is_bounded_on_a_large_full_cluster():
     """300 nodes × 8 GPUs, each GPU full with a lower-priority pod: the choice takes at most its
     fits (plus one reprieve pass) and still finds the one victim that makes room."""
-    from hami_py.scheduling.preemption import MAX_CANDIDATES, MAX_TRIALS
+    from hami_py.scheduling.eviction.victims import MAX_CANDIDATES, MAX_TRIALS
     cache = UsageCache(VENDORS)
     names, k = [], 0
     for i in range(300):
@@ -158,7 +159,7 @@ def test_the_search_is_bounded_on_a_large_full_cluster():
             k += 1
             cache.add_pod_usage(PodUsage(uid=f"u{k}", namespace="default", name=f"p{k}", node=name,
                                          entries=[UsageEntry("NVIDIA", device["id"], 9000, 0, 1)],
-                                         resource_version=k, bound=True, priority=1, started=NOW - k))
+                                         resource_version=k, state=PodState.BOUND, priority=1, started=NOW - k))
     pod = gpu_pod("preemptor", gpumem=5000)
     pod["metadata"]["uid"] = "preemptor-uid"
     pod["spec"]["priority"] = 10

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from hami_py.cache.pod_states import PodState
 from hami_py.embedded import embedded_options, wait_for
 from hami_py.fakeapi.deviceplugin import SimulatedDevicePlugin
 from hami_py.fakeapi.families import BY_KEY
@@ -91,7 +92,7 @@ async def _seen(app, pods: list[dict], what: str, *, allocated: bool = False) ->
             if rec is None or rec.resource_version is None \
                     or rec.resource_version < int(pod["metadata"]["resourceVersion"]):
                 return False
-            if rec.reserved or not rec.bound or (allocated and not rec.allocated):
+            if rec.state not in ((PodState.ALLOCATED,) if allocated else (PodState.BOUND, PodState.ALLOCATED)):
                 return False
         return True
     await wait_for(caught_up, timeout=20, interval=0.02, what=what)

@@ -20,7 +20,7 @@ from hami_py.defrag.execute import execute_plan
 from hami_py.defrag.plan import Move, Placement, Plan
 from hami_py.embedded import wait_for
 from hami_py.fakeapi.objects import gpu_uuid
-from hami_py.scheduling.defrag_holds import HOLD_ANNOTATION
+from hami_py.scheduling.eviction.defrag_holds import HOLD_ANNOTATION
 from tests.realk8s import budget_allowing_no_disruption, wait_books_balance, wait_for_value
 from tests.test_real_k8s_kube_scheduler import (  # noqa: F401  (fixtures, found by name)
     T4, bound, extender_port, hami, priority_classes, real_options, registered, running_and_ready, scheduled_pod,

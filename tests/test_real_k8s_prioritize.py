@@ -20,7 +20,7 @@ import pytest
 
 from hami_py.cli import build_parser, options_from_args
 from hami_py.embedded import wait_for
-from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.scheduling.decision.requests import parse_pod_requests
 from tests.realk8s import KubeSchedulerProcess, free_port, sidecar_args, sidecar_config, wait_books_balance, wait_for_value
 from tests.test_manifests_in_the_loop import hami_args, scheduler_config
 from tests.test_real_k8s_kube_scheduler import (  # noqa: F401 - priority_classes, tls_files are fixtures

@@ -21,7 +21,7 @@ from hami_py.embedded import embedded_options, wait_for
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_pod, gpu_uuid
 from hami_py.k8s.client import KubeApiError
-from hami_py.scheduling.admission import scheduler_owned_annotations
+from hami_py.scheduling.admission.rules import scheduler_owned_annotations
 from tests.realk8s import (
     SA_NAMESPACE, RealKube, manifest_docs, real_scheduler, resource_path, wait_books_balance, wait_for_value,
 )
@@ -293,7 +293,7 @@ async def test_the_device_plugin_writes_its_answers_and_a_person_cannot(webhook,
 
 async def test_the_scheduler_clears_a_void_decision_through_the_guard(webhook, real_hami, real_kube, real_namespace,
                                                                      real_nodes, device_plugin_account, https):
-    """hami-scheduler's own write of scheduler-owned annotations (scheduling/stale.py) passes: a
+    """hami-scheduler's own write of scheduler-owned annotations (scheduling/verbs/stale.py) passes: a
     pod of ours carrying a decision that a filter finds no node for has it removed, as the
     hami-scheduler ServiceAccount (a refusal would be a 403 in the audit log, which fails every
     real_k8s test)."""

@@ -1,7 +1,7 @@
 """``POST /refit`` (NUMA refit) against the in-repo API server: callers, rules and the books.
 
 The device plugin of the pod's node asks the scheduler to move a container's pending devices onto
-the ones kubelet's Topology Manager allows (scheduling/refit.py). The API server's own part (a
+the ones kubelet's Topology Manager allows (scheduling/verbs/refit.py). The API server's own part (a
 real TokenReview of a real bound ServiceAccount token) is proven in tests/test_real_k8s_refit.py;
 here the in-repo server's TokenReview answers for tokens the test gives it, so that every rule,
 fault and the books can be checked.

@@ -125,7 +125,7 @@ def test_init_done_waits_for_the_ordinary_init_containers_only():
 
 
 def test_the_webhooks_quota_precheck_counts_sidecars_as_kubernetes_does():
-    from hami_py.scheduling.admission import quota_fits
+    from hami_py.scheduling.admission.rules import quota_fits
     from tests.books_model import VENDORS
 
     asked: list[tuple[str, int, int]] = []

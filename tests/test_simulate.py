@@ -17,12 +17,12 @@ import pytest
 
 from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
+from hami_py.offline.cluster import load_cluster
+from hami_py.offline.source import InputError
 from hami_py.simulate import cli
-from hami_py.simulate.cluster import load_cluster
 from hami_py.simulate.progress import ProgressBar
 from hami_py.simulate.results import summarize_failed
 from hami_py.simulate.runner import Scenario, run_scenario
-from hami_py.simulate.source import InputError
 from hami_py.simulate.workload import load_workload
 
 REPO = Path(__file__).resolve().parent.parent

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from hami_py.offline.palette import colour
 from hami_py.simulate import cli
-from hami_py.simulate.report_html import colour, heat_map, render_html
+from hami_py.simulate.report_html import heat_map, render_html
 from hami_py.simulate.results import DeviceState, Fragmentation, Report, ScenarioResult
 
 REPO = Path(__file__).resolve().parent.parent

@@ -13,9 +13,9 @@ from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import A100_80, H200, L40S, gpu_node, gpu_pod, registration
-from hami_py.scheduling.filter import Filterer
-from hami_py.scheduling.fit_query import TABLE_COLUMNS
-from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.scheduling.decision.filter import Filterer
+from hami_py.scheduling.kernel.fit_query import TABLE_COLUMNS
+from hami_py.scheduling.decision.requests import parse_pod_requests
 
 VENDORS = build_vendors(DeviceConfig.default())
 MODELS = [H200, A100_80, L40S]

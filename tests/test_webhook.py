@@ -1,4 +1,4 @@
-"""The admission rules (hami_py.scheduling.admission) and NVIDIA's admission defaults.
+"""The admission rules (hami_py.scheduling.admission.rules) and NVIDIA's admission defaults.
 
 Every case goes through ``review()``: an AdmissionReview dict in, the answer dict out, with the
 patch applied by an independent RFC 6902 implementation below, so what is asserted is the pod
@@ -16,7 +16,7 @@ from hypothesis import example, given, settings, strategies as st
 from hami_py.config import DeviceConfig
 from hami_py.devices.nvidia import nvidia_config
 from hami_py.devices.registry import build_vendors
-from hami_py.scheduling.admission import (
+from hami_py.scheduling.admission.rules import (
     ADMISSION_V1, ADMISSION_V1BETA1, AdmissionSettings, json_patch, review, scheduler_applies,
 )
 

@@ -1,4 +1,4 @@
-"""Scheduler-owned annotations at admission (hami_py.scheduling.admission).
+"""Scheduler-owned annotations at admission (hami_py.scheduling.admission.rules).
 
 The device plugins hand out devices from a pod's decision annotations, so nobody but a scheduler
 (and, once the pod is bound, a device plugin) may write them: a pod presetting one at CREATE is
@@ -17,7 +17,7 @@ import pytest
 from hami_py.config import DeviceConfig, parse_device_config
 from hami_py.devices.base import DeviceVendor
 from hami_py.devices.registry import FamilySwitches, build_vendors
-from hami_py.scheduling.admission import (
+from hami_py.scheduling.admission.rules import (
     ADMISSION_V1, ADMISSION_V1BETA1, GENERIC_OWNED_ANNOTATIONS, AdmissionSettings, is_service_account, review,
     scheduler_owned_annotations,
 )
@@ -170,7 +170,7 @@ def test_a_service_account_writes_a_decision_on_a_pod_of_ours(user):
     old = our_pod(DECISION)
     answered = our_pod({**DECISION, "hami.io/bind-phase": "success", "hami.io/vgpu-devices-to-allocate": ";"})
     untouched(update(old, answered, user=user))
-    cleared = our_pod({"team": "vision"})                  # a void decision removed (scheduling/stale.py)
+    cleared = our_pod({"team": "vision"})                  # a void decision removed (scheduling/verbs/stale.py)
     untouched(update(old, cleared, user=user))
 
 

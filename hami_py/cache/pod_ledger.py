@@ -19,6 +19,7 @@ import structlog
 from hami_py.cache.device_table import DeviceTable
 from hami_py.cache.partitions import PartitionTables
 from hami_py.cache.quota import QuotaBook
+from hami_py.cache.pod_states import PodState, advance, observed
 from hami_py.cache.records import NodeEntry, PodUsage, UsageEntry, allocation_finished
 from hami_py.devices.base import AllocationDecodeError, DeviceVendor, PodDevices
 from hami_py.podshape import PodShape, pod_shape
@@ -97,6 +98,11 @@ def _rv(obj: dict) -> int | None:
         return None
 
 
+# The charges a /bind may find as the pod's reservation: its /filter's decision, and the same
+# decision once that bind's Binding is created (a repeated bind then answers at once).
+_OURS_TO_BIND = frozenset((PodState.RESERVED, PodState.SHOWN, PodState.BOUND_UNSEEN))
+
+
 class PodLedger:
     """Pods charged by UID, their nodes' members, and the decisions rolled back."""
 
@@ -139,7 +145,7 @@ class PodLedger:
         """The decision this process's /filter reserved for pod ``uid`` on ``node``, if it still
         holds every device it names there; None otherwise (the bind must not happen)."""
         pod = self.pods.get(uid)
-        if pod is None or not pod.decided or pod.node != node or node not in self.nodes \
+        if pod is None or pod.state not in _OURS_TO_BIND or pod.node != node or node not in self.nodes \
                 or len(pod.resolved) != len(pod.entries) or -1 in pod.resolved:
             return None
         return pod
@@ -147,7 +153,7 @@ class PodLedger:
     def bound_node(self, uid: str) -> str | None:
         """The node a charged pod is bound to, None when it is not bound (or not charged)."""
         pod = self.pods.get(uid)
-        return pod.node if pod is not None and pod.bound else None
+        return pod.node if pod is not None and pod.state.bound else None
 
     def uid_of(self, namespace: str, name: str, node: str) -> str:
         """The UID of a pod charged to ``node`` under that name ("" when there is none)."""
@@ -212,19 +218,12 @@ class PodLedger:
             self.pods[uid].resolved = []
 
     def add_pod_usage(self, pod: PodUsage) -> None:
-        """Charge a pod's usage; a pod already charged is replaced (add is idempotent per UID)."""
-        if pod.reserved:
-            self.released.pop(pod.uid, None)
+        """Charge a record in the state it carries (a new one in one of ``pod_states.ENTRIES``, or
+        one a trial took out, back as it was); a record already charged under its UID is replaced."""
+        if not pod.state.seen:
+            self.released.pop(pod.uid, None)     # a decision of ours: any rolled-back one is void
         old = self.pods.get(pod.uid)
         if old is not None:
-            if old.node == pod.node and old.entries == pod.entries and old.mig == pod.mig \
-                    and old.marks == pod.marks:
-                old.resource_version = pod.resource_version or old.resource_version
-                old.reserved = pod.reserved
-                old.decided = old.decided or pod.decided
-                if pod.resource_version is not None:   # an object's: the pod's own priority and start
-                    old.priority, old.started = pod.priority, pod.started
-                return
             self.remove_pod(old.uid)
         pod.resolved = self._resolve(pod)
         if pod.resolved and -1 in pod.resolved:
@@ -234,6 +233,16 @@ class PodLedger:
         self.node_pods.setdefault(pod.node, set()).add(pod.uid)
         self._apply(pod, +1)
         self.quota.charge(pod.namespace, pod.entries, +1)
+
+    def mark_bound(self, pod: PodUsage) -> None:
+        """Our /bind created the pod's Binding: its reservation is bound, not yet seen. One the
+        watch has shown bound meanwhile (the Binding's event can beat its answer) stays so."""
+        if not pod.state.bound:
+            pod.state = advance(pod.state, PodState.BOUND_UNSEEN)
+
+    def mark_held(self, pod: PodUsage) -> None:
+        """A reservation just made becomes a hold (scheduling/eviction/holds.py): charged, never bound."""
+        pod.state = advance(pod.state, PodState.HELD)
 
     def release_pod(self, uid: str) -> PodUsage | None:
         """Roll back a decision: free its usage and ignore events that still carry it."""
@@ -247,20 +256,19 @@ class PodLedger:
         of its leadership): /filter writes nothing, so no other replica can see them, and the new
         leader may give their devices to other pods; a bind of one is sent back to /filter. How
         many were released."""
-        unbound = [uid for uid, p in self.pods.items()
-                   if p.reserved and p.decided and p.resource_version is None and not p.bound]
+        unbound = [uid for uid, p in self.pods.items() if p.state is PodState.RESERVED]
         for uid in unbound:
             self.release_pod(uid)
         return len(unbound)
 
     def forget_decision(self, pod: dict) -> None:
         """The decision an unbound pod object carries holds nothing any more (the pod was filtered
-        again and fits nowhere; scheduling/stale.py clears it from the pod): uncharge it and, as
+        again and fits nowhere; scheduling/verbs/stale.py clears it from the pod): uncharge it and, as
         after release_pod, ignore events that still carry it unless the pod is bound. A reservation
         of our own made since (a preemption's hold) is not that decision, and stays."""
         uid = (pod.get("metadata") or {}).get("uid") or ""
         current = self.pods.get(uid)
-        if current is not None and not current.reserved:
+        if current is not None and current.state.seen:
             self.remove_pod(uid)
         try:
             usage = self.pod_usage_from_object(pod)
@@ -353,8 +361,8 @@ class PodLedger:
             # Most pod events (status, labels, the bind-phase patch) leave the allocation alone.
             if rv is not None:
                 current.resource_version = rv
-            current.reserved = False
-            current.allocated = allocation_finished(meta.get("annotations"))
+            current.state = advance(current.state, observed(
+                current.state, bound=fingerprint[2], allocated=allocation_finished(meta.get("annotations"))))
             return
         try:
             # The fingerprint holds the pod's shape already (it is computed once per event).
@@ -363,32 +371,42 @@ class PodLedger:
             log.warning("pod allocation annotation rejected", pod=f"{meta.get('namespace')}/{meta.get('name')}",
                         error=str(exc))
             return
+        bound = bool((pod.get("spec") or {}).get("nodeName"))
         if usage is None:
             # No scheduler decision on this object. A reservation of our /filter not bound yet
             # stays (the filter writes nothing: its Binding carries the decision), unless the pod
             # shows itself bound without it (bound by someone else: it runs on no device of ours);
             # one the API server has seen and that is now gone is released.
             if current is not None and rv is not None and (
-                    current.resource_version is not None
-                    or (not current.bound and (pod.get("spec") or {}).get("nodeName"))):
+                    current.state.seen or (bound and not current.state.bound)):
                 self.remove_pod(uid)
             return
-        if current is not None and current.reserved and current.resource_version is None \
+        if current is not None and not current.state.seen \
                 and (usage.node, usage.entries) != (current.node, current.entries) \
-                and not ((pod.get("spec") or {}).get("nodeName") and not current.bound):
+                and not (bound and not current.state.bound):
             # Our reservation is not bound yet, so any other decision an unbound object shows
             # predates it (left by an older scheduler, or a relist or a late event): keep the
             # newer reservation charged. A pod bound with another decision runs on that one.
             return
-        if self.released.get(uid) == (usage.node, usage.entries) and not (pod.get("spec") or {}).get("nodeName"):
+        if self.released.get(uid) == (usage.node, usage.entries) and not bound:
             # The annotations still show a decision we rolled back. A pod that is bound all the
             # same (a Binding that landed after we gave up on it) is always charged.
             return
-        self.add_pod_usage(usage)
-        record = self.pods[uid]
+        allocated = allocation_finished(meta.get("annotations"))
+        if current is not None and (current.node, current.entries, current.mig, current.marks) \
+                == (usage.node, usage.entries, usage.mig, usage.marks):
+            # The object shows the very charge the record holds (our reservation, bound or not,
+            # or an earlier event's): the record moves on, nothing is charged again.
+            record = current
+            record.resource_version = usage.resource_version or record.resource_version
+            if usage.resource_version is not None:   # an object's: the pod's own priority and start
+                record.priority, record.started = usage.priority, usage.started
+            record.state = advance(record.state, observed(record.state, bound=bound, allocated=allocated))
+        else:
+            record = usage
+            record.state = observed(None, bound=bound, allocated=allocated)
+            self.add_pod_usage(record)
         record.fingerprint = fingerprint
-        record.bound = record.bound or bool((pod.get("spec") or {}).get("nodeName"))   # never unbound
-        record.allocated = allocation_finished(meta.get("annotations"))
 
     def _fingerprint(self, pod: dict, meta: dict) -> tuple | None:
         annotations = meta.get("annotations") or {}
@@ -423,7 +441,7 @@ class PodLedger:
         seen = self._relist_pods_seen
         for uid in [u for u in self.pods if u not in seen]:
             p = self.pods[uid]
-            if p.resource_version is None and p.reserved and (
+            if not p.state.seen and (
                     list_rv is None or p.filtered_rv is None or p.filtered_rv > list_rv):
                 continue
             if list_rv is not None and p.resource_version is not None and p.resource_version > list_rv:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from hami_py.cache.pod_states import PodState
 from hami_py.devices.base import DeviceInfo
 
 
@@ -66,15 +67,8 @@ class PodUsage:
     mig: list[tuple] = field(default_factory=list)
     fingerprint: tuple | None = None   # the annotations it was decoded from (skip re-decoding)
     resource_version: int | None = None                  # events older than this are stale
-    reserved: bool = False          # made by our own /filter, not yet seen back from the watch
-    # Made by this process's /filter and not rolled back since: the only kind of charge a /bind
-    # may trust. One rebuilt from a pod's annotations (a restart, a relist) is not: the pod may
-    # carry a decision whose capacity was given to another pod since.
-    decided: bool = False
-    bound: bool = False             # the pod is bound (by our /bind, or as the watch shows it)
-    # The device plugin is done with the pod (``hami.io/bind-phase`` success or failed): a node
-    # lock it still holds is one whose release failed, not an allocation in progress.
-    allocated: bool = False
+    # Where the charge is in its life (cache/pod_states.py): moved only by the pod ledger.
+    state: PodState = PodState.REBUILT
     # The decision's pod annotations, kept with a reservation of our own /filter until the bind
     # carries them in its Binding (the filter itself writes nothing).
     annotations: dict[str, str] | None = None
@@ -87,7 +81,7 @@ class PodUsage:
     # The pod's annotations that device families keep with its charge (DeviceVendor.pod_marks).
     marks: dict[str, str] = field(default_factory=dict)
     # spec.priority and when the pod started (status.startTime, else its creation), seconds since
-    # the epoch: what device preemption orders its victims by (scheduling/preemption.py).
+    # the epoch: what device preemption orders its victims by (scheduling/eviction/victims.py).
     priority: int = 0
     started: float = 0.0
 

@@ -29,13 +29,14 @@ from hami_py.cache.node_inventory import (
 )
 from hami_py.cache.partitions import PartitionTables
 from hami_py.cache.pod_ledger import VGPU_NODE_ANNOTATION, PodLedger, collapse
+from hami_py.cache.pod_states import PodState
 from hami_py.cache.quota import QuotaBook
 from hami_py.cache.records import NodeEntry, PodUsage, UsageEntry
 from hami_py.cache.stuck_locks import DEFAULT_STUCK_AFTER_S, StuckLock, stuck_lock, stuck_locks
 from hami_py.devices.base import DeviceInfo, DeviceVendor
 
 __all__ = [
-    "HANDSHAKE_TIMEOUT_S", "REQUESTING_PREFIX", "STAMP_FORMAT", "VGPU_NODE_ANNOTATION", "NodeEntry", "PodUsage",
+    "HANDSHAKE_TIMEOUT_S", "REQUESTING_PREFIX", "STAMP_FORMAT", "VGPU_NODE_ANNOTATION", "NodeEntry", "PodState", "PodUsage",
     "UsageCache", "UsageEntry", "collapse", "is_requesting", "parse_handshake_deadline",
 ]
 
@@ -45,7 +46,7 @@ _PARTITION_ATTRIBUTES = ("prof_names", "place_spans", "mig_doubts")
 _LEDGER_ATTRIBUTES = (
     "pods", "node_pods", "released", "deleted",
     "live_reservation", "bound_node", "uid_of", "add_pod_usage", "release_pod", "release_unbound_reservations",
-    "forget_decision", "remove_pod", "marks_of", "charge_of",
+    "forget_decision", "remove_pod", "mark_bound", "mark_held", "marks_of", "charge_of",
     "pod_usage_from_object", "on_pod_event", "replace_pods", "begin_pod_relist", "relist_pods_page",
     "finish_pod_relist", "recount",
 )
@@ -107,7 +108,7 @@ class UsageCache:
     def _allocating_holder(self, namespace: str, name: str, node: str) -> bool:
         # Bound onto the node and its device plugin not done with it: the allocation the lock guards.
         pod = self.pods.get(self.ledger.uid_of(namespace, name, node))
-        return pod is not None and pod.bound and not pod.allocated
+        return pod is not None and pod.state.allocating
 
     def device_usage(self, node: str) -> list[dict]:
         """A readable snapshot of one node's devices (for tests, the demo and metrics)."""

@@ -15,7 +15,7 @@ import sys
 
 import structlog
 
-from hami_py.cli import OneLineParser, UsageError
+from hami_py.cliargs import EXIT_INTERRUPTED, EXIT_USAGE, OneLineParser, UsageError
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.defrag.planner import Planner
 from hami_py.defrag.plan import Plan
@@ -25,15 +25,12 @@ from hami_py.defrag.world import (
 )
 from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.logs import configure_logging
-from hami_py.scheduling.defrag_holds import MAX_HOLD_S
-from hami_py.scheduling.policies import GPU_POLICY_TOKENS, policy_tokens
-from hami_py.simulate.source import InputError
-from hami_py.simulate.workload import POLICIES
+from hami_py.offline.source import InputError
+from hami_py.scheduling.eviction.defrag_holds import MAX_HOLD_S
+from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES, policy_tokens
 
 EXIT_OK = 0
 EXIT_NOT_SATISFIED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 DEFAULT_HTML_FILE = "defrag-report.html"
 
 log = structlog.get_logger("hami_py.defrag")
@@ -90,10 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_flags(ns: argparse.Namespace) -> None:
-    if ns.node_scheduler_policy not in POLICIES:
-        raise UsageError(f"--node-scheduler-policy must be one of {', '.join(POLICIES)}, "
+    if ns.node_scheduler_policy not in NODE_POLICIES:
+        raise UsageError(f"--node-scheduler-policy must be one of {', '.join(NODE_POLICIES)}, "
                          f"not {ns.node_scheduler_policy!r}")
-    unknown = policy_tokens(ns.gpu_scheduler_policy) - GPU_POLICY_TOKENS - set(POLICIES)
+    unknown = policy_tokens(ns.gpu_scheduler_policy) - GPU_POLICY_TOKENS - set(NODE_POLICIES)
     if unknown:
         raise UsageError(f"--gpu-scheduler-policy {ns.gpu_scheduler_policy!r}: unknown {', '.join(sorted(unknown))}")
     if ns.free is not None and ns.namespace:

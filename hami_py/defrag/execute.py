@@ -5,7 +5,7 @@ The plan (plan.py) says which pods move and which pending pods the room is for. 
 1. **Holds first.** On each pending pod the plan makes room for, the annotation
    ``hami.io/defrag-hold`` = ``{"node", "victims": [uids], "until": RFC3339 UTC}`` is written
    (merge patch with the pod's UID as precondition) before anything is evicted. The scheduler
-   turns it into a hold in its books (hami_py/scheduling/defrag_holds.py): the freed devices are
+   turns it into a hold in its books (hami_py/scheduling/eviction/defrag_holds.py): the freed devices are
    kept for that pod, as device preemption keeps them, and no other pod can take them.
 2. **Evictions, one source node at a time**, through the Eviction API (policy/v1 ``Eviction`` with
    a UID precondition), so PodDisruptionBudgets are honoured, at most ``rate_per_s`` a second;
@@ -38,7 +38,7 @@ from prometheus_client import CollectorRegistry, Counter
 from hami_py.defrag.plan import Move, Placement, Plan
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 from hami_py.k8s.events import event_body, rfc3339
-from hami_py.scheduling.defrag_holds import HOLD_ANNOTATION, hold_annotation
+from hami_py.scheduling.eviction.defrag_holds import HOLD_ANNOTATION, hold_annotation
 
 log = structlog.get_logger(__name__)
 

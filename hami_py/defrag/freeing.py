@@ -22,13 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import combinations, islice
-from typing import TYPE_CHECKING
 
+from hami_py.cache.pod_states import PodState
 from hami_py.cache.records import PodUsage, UsageEntry
 from hami_py.defrag.plan import Plan
-
-if TYPE_CHECKING:
-    from hami_py.defrag.planner import Planner
+from hami_py.defrag.search import Search
 
 HOLD_PREFIX = "defrag-hold/"           # a hold's uid and name: defrag-hold/<node>
 HOLD_NAMESPACE = "hami-defrag-hold"
@@ -51,7 +49,7 @@ class Device:
         return UsageEntry(self.vendor, self.id, self.totalmem, self.totalcore, self.count)
 
 
-def plan_free_devices(planner: Planner, *, count: int, model: str | None, same_node: bool,
+def plan_free_devices(planner: Search, *, count: int, model: str | None, same_node: bool,
                       max_priority: int) -> Plan:
     wanted = (model or "").strip().lower()
     what = f"{model} device" if model else "device"
@@ -108,7 +106,7 @@ def plan_free_devices(planner: Planner, *, count: int, model: str | None, same_n
     return plan
 
 
-def _wanted_devices(planner: Planner, wanted: str) -> dict[str, list[Device]]:
+def _wanted_devices(planner: Search, wanted: str) -> dict[str, list[Device]]:
     """Per node (in the world's order), its healthy devices whose type contains ``wanted``."""
     cache = planner.cache
     keys = {i: key for key, i in cache.vendor_ids.items()}
@@ -130,7 +128,7 @@ def _wanted_devices(planner: Planner, wanted: str) -> dict[str, list[Device]]:
     return out
 
 
-def _device_sets(planner: Planner, groups: list[list[Device]], count: int) -> list[tuple[Device, ...]]:
+def _device_sets(planner: Search, groups: list[list[Device]], count: int) -> list[tuple[Device, ...]]:
     """Every combination of ``count`` devices within a group, up to the planner's bound; beyond it
     each group's ``count`` devices holding the fewest pods (and the search is not exact)."""
     sets = []
@@ -148,10 +146,10 @@ def _holds(chosen: tuple[Device, ...]) -> list[PodUsage]:
     for d in chosen:
         by_node.setdefault(d.node, []).append(d.hold_entry())
     return [PodUsage(uid=f"{HOLD_PREFIX}{node}", namespace=HOLD_NAMESPACE, name=f"{HOLD_PREFIX}{node}", node=node,
-                     entries=entries, reserved=True) for node, entries in by_node.items()]
+                     entries=entries, state=PodState.HELD) for node, entries in by_node.items()]
 
 
-def _stuck_reason(planner: Planner, uid: str, blocked: dict[str, str]) -> str:
+def _stuck_reason(planner: Search, uid: str, blocked: dict[str, str]) -> str:
     record = planner.cache.pods.get(uid)
     name = f"{record.namespace}/{record.name}" if record else uid
     return f"pod {name} may not move: {blocked.get(uid, 'it is not a bound pod seen from the API server')}"

@@ -1,10 +1,10 @@
 """What ``hami-scheduler defrag`` prints: a table, JSON (``Plan.as_json``) or an HTML page.
 
-The table and the page follow the simulator's reports (simulate/report_text.py, report_html.py):
-the same memory glyphs and heat colours, so a planner reading both sees one picture. Devices are
+The table and the page follow the simulator's reports: the same memory glyphs and heat colours
+(offline/palette.py, which both use), so a planner reading both sees one picture. Devices are
 shown for the nodes the plan touches (where pods leave, where they and their replacements land,
 whose devices are freed), before and after the plan: the "after" is the scheduler's own books with
-the plan applied (defrag/planner.py captures them before putting the books back).
+the plan applied (defrag/search.py captures them before putting the books back).
 """
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from html import escape
 
 from hami_py.defrag.plan import Plan
-from hami_py.simulate.report_html import CSS, IDLE, UNHEALTHY, colour
-from hami_py.simulate.report_text import memory_glyph
+from hami_py.offline.palette import CSS, IDLE, UNHEALTHY, colour, memory_glyph
 
 
 @dataclass

@@ -2,10 +2,11 @@
 
 A plan is only as good as its fit code, so the defragmenter does not model devices: it loads the
 cluster (a dump, or a read-only snapshot of a live cluster) exactly as ``simulate`` does
-(``hami_py.simulate.cluster.load_cluster``: registered nodes, bound pods with their allocations),
-creates those objects in the in-repo API server and starts the real scheduler against it
-(``open_world``). What the planner searches over is then that scheduler's ``UsageCache`` and
-``Filterer``: the same kernel fit, policies, quotas and family rules /filter uses.
+(``hami_py.offline.cluster.load_cluster``, shared by both: registered nodes, bound pods with
+their allocations), creates those objects in the in-repo API server and starts the real
+scheduler against it (``open_world``). What the planner searches over is then that scheduler's
+``UsageCache`` and ``Filterer``: the same kernel fit, policies, quotas and family rules /filter
+uses.
 
 Beyond what the simulator keeps, the defragmenter needs:
 
@@ -35,11 +36,11 @@ from hami_py.devices.registry import EVERY_FAMILY
 from hami_py.defrag.rules import Budget, budget_from_object
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
-from hami_py.scheduling.filter import Filterer
-from hami_py.scheduling.owned_annotations import scheduler_owned_annotations
-from hami_py.scheduling.requests import parse_pod_requests
-from hami_py.simulate.cluster import Cluster, load_cluster
-from hami_py.simulate.source import InputError, Where, kubernetes_objects, load_documents, plain
+from hami_py.offline.cluster import Cluster, load_cluster
+from hami_py.offline.source import InputError, Where, kubernetes_objects, load_documents, plain
+from hami_py.scheduling.decision.filter import Filterer
+from hami_py.scheduling.admission.owned_annotations import scheduler_owned_annotations
+from hami_py.scheduling.decision.requests import parse_pod_requests
 
 DEFAULT_SCHEDULER_NAME = "hami-scheduler"
 _TERMINAL_PHASES = ("Succeeded", "Failed")
@@ -151,7 +152,7 @@ def _recount_notes(snapshot: Snapshot) -> None:
 
 def _pending_pod(obj: dict, where: Where, *, owned: frozenset[str], scheduler_name: str) -> dict | None:
     """The pod as the planner should decide it, or None when it is not a pending pod of ours.
-    A decision left on it (an earlier filter's) is dropped, as scheduling/stale.py clears it."""
+    A decision left on it (an earlier filter's) is dropped, as scheduling/verbs/stale.py clears it."""
     meta = obj.get("metadata")
     spec = obj.get("spec")
     status = obj.get("status") if isinstance(obj.get("status"), dict) else {}

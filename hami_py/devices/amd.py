@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hami_py.config import DeviceConfig
+from hami_py.config import ConfigSection, DeviceConfig
 from hami_py.devices.base import (
     FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor,
     PodDevices, RequestError,
@@ -42,6 +42,7 @@ NOUSE_UUID = "amd.com/nouse-gpu-uuid"
 
 
 AMDConfig = ResourceNamesConfig     # the ``amd`` section: count, memory and core names
+CONFIG_SECTION = ConfigSection("amd", AMDConfig.KEYS)
 
 def compute_units(devcore: int, percent: int) -> int:
     """The CUs a device of ``devcore`` CUs gives a request of ``percent`` (at least one, at most
@@ -219,4 +220,4 @@ class AMDVendor(PerDeviceCharging, DeviceVendor):
 
 
 def build_family(config: DeviceConfig, switches) -> list[DeviceVendor]:
-    return [AMDVendor(AMDConfig.from_section(config.section("amd")))]
+    return [AMDVendor(AMDConfig.from_section(config.section(CONFIG_SECTION.name)))]

@@ -21,8 +21,9 @@ docs/devices/awsneuron.md).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py.devices.base import (
     FLAG_CHARGE, FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor,
     PodDevices, RequestError,
@@ -58,13 +59,16 @@ ALIGNED_WINDOWS = (1, 4, 8, 16)                 # window sizes off inf* instance
 @dataclass(slots=True, frozen=True)
 class AWSNeuronConfig:
     """The ``awsneuron`` section (upstream's ``AWSNeuronConfig``); missing keys are ""."""
+    KEYS: ClassVar[tuple[str, ...]] = ("resourceCountName", "resourceCoreName")
     resource_count_name: str = ""
     resource_core_name: str = ""
 
     @classmethod
     def from_section(cls, section: Section) -> AWSNeuronConfig:
-        return cls(section.str("resourceCountName", only_strings=True),
-                   section.str("resourceCoreName", only_strings=True))
+        return cls(*(section.str(key, only_strings=True) for key in cls.KEYS))
+
+
+CONFIG_SECTION = ConfigSection("awsneuron", AWSNeuronConfig.KEYS)
 
 
 # -- requests ---------------------------------------------------------------------------------------
@@ -358,4 +362,4 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
 
 
 def build_family(config: DeviceConfig, switches) -> list[DeviceVendor]:
-    return [AWSNeuronVendor(AWSNeuronConfig.from_section(config.section("awsneuron")))]
+    return [AWSNeuronVendor(AWSNeuronConfig.from_section(config.section(CONFIG_SECTION.name)))]

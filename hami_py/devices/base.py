@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hami_py._kernel import CODES
+# Re-exported for the families: see "Kernel flags" below.
+from hami_py.kernel_codes import FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE  # noqa: F401
 
 
 class DeviceDecodeError(ValueError):
@@ -111,11 +112,11 @@ DeviceSelector = Callable[[DeviceInfo], int]
 
 # Kernel flags a family sets (``DeviceVendor.kernel_flags``); the kernel applies them per
 # request row of that family, so a family's rule never becomes a vendor branch in the filter.
-# The numbers are the kernel's own (cython_core/kernel_codes.pxd).
-FLAG_EXCLUSIVE = CODES["FLAG_EXCLUSIVE"]      # a device already hosting a task takes no other (whole cards)
-FLAG_EQUAL_SHARE = CODES["FLAG_EQUAL_SHARE"]  # a shared device takes only tasks of the memory size it already hosts
-FLAG_CHOOSE = CODES["FLAG_CHOOSE"]            # collect every fitting device of the node, then the vendor's chooser picks
-FLAG_CHARGE = CODES["FLAG_CHARGE"]            # what a device of the row costs depends on the node: its Charger says
+# The numbers are the kernel's own (hami_py.kernel_codes, imported above):
+#   FLAG_EXCLUSIVE    a device already hosting a task takes no other (whole cards)
+#   FLAG_EQUAL_SHARE  a shared device takes only tasks of the memory size it already hosts
+#   FLAG_CHOOSE       collect every fitting device of the node, then the vendor's chooser picks
+#   FLAG_CHARGE       what a device of the row costs depends on the node: its Charger says
 
 # The vendor's per-node choice among the devices that fit one request row (FLAG_CHOOSE):
 #     chooser(node_index, positions, nums) -> (chosen positions, node score adjustment) | reason

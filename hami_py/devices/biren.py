@@ -16,7 +16,7 @@ with a RequestError naming container, resource and value (upstream drops the req
 """
 from __future__ import annotations
 
-from hami_py.config import DeviceConfig
+from hami_py.config import ConfigSection, DeviceConfig
 from hami_py.devices.template import CountOnlyConfig, SlotsOnly, TemplateSpec, TemplateVendor
 
 VENDOR_KEY = "Biren"
@@ -31,6 +31,7 @@ NOUSE_UUID_ANNOTATION = "birentech.com/nouse-gpuuuid"
 
 
 BirenConfig = CountOnlyConfig     # the ``biren`` section: resourceCountName alone
+CONFIG_SECTION = ConfigSection(SECTION, BirenConfig.KEYS)
 
 
 class BirenVendor(SlotsOnly, TemplateVendor):

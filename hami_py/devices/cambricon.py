@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import structlog
 
-from hami_py.config import DeviceConfig
+from hami_py.config import ConfigSection, DeviceConfig
 from hami_py.devices.base import DeviceDecodeError, DeviceInfo, NodeView, PodDevices
 from hami_py.devices.codec import encode_pod_devices
 from hami_py.devices.template import MAX_CAPACITY_CARDS, ResourceNamesConfig, TemplateSpec, TemplateVendor, quote_value
@@ -55,6 +55,7 @@ CORES_PER_DEVICE = 100
 # ---------------------------------------------------------------------------------------------
 
 CambriconConfig = ResourceNamesConfig     # the ``cambricon`` section: count, memory and core names
+CONFIG_SECTION = ConfigSection(SECTION, CambriconConfig.KEYS)
 
 # ---------------------------------------------------------------------------------------------
 # The vendor

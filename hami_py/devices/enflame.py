@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import orjson
 
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py import reasons as R
 from hami_py.devices.base import (
     FLAG_CHARGE, FLAG_EXCLUSIVE, Charger, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices,
@@ -56,6 +57,8 @@ DEFAULT_DRS_CORE = "enflame.com/gcu-core"
 @dataclass(slots=True, frozen=True)
 class EnflameConfig:
     """The ``enflame`` section (upstream's ``EnflameConfig``); missing keys are ""."""
+    KEYS: ClassVar[tuple[str, ...]] = ("resourceNameGCU", "resourceNameDRSGCU", "resourceNameGCUMemory",
+                                       "resourceNameGCUCore", "resourceNameVGCU", "resourceNameVGCUPercentage")
     resource_name_gcu: str = ""
     resource_name_drs_gcu: str = ""
     resource_name_memory: str = ""
@@ -66,14 +69,15 @@ class EnflameConfig:
     @classmethod
     def from_section(cls, section: Section) -> EnflameConfig:
         """Only strings: a number or boolean where a resource name belongs is refused."""
-        return cls(*(section.str(key, only_strings=True) for key in (
-            "resourceNameGCU", "resourceNameDRSGCU", "resourceNameGCUMemory", "resourceNameGCUCore",
-            "resourceNameVGCU", "resourceNameVGCUPercentage")))
+        return cls(*(section.str(key, only_strings=True) for key in cls.KEYS))
 
     def drs_names(self) -> tuple[str, str, str]:
         """(count, memory, core) DRS resources, with upstream's fallbacks for empty names."""
         count = self.resource_name_drs_gcu or self.resource_name_vgcu or DEFAULT_DRS_COUNT
         return count, self.resource_name_memory or DEFAULT_DRS_MEMORY, self.resource_name_core or DEFAULT_DRS_CORE
+
+
+CONFIG_SECTION = ConfigSection("enflame", EnflameConfig.KEYS)
 
 
 # -- whole GCU ----------------------------------------------------------------------------------
@@ -513,5 +517,5 @@ class EnflameDRSVendor(DeviceVendor):
 
 
 def build_family(config: DeviceConfig, switches) -> list:
-    enflame = EnflameConfig.from_section(config.section("enflame"))
+    enflame = EnflameConfig.from_section(config.section(CONFIG_SECTION.name))
     return [GCUVendor(enflame), EnflameDRSVendor(enflame)]

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py.devices.template import TemplateSpec, TemplateVendor, lookup, MISSING, whole_number
 from hami_py.quantity import INT32_MAX
 
 VENDOR_KEY = "DCU"
 SECTION = "hygon"
+CONFIG_SECTION = ConfigSection(SECTION, ("resourceCountName", "resourceMemoryName", "resourceCoreName", "memoryFactor"))
 
 REGISTER_ANNOTATION = "hami.io/node-dcu-register"
 HANDSHAKE_ANNOTATION = "hami.io/node-handshake-dcu"

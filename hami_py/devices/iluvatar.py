@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import structlog
 
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py.devices.template import (
     TemplateSpec, TemplateVendor, append_env, ensure_limits, resource_lists, whole_number,
 )
@@ -32,6 +32,7 @@ from hami_py.quantity import INT32_MAX
 log = structlog.get_logger(__name__)
 
 SECTION = "iluvatars"
+CONFIG_SECTION = ConfigSection(SECTION, is_list=True)   # a list of chip entries: any entry counts
 MEMORY_UNIT = 256                       # MiB per unit of the memory resource
 CONTAINER_NAME_ENV = "SOL_CONTINER_NAME"  # sic: upstream's (and the runtime's) spelling
 

@@ -15,9 +15,9 @@ adjust the node score by upstream's "bubble" rule (:func:`bubble_score`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import ClassVar, Iterable
 
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py import reasons as R
 from hami_py.devices.base import (
     FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, ContainerRequest, DeviceInfo, PodDevices,
@@ -53,6 +53,7 @@ CARD_MEMORY_WHOLE_CORES = 100
 @dataclass(slots=True, frozen=True)
 class KunlunConfig:
     """The ``kunlun`` section (upstream's ``KunlunConfig``)."""
+    KEYS: ClassVar[tuple[str, ...]] = ("resourceCountName", "resourceVCountName", "resourceVMemoryName")
     resource_count_name: str = ""
     resource_vcount_name: str = ""
     resource_vmemory_name: str = ""
@@ -60,9 +61,10 @@ class KunlunConfig:
     @classmethod
     def from_section(cls, section: Section) -> KunlunConfig:
         """Only strings: a number or boolean where a resource name belongs is refused."""
-        return cls(section.str("resourceCountName", only_strings=True),
-                   section.str("resourceVCountName", only_strings=True),
-                   section.str("resourceVMemoryName", only_strings=True))
+        return cls(*(section.str(key, only_strings=True) for key in cls.KEYS))
+
+
+CONFIG_SECTION = ConfigSection("kunlun", KunlunConfig.KEYS)
 
 
 # -- the 8-card topology ------------------------------------------------------------------------
@@ -378,5 +380,5 @@ class VXPUVendor(TemplateVendor):
 
 
 def build_family(config: DeviceConfig, switches) -> list:
-    kunlun = KunlunConfig.from_section(config.section("kunlun"))
+    kunlun = KunlunConfig.from_section(config.section(CONFIG_SECTION.name))
     return [KunlunVendor(kunlun), VXPUVendor(kunlun)]

@@ -24,7 +24,7 @@ as 0); a capacity that is not a whole number is refused (upstream reads it as 0 
 """
 from __future__ import annotations
 
-from hami_py.config import DeviceConfig
+from hami_py.config import ConfigSection, DeviceConfig
 from hami_py.devices.base import FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices
 from hami_py.devices.codec import encode_pod_devices
 from hami_py.devices.template import (
@@ -55,6 +55,7 @@ SHARES_PER_GPU = 100
 
 
 MthreadsConfig = ResourceNamesConfig     # the ``mthreads`` section: count, memory and core names
+CONFIG_SECTION = ConfigSection(SECTION, MthreadsConfig.KEYS)
 
 def device_index(uuid: str) -> int | None:
     """The index of a synthesised id ``<node>-mthreads-<i>``."""

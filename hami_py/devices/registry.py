@@ -2,8 +2,11 @@
 
 The cache, the filter, the binder and the webhook iterate over the mapping this module builds and
 never name a family themselves. Each family module exposes ``build_family(config, switches)``
-returning its vendors (none, one, or one per configured chip kind, as Ascend and Iluvatar have);
-adding a family is one module plus one line in ``FAMILIES``.
+returning its vendors (none, one, or one per configured chip kind, as Ascend and Iluvatar have)
+and ``CONFIG_SECTION``, the top-level section of the device config file it reads
+(``hami_py.config.ConfigSection``), which this module hands to ``hami_py.config`` so that the file
+reader knows every family's section without importing one. Adding a family is one module plus
+one line in ``_family_modules``.
 
 The order is upstream's initialisation order with NVIDIA first: it fixes the vendor ids, the
 order of ``managedResources`` and the order in which a multi-family pod's annotations are built.
@@ -11,9 +14,10 @@ order of ``managedResources`` and the order in which a multi-family pod's annota
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Callable
 
-from hami_py.config import DeviceConfig
+from hami_py.config import ConfigSection, DeviceConfig, declare_family_sections
 from hami_py.devices.base import DeviceVendor
 
 
@@ -29,23 +33,37 @@ class FamilySwitches:
 EVERY_FAMILY = FamilySwitches(enable_ascend=True, enable_iluvatar=True)
 
 
-def _families() -> list[Callable[[DeviceConfig, FamilySwitches], list[DeviceVendor]]]:
+def _family_modules() -> list[ModuleType]:
+    """The family modules, in order; each has ``build_family`` and ``CONFIG_SECTION``."""
     from hami_py.devices import nvidia
-    families = [nvidia.build_family]
+    families = [nvidia]
     # One line per family (each module owns its config section and its switch).
-    from hami_py.devices import cambricon; families.append(cambricon.build_family)  # noqa: E702
-    from hami_py.devices import hygon; families.append(hygon.build_family)  # noqa: E702
-    from hami_py.devices import iluvatar; families.append(iluvatar.build_family)  # noqa: E702
-    from hami_py.devices import enflame; families.append(enflame.build_family)  # noqa: E702
-    from hami_py.devices import mthreads; families.append(mthreads.build_family)  # noqa: E702
-    from hami_py.devices import metax; families.append(metax.build_family)  # noqa: E702
-    from hami_py.devices import kunlun; families.append(kunlun.build_family)  # noqa: E702
-    from hami_py.devices import awsneuron; families.append(awsneuron.build_family)  # noqa: E702
-    from hami_py.devices import amd; families.append(amd.build_family)  # noqa: E702
-    from hami_py.devices import vastai; families.append(vastai.build_family)  # noqa: E702
-    from hami_py.devices import biren; families.append(biren.build_family)  # noqa: E702
-    from hami_py.devices import ascend; families.append(ascend.build_family)  # noqa: E702
+    from hami_py.devices import cambricon; families.append(cambricon)  # noqa: E702
+    from hami_py.devices import hygon; families.append(hygon)  # noqa: E702
+    from hami_py.devices import iluvatar; families.append(iluvatar)  # noqa: E702
+    from hami_py.devices import enflame; families.append(enflame)  # noqa: E702
+    from hami_py.devices import mthreads; families.append(mthreads)  # noqa: E702
+    from hami_py.devices import metax; families.append(metax)  # noqa: E702
+    from hami_py.devices import kunlun; families.append(kunlun)  # noqa: E702
+    from hami_py.devices import awsneuron; families.append(awsneuron)  # noqa: E702
+    from hami_py.devices import amd; families.append(amd)  # noqa: E702
+    from hami_py.devices import vastai; families.append(vastai)  # noqa: E702
+    from hami_py.devices import biren; families.append(biren)  # noqa: E702
+    from hami_py.devices import ascend; families.append(ascend)  # noqa: E702
     return families
+
+
+def _families() -> list[Callable[[DeviceConfig, FamilySwitches], list[DeviceVendor]]]:
+    return [family.build_family for family in _family_modules()]
+
+
+def config_sections() -> list[ConfigSection]:
+    """Every family's section of the device config file, in family order."""
+    return [family.CONFIG_SECTION for family in _family_modules()]
+
+
+# The config file reader learns the families' sections from here (it imports no family).
+declare_family_sections(config_sections)
 
 
 def build_vendors(config: DeviceConfig, switches: FamilySwitches | None = None) -> dict[str, DeviceVendor]:

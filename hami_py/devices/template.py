@@ -16,6 +16,7 @@ without devices, to fail later on the node).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import orjson
 
@@ -287,11 +288,12 @@ class SlotsOnly:
 class CountOnlyConfig:
     """The config section of a family asked for by a count alone (Biren's, Vastai's: upstream's
     ``BirenConfig``/``VastaiConfig`` with ``resourceCountName`` only)."""
+    KEYS: ClassVar[tuple[str, ...]] = ("resourceCountName",)   # the section's keys, for its ConfigSection
     resource_count_name: str = ""
 
     @classmethod
     def from_section(cls, section: Section) -> "CountOnlyConfig":
-        return cls(section.str("resourceCountName", only_strings=True))
+        return cls(*(section.str(key, only_strings=True) for key in cls.KEYS))
 
 
 @dataclass(slots=True, frozen=True)
@@ -299,12 +301,11 @@ class ResourceNamesConfig:
     """The config section of a family asked for by count, memory and cores (Cambricon's,
     Mthreads', AMD's: ``resourceCountName``, ``resourceMemoryName``, ``resourceCoreName``). A
     missing key is Go's zero value (""); a number or boolean where a name belongs is refused."""
+    KEYS: ClassVar[tuple[str, ...]] = ("resourceCountName", "resourceMemoryName", "resourceCoreName")
     resource_count_name: str = ""
     resource_memory_name: str = ""
     resource_core_name: str = ""
 
     @classmethod
     def from_section(cls, section: Section) -> "ResourceNamesConfig":
-        return cls(section.str("resourceCountName", only_strings=True),
-                   section.str("resourceMemoryName", only_strings=True),
-                   section.str("resourceCoreName", only_strings=True))
+        return cls(*(section.str(key, only_strings=True) for key in cls.KEYS))

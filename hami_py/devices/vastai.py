@@ -26,7 +26,7 @@ AIC) is refused, where upstream returns fewer dies than asked.
 """
 from __future__ import annotations
 
-from hami_py.config import DeviceConfig
+from hami_py.config import ConfigSection, DeviceConfig
 from hami_py.devices.base import FLAG_CHOOSE, DeviceInfo
 from hami_py.devices.template import CountOnlyConfig, SlotsOnly, TemplateSpec, TemplateVendor
 from hami_py.reasons import ALLOCATED_CARDS_INSUFFICIENT_REQUEST, EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
@@ -47,6 +47,7 @@ AIC_KEY = "AIC"
 
 
 VastaiConfig = CountOnlyConfig     # the ``vastai`` section: resourceCountName alone
+CONFIG_SECTION = ConfigSection(SECTION, VastaiConfig.KEYS)
 
 
 def aic_of(device: DeviceInfo) -> str | None:

@@ -1,40 +1,9 @@
-"""Nodes as the other device families' plugins register them: Ascend, Cambricon, Hygon, Iluvatar, Kunlun, Enflame.
+"""Every fake device model, one table: the ``--family`` values of the kind demo, the models a cluster
+file names, and what the simulator, the benchmarks and the tests pick nodes from.
 
-Each family's device plugin announces its devices in its own way, and the scheduler reads
-exactly that (see /work/shared/reference/hami-vendors.md and each module under
-``hami_py/devices/``). The builders here produce those Node parts for known models, so that the
-simulator, the benchmarks, the kind demo and the tests all start from what a real node carries:
-
-=================  ==========================================================================
-Ascend (910A/B/C,  ``hami.io/node-register-<commonWord>``: a JSON list, one entry per NPU, as HAMi's
-310P)              Ascend plugin writes it (Go's ``omitempty``: no ``index`` for NPU 0, no ``numa``);
-                   ``count`` = memoryAllocatable / the smallest template, ``devmem`` =
-                   memoryAllocatable, ``devcore`` = the chip's AI cores, ``custominfo.NetworkID``
-                   on 910 chips (NPUs 0-3 on network 0, 4-7 on 1; all 0 on a 910C);
-                   ``hami.io/node-handshake-<commonWord>`` ``Reported_<time>``; ``hami-vnpu-core``;
-                   capacity ``huawei.com/<commonWord>``. Models and memory come from the chart's
-                   device config (section ``vnpus``).
-Cambricon MLU370   No annotation: capacity ``cambricon.com/mlu.smlu.vcore`` (100 a card) and
-                   ``cambricon.com/mlu.smlu.vmemory`` (units of 256 MiB), plus ``cambricon.com/vmlu``.
-Hygon DCU Z100     ``hami.io/node-dcu-register`` in the colon format (``id,count,devmem,devcore,type,
-                   numa,health,index,mode:`` per card, 4 shares a card), ``hami.io/node-handshake-dcu``,
-                   capacity ``hygon.com/dcunum``.
-Kunlun P800        Whole XPUs: capacity ``kunlunxin.com/xpu`` only.
-Kunlun vXPU        ``hami.io/node-register-xpu`` JSON (type ``XPU``, 98304 MiB, 4 shares a card),
-                   ``hami.io/node-handshake-xpu``, capacity ``kunlunxin.com/vxpu``.
-Enflame GCU S60    Whole GCUs: capacity ``enflame.com/gcu`` only.
-Iluvatar MR-V100   ``hami.io/node-MR-V100-register`` in the colon format (9 fields, 4 shares a card),
-                   ``hami.io/node-handshake-MR-V100``, capacity ``iluvatar.ai/MR-V100-vgpu``.
-AWS Neuron         No annotation: capacity ``aws.amazon.com/neuron`` (devices) and
-(inf2, trn1)       ``aws.amazon.com/neuroncore`` (2 cores a device), and the instance-type label
-                   ``node.kubernetes.io/instance-type`` (``inf2.48xlarge``, ``trn1.32xlarge``).
-AMD MI300X         ``hami.io/node-amd-register``: a JSON list (type ``AMD-MI300X``, 196608 MiB,
-                   ``devcore`` = 304 compute units, 4 shares a GPU), capacity ``amd.com/gpu``.
-=================  ==========================================================================
-
-Resource names are read from the device config (the chart's default unless one is given), as the
-plugins read theirs. NVIDIA stays in :mod:`hami_py.fakeapi.objects`; its models are listed here too
-(family ``nvidia``) so that one table names every fake device.
+What each family's plugin puts on such a node is built in :mod:`hami_py.fakeapi.family_nodes`.
+NVIDIA stays in :mod:`hami_py.fakeapi.objects`; its models are listed here too (family ``nvidia``)
+so that one table names every fake device.
 
     python -m hami_py.fakeapi.families --family ascend910b3 --node worker-1 [--devices 8]
         [--patch metadata|status]     the kubectl merge patch(es) making ``worker-1`` such a node
@@ -46,401 +15,60 @@ from __future__ import annotations
 
 import argparse
 import sys
-import uuid as uuidlib
-from dataclasses import dataclass, field
-from typing import Callable
 
 import orjson
 
-from hami_py.config import DeviceConfig
-from hami_py.fakeapi.objects import GPU_MODELS, gpu_node, registration
-
-GiB = 1024
-HANDSHAKE_REPORTED = "Reported 2026-01-01 00:00:00"
-# HAMi's Ascend plugin stamps its answer as ``Reported_`` + Go's "2006.01.02 15:04:05".
-ASCEND_HANDSHAKE_REPORTED = "Reported_2026.01.01 00:00:00"
-ASCEND_VNPU_CORE_ANNOTATION = "hami-vnpu-core"
-
-
-@dataclass
-class NodeParts:
-    """What a device plugin (and the kubelet, from what the plugin advertises) puts on a Node."""
-    annotations: dict[str, str] = field(default_factory=dict)
-    labels: dict[str, str] = field(default_factory=dict)
-    capacity: dict[str, str] = field(default_factory=dict)
-
-    def metadata_patch(self) -> dict:
-        """``kubectl patch node N --type=merge -p …``"""
-        return {"metadata": {"labels": dict(self.labels), "annotations": dict(self.annotations)}}
-
-    def status_patch(self) -> dict:
-        """``kubectl patch node N --subresource=status --type=merge -p …``"""
-        return {"status": {"capacity": dict(self.capacity), "allocatable": dict(self.capacity)}}
-
-
-@dataclass(frozen=True)
-class BuildOptions:
-    devices: int
-    split: int | None = None          # shares a device (the plugin's split count), where it registers one
-    memory: int | None = None         # MiB a device, where the plugin registers it
-    unhealthy: frozenset[int] = frozenset()
-    config: DeviceConfig | None = None
-
-
-@dataclass(frozen=True)
-class DeviceModel:
-    """One kind of fake node: a family's model as its plugin registers it."""
-    key: str                  # "ascend910b3": the --family / FAKE_DEVICE value
-    family: str               # "ascend", "cambricon", "hygon", "kunlun", "kunlun-vxpu", "enflame", "nvidia"
-    model: str                # "Ascend910B3": the name a cluster file gives
-    vendor_key: str           # the scheduler's vendor key (and the report's device column)
-    devmem: int               # MiB a device, as the scheduler will see it
-    description: str
-    build: Callable[["DeviceModel", str, BuildOptions], NodeParts]
-    aliases: tuple[str, ...] = ()
-    devices: int = 8          # a node's devices by default
-    # What a cluster file may set for this family (besides devices and labels).
-    settable: tuple[str, ...] = ()
-    demo_limits: tuple[tuple[str, dict[str, str]], ...] = ()
-    primary: bool = True      # the model name's default family when several share it (P800)
-
-    def parts(self, node: str, *, devices: int | None = None, split: int | None = None, memory: int | None = None,
-              unhealthy: set[int] | frozenset[int] = frozenset(), config: DeviceConfig | None = None) -> NodeParts:
-        options = BuildOptions(devices=self.devices if devices is None else devices, split=split, memory=memory,
-                               unhealthy=frozenset(unhealthy), config=config)
-        parts = self.build(self, node, options)
-        parts.labels.setdefault("kubernetes.io/hostname", node)
-        return parts
-
-    def node(self, name: str, *, labels: dict | None = None, annotations: dict | None = None, **kwargs) -> dict:
-        """A whole Node object (raw dict) carrying this model's registration."""
-        parts = self.parts(name, **kwargs)
-        return family_node(name, parts, labels=labels, annotations=annotations)
-
-
-def family_node(name: str, parts: NodeParts, *, labels: dict | None = None, annotations: dict | None = None) -> dict:
-    capacity = {"cpu": "64", "memory": "512Gi", **parts.capacity}
-    return {
-        "apiVersion": "v1", "kind": "Node",
-        "metadata": {"name": name, "labels": {**parts.labels, **(labels or {})},
-                     "annotations": {**parts.annotations, **(annotations or {})}},
-        "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
-    }
-
-
-def device_uuid(node: str, family: str, index: int) -> str:
-    """A stable id shaped like the family's own (hex, derived from the node name)."""
-    return uuidlib.uuid5(uuidlib.NAMESPACE_DNS, f"{node}/{family}{index}").hex
-
-
-def _section(config: DeviceConfig | None, name: str):
-    return (config or DeviceConfig.default()).sections.get(name)
-
-
-def _go_json(entries: list[dict]) -> str:
-    """As Go's encoding/json writes a struct with ``omitempty`` fields: zero values left out."""
-    return orjson.dumps([{k: v for k, v in e.items() if v not in (0, "", False, None, {}, [])} for e in entries]).decode()
-
-
-# -- Ascend -----------------------------------------------------------------------------------------
-
-def ascend_config(common_word: str, config: DeviceConfig | None = None) -> dict:
-    section = _section(config, "vnpus") or {}
-    for entry in section.get("configs") or []:
-        if isinstance(entry, dict) and entry.get("commonWord") == common_word:
-            return entry
-    raise KeyError(f"the device config has no vnpus entry for {common_word}")
-
-
-def _ascend(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    cw = model.vendor_key
-    chip = ascend_config(cw, o.config)
-    devmem = o.memory if o.memory is not None else int(chip["memoryAllocatable"])
-    templates = sorted(int(t["memory"]) for t in chip.get("templates") or [])
-    count = o.split if o.split is not None else (int(chip["memoryAllocatable"]) // templates[0] if templates else 1)
-    entries = []
-    for i in range(o.devices):
-        entry = {"id": device_uuid(node, cw, i), "index": i, "count": count, "devmem": devmem,
-                 "devcore": int(chip.get("aiCore") or 0), "type": cw, "numa": 0, "health": i not in o.unhealthy}
-        if cw.startswith("Ascend910"):
-            entry["custominfo"] = {"NetworkID": 0 if cw == "Ascend910C" else (1 if i > 3 else 0)}
-        entries.append(entry)
-    resource = chip.get("resourceName") or f"huawei.com/{cw}"
-    return NodeParts(annotations={f"hami.io/node-register-{cw}": _go_json(entries),
-                                  f"hami.io/node-handshake-{cw}": ASCEND_HANDSHAKE_REPORTED,
-                                  ASCEND_VNPU_CORE_ANNOTATION: "false"},
-                     labels={"accelerator": "huawei-Ascend910" if cw.startswith("Ascend910") else "huawei-Ascend310P"},
-                     capacity={resource: str(o.devices)})
+from hami_py.fakeapi.family_nodes import (
+    AMD_MI300X_MEMORY, KUNLUN_CARD_MEMORY, METAX_SGPU_MEMORY, DeviceModel, GiB, NvidiaModel, amd_parts,
+    ascend_config, ascend_parts, awsneuron_parts, biren_parts, cambricon_parts, enflame_parts, hygon_parts,
+    iluvatar_parts, kunlun_parts, kunlun_vxpu_parts, metax_gpu_parts, metax_sgpu_parts, mthreads_parts, nvidia_parts,
+    vastai_card_parts, vastai_die_parts)
+from hami_py.fakeapi.objects import GPU_MODELS
 
 
 def _ascend_model(cw: str, *, memory_gib: int, aliases: tuple[str, ...], demo_memory: int) -> DeviceModel:
     chip = ascend_config(cw)
     return DeviceModel(
         key=cw.lower(), family="ascend", model=cw, vendor_key=cw, devmem=int(chip["memoryAllocatable"]),
-        description=f"Huawei {cw} NPU ({memory_gib} GiB), HAMi's Ascend device plugin", build=_ascend,
+        description=f"Huawei {cw} NPU ({memory_gib} GiB), HAMi's Ascend device plugin", build=ascend_parts,
         aliases=aliases, settable=("splitCount", "memory", "unhealthy"),
         demo_limits=((f"{cw.lower()}-vnpu", {chip["resourceName"]: "1", chip["resourceMemoryName"]: str(demo_memory)}),
                      (f"{cw.lower()}-whole", {chip["resourceName"]: "1"})))
-
-
-# -- Cambricon --------------------------------------------------------------------------------------
-
-CAMBRICON_MEMORY_UNIT = 256      # MiB a unit of cambricon.com/mlu.smlu.vmemory
-
-
-def _cambricon(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "cambricon") or {}
-    memory = o.memory if o.memory is not None else model.devmem
-    return NodeParts(labels={"mlu": "on"}, capacity={
-        section.get("resourceCountName", "cambricon.com/vmlu"): str(o.devices * 100),
-        section.get("resourceCoreName", "cambricon.com/mlu.smlu.vcore"): str(o.devices * 100),
-        section.get("resourceMemoryName", "cambricon.com/mlu.smlu.vmemory"): str(o.devices * (memory // CAMBRICON_MEMORY_UNIT)),
-    })
-
-
-# -- Hygon ------------------------------------------------------------------------------------------
-
-def _hygon(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "hygon") or {}
-    count = o.split if o.split is not None else 4
-    memory = o.memory if o.memory is not None else model.devmem
-    text = "".join(f"DCU-{device_uuid(node, 'dcu', i)[:24]},{count},{memory},100,{model.model},0,"
-                   f"{'false' if i in o.unhealthy else 'true'},{i},hami-core:" for i in range(o.devices))
-    return NodeParts(annotations={"hami.io/node-dcu-register": text,
-                                  "hami.io/node-handshake-dcu": HANDSHAKE_REPORTED},
-                     labels={"dcu": "on"},
-                     capacity={section.get("resourceCountName", "hygon.com/dcunum"): str(o.devices * count)})
-
-
-# -- Kunlun -----------------------------------------------------------------------------------------
-
-KUNLUN_CARD_MEMORY = 98304
-
-
-def _kunlun(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "kunlun") or {}
-    return NodeParts(labels={"xpu": "on"},
-                     capacity={section.get("resourceCountName", "kunlunxin.com/xpu"): str(o.devices)})
-
-
-def _kunlun_vxpu(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "kunlun") or {}
-    count = o.split if o.split is not None else 4
-    entries = [{"id": f"{node}-xpu-{i}", "index": i, "count": count, "devmem": KUNLUN_CARD_MEMORY, "devcore": 100,
-                "type": "XPU", "numa": 1 if i >= o.devices // 2 else 0, "health": i not in o.unhealthy}
-               for i in range(o.devices)]
-    return NodeParts(annotations={"hami.io/node-register-xpu": _go_json(entries),
-                                  "hami.io/node-handshake-xpu": HANDSHAKE_REPORTED},
-                     labels={"xpu": "on"},
-                     capacity={section.get("resourceVCountName", "kunlunxin.com/vxpu"): str(o.devices * count)})
-
-
-# -- Enflame ----------------------------------------------------------------------------------------
-
-def _enflame(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "enflame") or {}
-    return NodeParts(labels={"gcu": "on"}, capacity={section.get("resourceNameGCU", "enflame.com/gcu"): str(o.devices)})
-
-
-# -- Mthreads, Biren, Vastai ------------------------------------------------------------------------
-# Mthreads MTT S4000: no annotation; capacity ``mthreads.com/sgpu-core`` (16 a GPU) and
-# ``mthreads.com/sgpu-memory`` (units of 512 MiB: 96 a 48 GiB GPU), plus ``mthreads.com/vgpu``.
-# Biren BR104: ``hami.io/node-biren-register`` JSON (type ``Biren``, ``count`` shares a GPU),
-# ``hami.io/node-handshake-biren``, capacity ``birentech.com/gpu``.
-# Vastai VA1: ``hami.io/node-va-register`` JSON (type ``Vastai``), ``hami.io/node-handshake-va``,
-# capacity ``vastaitech.com/va``; the die model registers each die (two a card) with
-# ``custominfo`` ``{"DeviceStrategy": "die", "AIC": "<card>"}``.
-
-MTHREADS_MEMORY_UNIT = 512
-MTHREADS_CORES = 16
-
-
-def _mthreads(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "mthreads") or {}
-    memory = o.memory if o.memory is not None else model.devmem
-    return NodeParts(labels={"mthreads": "on"}, capacity={
-        section.get("resourceCountName", "mthreads.com/vgpu"): str(o.devices),
-        section.get("resourceCoreName", "mthreads.com/sgpu-core"): str(o.devices * MTHREADS_CORES),
-        section.get("resourceMemoryName", "mthreads.com/sgpu-memory"): str(o.devices * (memory // MTHREADS_MEMORY_UNIT)),
-    })
-
-
-def _biren(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "biren") or {}
-    count = o.split if o.split is not None else 4
-    memory = o.memory if o.memory is not None else model.devmem
-    entries = [{"id": f"BR-{device_uuid(node, 'biren', i)[:24]}", "index": i, "count": count, "devmem": memory,
-                "devcore": 100, "type": "Biren", "numa": 0, "health": i not in o.unhealthy}
-               for i in range(o.devices)]
-    return NodeParts(annotations={"hami.io/node-biren-register": _go_json(entries),
-                                  "hami.io/node-handshake-biren": HANDSHAKE_REPORTED},
-                     labels={"biren": "on"},
-                     capacity={section.get("resourceCountName", "birentech.com/gpu"): str(o.devices * count)})
-
-
-def _vastai(model: DeviceModel, node: str, o: BuildOptions, *, die: bool) -> NodeParts:
-    section = _section(o.config, "vastai") or {}
-    count = o.split if o.split is not None else 1
-    memory = o.memory if o.memory is not None else model.devmem
-    entries = []
-    for i in range(o.devices):
-        entry = {"id": f"VA-{device_uuid(node, 'vastai', i)[:24]}", "index": i, "count": count, "devmem": memory,
-                 "devcore": 100, "type": "Vastai", "numa": 0, "health": i not in o.unhealthy}
-        if die:
-            entry["custominfo"] = {"DeviceStrategy": "die", "AIC": str(i // 2)}
-        entries.append(entry)
-    return NodeParts(annotations={"hami.io/node-va-register": _go_json(entries),
-                                  "hami.io/node-handshake-va": HANDSHAKE_REPORTED},
-                     labels={"vastai": "on"},
-                     capacity={section.get("resourceCountName", "vastaitech.com/va"): str(o.devices * count)})
-
-
-def _vastai_card(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    return _vastai(model, node, o, die=False)
-
-
-def _vastai_die(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    return _vastai(model, node, o, die=True)
 
 
 def _mthreads_biren_vastai_models() -> list[DeviceModel]:
     return [
         DeviceModel(key="mthreads", family="mthreads", model="S4000", vendor_key="Mthreads", devmem=48 * GiB,
                     description="Moore Threads MTT S4000 (48 GiB) sGPUs, Mthreads' device plugin (node capacity)",
-                    build=_mthreads, aliases=("mtt-s4000", "mthreads-s4000"), settable=("memory",),
+                    build=mthreads_parts, aliases=("mtt-s4000", "mthreads-s4000"), settable=("memory",),
                     demo_limits=(("sgpu-quarter", {"mthreads.com/vgpu": "1", "mthreads.com/sgpu-memory": "32",
                                                    "mthreads.com/sgpu-core": "4"}),
                                  ("sgpu-whole", {"mthreads.com/vgpu": "1"}))),
         DeviceModel(key="biren", family="biren", model="BR104", vendor_key="Biren", devmem=32 * GiB,
-                    description="Biren BR104 (32 GiB) shared by slots, HAMi's Biren device plugin", build=_biren,
+                    description="Biren BR104 (32 GiB) shared by slots, HAMi's Biren device plugin", build=biren_parts,
                     aliases=("biren-br104", "br104"), settable=("splitCount", "memory", "unhealthy"),
                     demo_limits=(("biren-one", {"birentech.com/gpu": "1"}),)),
         DeviceModel(key="vastai", family="vastai", model="VA1", vendor_key="Vastai", devmem=16 * GiB,
-                    description="Vastai VA1 whole cards, HAMi's Vastai device plugin", build=_vastai_card,
+                    description="Vastai VA1 whole cards, HAMi's Vastai device plugin", build=vastai_card_parts,
                     aliases=("vastai-va1", "va1"), settable=("splitCount", "memory", "unhealthy"),
                     demo_limits=(("va-one", {"vastaitech.com/va": "1"}),)),
         DeviceModel(key="vastai-die", family="vastai-die", model="VA1", vendor_key="Vastai", devmem=8 * GiB,
-                    description="Vastai VA1 in die mode (two dies a card, grouped by AIC)", build=_vastai_die,
+                    description="Vastai VA1 in die mode (two dies a card, grouped by AIC)", build=vastai_die_parts,
                     aliases=("va1-die",), settable=("splitCount", "memory", "unhealthy"), primary=False,
                     demo_limits=(("va-two-dies", {"vastaitech.com/va": "2"}),)),
     ]
 
 
-# -- Iluvatar ---------------------------------------------------------------------------------------
-
-def _iluvatar_entry(common_word: str, config: DeviceConfig | None) -> dict:
-    """The chip's entry of the device config's ``iluvatars`` list (the chart default's if none)."""
-    for entry in _section(config, "iluvatars") or []:
-        if entry.get("commonWord") == common_word:
-            return entry
-    raise KeyError(f"the device config has no iluvatars entry {common_word!r}")
-
-
-def _iluvatar(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    """Iluvatar's vGPU plugin: ``hami.io/node-<cw>-register`` in the colon format (9 fields: the
-    card's index and mode too), its handshake, and the count resource in capacity."""
-    entry = _iluvatar_entry(model.model, o.config)
-    count = o.split if o.split is not None else 4
-    memory = o.memory if o.memory is not None else model.devmem
-    text = "".join(f"GPU-{device_uuid(node, 'ix', i)},{count},{memory},100,{model.model},0,"
-                   f"{'false' if i in o.unhealthy else 'true'},{i},hami-core:" for i in range(o.devices))
-    return NodeParts(annotations={f"hami.io/node-{model.model}-register": text,
-                                  f"hami.io/node-handshake-{model.model}": HANDSHAKE_REPORTED},
-                     labels={"iluvatar": "on"},
-                     capacity={entry["resourceCountName"]: str(o.devices * count)})
-
-
-# -- Metax ------------------------------------------------------------------------------------------
-
-METAX_SGPU_MEMORY = 65536       # MiB of a C500 card
-
-
-def _metax_gpu(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    """Whole cards advertised as capacity, with the topology the plugin publishes: a pod of n
-    cards loses more of the node's MetaLink the more cards it spans beyond a 4-card ring."""
-    section = _section(o.config, "metax") or {}
-    n = o.devices
-    losses = {str(k): (0 if k in (1, 2, 4, 8) else 100 * (k % 4)) for k in range(1, n + 1)}
-    scores = {str(k): 100 * k for k in range(1, n + 1)}
-    return NodeParts(annotations={"metax-tech.com/gpu.topology.losses": orjson.dumps(losses).decode(),
-                                  "metax-tech.com/gpu.topology.scores": orjson.dumps(scores).decode()},
-                     labels={"metax-gpu": "on"},
-                     capacity={section.get("resourceCountName", "metax-tech.com/gpu"): str(n)})
-
-
-def _metax_sgpu(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    """The sGPU plugin's JSON: two MetaLink zones of half the cards each, 16 shares a card."""
-    section = _section(o.config, "metax") or {}
-    count = o.split if o.split is not None else 16
-    memory = o.memory if o.memory is not None else METAX_SGPU_MEMORY
-    half = max(o.devices // 2, 1)
-    entries = [{"uuid": f"GPU-{device_uuid(node, 'metax', i)[:8]}-{device_uuid(node, 'metax', i)[8:12]}",
-                "bdf": f"0000:{0x0f + i * 0x10:02x}:00.0", "model": "MXC500", "totalDevCount": count,
-                "totalCompute": 100, "totalVRam": memory, "availableDevCount": count, "availableCompute": 100,
-                "availableVRam": memory, "numa": 0 if i < half else 1, "healthy": i not in o.unhealthy,
-                "qosPolicy": "best-effort", "linkZone": 1 if i < half else 2}
-               for i in range(o.devices)]
-    return NodeParts(annotations={"metax-tech.com/node-gpu-devices": _go_json(entries)}, labels={"metax-sgpu": "on"},
-                     capacity={section.get("resourceVCountName", "metax-tech.com/sgpu"): str(o.devices * count)})
-# -- AWS Neuron -------------------------------------------------------------------------------------
-
-NEURON_CORES_PER_DEVICE = 2
-
-
-def _awsneuron(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "awsneuron") or {}
-    return NodeParts(labels={"node.kubernetes.io/instance-type": model.model, "neuron": "on"}, capacity={
-        section.get("resourceCountName", "aws.amazon.com/neuron"): str(o.devices),
-        section.get("resourceCoreName", "aws.amazon.com/neuroncore"): str(o.devices * NEURON_CORES_PER_DEVICE)})
-
-
-# -- AMD ----------------------------------------------------------------------------------------------
-
-AMD_MI300X_MEMORY = 192 * GiB
-AMD_MI300X_CUS = 304
-
-
-def _amd(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "amd") or {}
-    count = o.split if o.split is not None else 4
-    memory = o.memory if o.memory is not None else model.devmem
-    entries = [{"id": f"GPU-{device_uuid(node, 'amd', i)}", "index": i, "count": count, "devmem": memory,
-                "devcore": AMD_MI300X_CUS, "type": model.model if model.model.startswith("AMD") else f"AMD-{model.model}",
-                "numa": 1 if i >= o.devices // 2 else 0, "health": i not in o.unhealthy}
-               for i in range(o.devices)]
-    return NodeParts(annotations={"hami.io/node-amd-register": _go_json(entries)}, labels={"amd": "on"},
-                     capacity={section.get("resourceCountName", "amd.com/gpu"): str(o.devices)})
-
-
-# -- NVIDIA (objects.py's registration, in this table's shape) ---------------------------------------
-
-def _nvidia(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    nvidia = next((m for m in GPU_MODELS.values() if m["type"] == model.vendor_type), None) or {
-        "type": model.vendor_type, "devmem": model.devmem, "devcore": 100}
-    spec = dict(nvidia, devmem=o.memory if o.memory is not None else nvidia["devmem"])
-    split = o.split if o.split is not None else 10
-    devices = registration(node, gpus=o.devices, model=spec, split=split, numa_nodes=1)
-    for dev in devices:
-        dev["health"] = dev["index"] not in o.unhealthy
-    built = gpu_node(node, gpus=o.devices, split=split, devices=devices)
-    return NodeParts(annotations=built["metadata"]["annotations"], labels={"gpu": "on"},
-                     capacity={"nvidia.com/gpu": built["status"]["capacity"]["nvidia.com/gpu"]})
-
-
-@dataclass(frozen=True)
-class _NvidiaModel(DeviceModel):
-    vendor_type: str = ""
-
-
 def _nvidia_models() -> list[DeviceModel]:
-    out = [_NvidiaModel(key="nvidia", family="nvidia", model="A10", vendor_key="NVIDIA", devmem=23028,
-                        description="NVIDIA A10 (23028 MiB), HAMi's NVIDIA device plugin (the kind demo's default)",
-                        build=_nvidia, devices=4, vendor_type="NVIDIA A10",
-                        settable=("splitCount", "memory", "unhealthy"))]
+    out = [NvidiaModel(key="nvidia", family="nvidia", model="A10", vendor_key="NVIDIA", devmem=23028,
+                       description="NVIDIA A10 (23028 MiB), HAMi's NVIDIA device plugin (the kind demo's default)",
+                       build=nvidia_parts, devices=4, vendor_type="NVIDIA A10",
+                       settable=("splitCount", "memory", "unhealthy"))]
     for short, spec in GPU_MODELS.items():
-        out.append(_NvidiaModel(key=f"nvidia-{short.lower()}", family="nvidia", model=short, vendor_key="NVIDIA",
-                                devmem=spec["devmem"], description=f"{spec['type']} ({spec['devmem']} MiB)",
-                                build=_nvidia, vendor_type=spec["type"], settable=("splitCount", "memory", "unhealthy")))
+        out.append(NvidiaModel(key=f"nvidia-{short.lower()}", family="nvidia", model=short, vendor_key="NVIDIA",
+                               devmem=spec["devmem"], description=f"{spec['type']} ({spec['devmem']} MiB)",
+                               build=nvidia_parts, vendor_type=spec["type"],
+                               settable=("splitCount", "memory", "unhealthy")))
     return out
 
 
@@ -459,40 +87,41 @@ def _models() -> list[DeviceModel]:
     models += [
         DeviceModel(key="mlu370", family="cambricon", model="MLU370", vendor_key="MLU", devmem=48 * GiB,
                     description="Cambricon MLU370-X8 (48 GiB), Cambricon's DSMLU device plugin (node capacity)",
-                    build=_cambricon, aliases=("MLU370-X8",), settable=("memory",),
+                    build=cambricon_parts, aliases=("MLU370-X8",), settable=("memory",),
                     demo_limits=(("mlu-quarter", {"cambricon.com/vmlu": "1", "cambricon.com/mlu.smlu.vmemory": "48",
                                                   "cambricon.com/mlu.smlu.vcore": "25"}),
                                  ("mlu-whole", {"cambricon.com/vmlu": "1"}))),
         DeviceModel(key="z100", family="hygon", model="Z100", vendor_key="DCU", devmem=32 * GiB,
-                    description="Hygon DCU Z100 (32 GiB), HAMi's DCU device plugin", build=_hygon,
+                    description="Hygon DCU Z100 (32 GiB), HAMi's DCU device plugin", build=hygon_parts,
                     aliases=("DCU", "hygon-z100"), settable=("splitCount", "memory", "unhealthy"),
                     demo_limits=(("dcu-8g", {"hygon.com/dcunum": "1", "hygon.com/dcumem": "8192",
                                              "hygon.com/dcucores": "30"}),)),
         DeviceModel(key="kunlun", family="kunlun", model="P800", vendor_key="kunlun", devmem=KUNLUN_CARD_MEMORY,
-                    description="Kunlunxin P800 (96 GiB), whole XPUs (node capacity)", build=_kunlun,
+                    description="Kunlunxin P800 (96 GiB), whole XPUs (node capacity)", build=kunlun_parts,
                     aliases=("kunlun-p800", "p800"),
                     demo_limits=(("xpu-one", {"kunlunxin.com/xpu": "1"}), ("xpu-four", {"kunlunxin.com/xpu": "4"}))),
         DeviceModel(key="kunlun-vxpu", family="kunlun-vxpu", model="P800", vendor_key="XPU", devmem=KUNLUN_CARD_MEMORY,
-                    description="Kunlunxin P800 shared as vXPUs (quarter, half, whole card)", build=_kunlun_vxpu,
+                    description="Kunlunxin P800 shared as vXPUs (quarter, half, whole card)", build=kunlun_vxpu_parts,
                     aliases=("vxpu", "XPU", "P800-vXPU"), settable=("splitCount", "unhealthy"), primary=False,
                     demo_limits=(("vxpu-quarter", {"kunlunxin.com/vxpu": "1", "kunlunxin.com/vxpu-memory": "24576"}),)),
         DeviceModel(key="gcu", family="enflame", model="S60", vendor_key="GCU", devmem=100,
                     description="Enflame S60 GCU, whole cards (node capacity; the scheduler books 100 units a card)",
-                    build=_enflame, aliases=("enflame-s60", "GCU", "s60"),
+                    build=enflame_parts, aliases=("enflame-s60", "GCU", "s60"),
                     demo_limits=(("gcu-one", {"enflame.com/gcu": "1"}),)),
         DeviceModel(key="mr-v100", family="iluvatar", model="MR-V100", vendor_key="MR-V100", devmem=32 * GiB,
                     description="Iluvatar MR-V100 (32 GiB), Iluvatar's vGPU plugin (needs --enable-iluvatar)",
-                    build=_iluvatar, aliases=("iluvatar", "MR-V100"), settable=("splitCount", "memory", "unhealthy"),
+                    build=iluvatar_parts, aliases=("iluvatar", "MR-V100"),
+                    settable=("splitCount", "memory", "unhealthy"),
                     demo_limits=(("ix-quarter", {"iluvatar.ai/MR-V100-vgpu": "1", "iluvatar.ai/MR-V100.vMem": "32",
                                                  "iluvatar.ai/MR-V100.vCore": "25"}),)),
         DeviceModel(key="metax-gpu", family="metax", model="C500", vendor_key="Metax-GPU", devmem=65536,
                     description="Metax C500 GPU, whole cards (node capacity; topology losses/scores annotations)",
-                    build=_metax_gpu, aliases=("metax", "Metax-GPU", "c500"),
+                    build=metax_gpu_parts, aliases=("metax", "Metax-GPU", "c500"),
                     demo_limits=(("metax-one", {"metax-tech.com/gpu": "1"}), ("metax-two", {"metax-tech.com/gpu": "2"}))),
         DeviceModel(key="metax-sgpu", family="metax-sgpu", model="C500", vendor_key="Metax-SGPU",
                     devmem=METAX_SGPU_MEMORY,
                     description="Metax C500 shared as sGPUs (metax-tech.com/node-gpu-devices, two MetaLink zones)",
-                    build=_metax_sgpu, aliases=("Metax-SGPU", "sgpu", "C500-sGPU"),
+                    build=metax_sgpu_parts, aliases=("Metax-SGPU", "sgpu", "C500-sGPU"),
                     settable=("splitCount", "memory", "unhealthy"), primary=False,
                     demo_limits=(("sgpu-8g", {"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "8",
                                               "metax-tech.com/vcore": "30"}),)),
@@ -501,19 +130,19 @@ def _models() -> list[DeviceModel]:
     models += [
         DeviceModel(key="inf2", family="awsneuron", model="inf2.48xlarge", vendor_key="AWSNeuron", devmem=0,
                     description="AWS Inferentia2 (inf2.48xlarge: 12 devices, 2 NeuronCores each; node capacity)",
-                    build=_awsneuron, aliases=("inferentia2", "inf2-48xlarge"), devices=12,
+                    build=awsneuron_parts, aliases=("inferentia2", "inf2-48xlarge"), devices=12,
                     demo_limits=(("neuron-core", {"aws.amazon.com/neuroncore": "1"}),
                                  ("neuron-two", {"aws.amazon.com/neuron": "2"}))),
         DeviceModel(key="trn1", family="awsneuron", model="trn1.32xlarge", vendor_key="AWSNeuron", devmem=0,
                     description="AWS Trainium (trn1.32xlarge: 16 devices, 2 NeuronCores each; node capacity)",
-                    build=_awsneuron, aliases=("trainium", "trn1-32xlarge"), devices=16,
+                    build=awsneuron_parts, aliases=("trainium", "trn1-32xlarge"), devices=16,
                     demo_limits=(("neuron-core", {"aws.amazon.com/neuroncore": "2"}),
                                  ("neuron-four", {"aws.amazon.com/neuron": "4"}))),
     ]
     models += [
         DeviceModel(key="mi300x", family="amd", model="AMD-MI300X", vendor_key="AMD", devmem=AMD_MI300X_MEMORY,
                     description="AMD Instinct MI300X (192 GiB, 304 compute units), HAMi's AMD device plugin",
-                    build=_amd, aliases=("MI300X", "amd-mi300x"), settable=("splitCount", "memory", "unhealthy"),
+                    build=amd_parts, aliases=("MI300X", "amd-mi300x"), settable=("splitCount", "memory", "unhealthy"),
                     demo_limits=(("amd-half", {"amd.com/gpu": "1", "amd.com/gpumem": "65536",
                                                "amd.com/gpucores": "50"}),)),
     ]

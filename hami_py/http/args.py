@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from hami_py.scheduling.service import lower_keys
+from hami_py.scheduling.verbs.service import lower_keys
 
 MAX_JSON_DEPTH = 100    # a real ExtenderArgs nests about 15 deep; orjson writes at most 254
 

@@ -1,4 +1,4 @@
-"""``POST /refit``: the NUMA refit's HTTP side (the rules are in :mod:`hami_py.scheduling.refit`).
+"""``POST /refit``: the NUMA refit's HTTP side (the rules are in :mod:`hami_py.scheduling.verbs.refit`).
 
 Wire-compatible with the device plugin of HAMi after v2.10 (``requestNumaRefit``): a JSON
 NumaRefitRequest in, ``{"succeeded", "containerDevices", "failureReason"}`` out. The plugin
@@ -25,7 +25,7 @@ from aiohttp import web
 
 from hami_py.http.server import DEFAULT_BODY_LIMIT, read_json
 from hami_py.metrics import Metrics
-from hami_py.scheduling.refit import RefitEndpoint, bearer_token, refit_failure
+from hami_py.scheduling.verbs.refit import RefitEndpoint, bearer_token, refit_failure
 
 REFIT_PATH = "/refit"
 

@@ -21,7 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from hami_py.http.args import binding_args_error, extender_args_error, may_nest_deeper, nesting_error
 from hami_py.metrics import Metrics
-from hami_py.scheduling.service import SchedulerService, filter_result
+from hami_py.scheduling.verbs.service import SchedulerService, filter_result
 
 log = structlog.get_logger(__name__)
 

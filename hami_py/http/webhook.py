@@ -4,7 +4,7 @@ The kube-apiserver posts an AdmissionReview and expects one back with HTTP 200; 
 wrong (a body that is too large, not JSON, the wrong content type) is answered the same way,
 as an AdmissionReview whose status carries the code and the reason, as controller-runtime
 (which upstream uses) answers. Only the rules' outcome is decided in
-:mod:`hami_py.scheduling.admission`; this module reads, times and writes.
+:mod:`hami_py.scheduling.admission.rules`; this module reads, times and writes.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from aiohttp import web
 from hami_py.devices.base import DeviceVendor
 from hami_py.http.server import DEFAULT_BODY_LIMIT, read_json
 from hami_py.metrics import Metrics
-from hami_py.scheduling.admission import (
+from hami_py.scheduling.admission.rules import (
     ADMISSION_V1, AdmissionSettings, FitQuota, Verdict, review, review_response,
 )
 

@@ -116,7 +116,7 @@ def filtering_succeeded_message(*, node: str, best: list[tuple[str, float]], fit
 
     Upstream lists every fitting node; at thousands of nodes that is a 100 KB message whose
     sorting and formatting cost more than the decision. The decision keeps only the best few
-    (``hami_py.scheduling.filter.LISTED_NODE_SCORES``); ``…<n> more,`` says how many are left out."""
+    (``hami_py.scheduling.decision.filter.LISTED_NODE_SCORES``); ``…<n> more,`` says how many are left out."""
     prefix = f"…{fit - len(best)} more," if fit > len(best) else ""
     listed = ",".join(f"{name}:{score:.2f}" for name, score in reversed(best))
     return f"find fit node({node}), {total_nodes - fit} nodes not fit, {fit} nodes fit({prefix}{listed})"
@@ -250,7 +250,7 @@ class EventRecorder:
             self.record(pod, lambda: [(WARNING, BINDING_FAILED, error)])
 
     def on_preempt(self, pod: dict, reason: str, message: str, *, warning: bool = False) -> None:
-        """Device preemption's hook (scheduling/preempting.py): ``Preempted`` on a victim and on
+        """Device preemption's hook (scheduling/eviction/preempting.py): ``Preempted`` on a victim and on
         its preemptor, as kube-scheduler records them (type Normal); ``PreemptionFailed`` on a
         preemptor whose evictions were refused (type Warning)."""
         type_ = WARNING if warning else NORMAL

@@ -6,8 +6,11 @@ production scheduler against the embedded API server, creating the nodes of a cl
 the pods of a workload file there, and sending every pod through /filter and /bind as
 kube-scheduler would. There is no second implementation of the placement rules.
 
-Modules: ``source`` (YAML with line numbers, input errors), ``cluster`` and ``workload`` (the two
-input files, custom or plain Kubernetes YAML), ``runner`` (one scenario on an embedded
-cluster), ``results`` (the figures), ``report_text`` / ``report_json`` / ``report_html`` and
-``cli``.
+Modules: ``workload`` (the workload file, custom or plain Kubernetes YAML; the cluster file and
+the YAML reader are hami_py/offline/, shared with ``defrag``), ``runner`` (scenarios, each on an
+embedded cluster), ``scenario_run`` (one scenario's arrivals, as kube-scheduler sends them),
+``defragment`` (``--defrag-every``: the defragmenter's planner run inside a scenario),
+``figures`` and ``results`` (the figures), ``report_text`` / ``report_json`` / ``report_html``
+and ``cli``. The simulator uses the defragmenter (``hami_py.defrag``); the defragmenter never
+uses the simulator.
 """

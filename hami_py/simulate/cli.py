@@ -9,24 +9,23 @@ import argparse
 import logging
 import sys
 
-from hami_py.cli import OneLineParser, UsageError
+from hami_py.cliargs import EXIT_INTERRUPTED, EXIT_USAGE, OneLineParser, UsageError
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.logs import configure_logging
-from hami_py.scheduling.policies import BINPACK, FRAGMENTATION_AWARE, SPREAD
-from hami_py.simulate.cluster import Cluster, load_cluster
+from hami_py.offline.cluster import Cluster, load_cluster
+from hami_py.offline.source import InputError
+from hami_py.scheduling.decision.policies import BINPACK, FRAGMENTATION_AWARE, SPREAD
 from hami_py.simulate.progress import ProgressBar
 from hami_py.simulate.report_html import render_html
 from hami_py.simulate.report_json import render_json
 from hami_py.simulate.report_text import render_table
 from hami_py.simulate.results import Report, ScenarioResult
-from hami_py.simulate.runner import Scenario, SimulationError, run_scenarios
-from hami_py.simulate.source import InputError
+from hami_py.simulate.runner import Scenario, run_scenarios
+from hami_py.simulate.scenario_run import SimulationError
 from hami_py.simulate.workload import POLICIES, Workload, load_workload
 
 EXIT_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERRUPTED = 130
 DEFAULT_HTML_FILE = "simulation-report.html"
 
 

@@ -14,34 +14,14 @@ could place (``pending_movable``): with --defrag-every that is the figure that m
 """
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING
-
 from hami_py.defrag.plan import Plan
 from hami_py.defrag.planner import Planner
 from hami_py.defrag.world import World
 from hami_py.embedded import wait_for
-
-if TYPE_CHECKING:
-    from hami_py.simulate.runner import _Run
-
-_WAIT_S = 60.0
-_EPOCH = 1_767_225_600       # 2026-01-01T00:00:00Z: arrival 0 of every simulation
+from hami_py.simulate.scenario_run import EPOCH, WAIT_S, ScenarioRun
 
 
-def simulated_time(step: int) -> str:
-    """The wall-clock stamp of arrival ``step``: one second per arrival."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(_EPOCH + step))
-
-
-def owned_by_template(pod: dict, template: str) -> dict:
-    """The pod as a controller of its template would have made it (ownerReferences set)."""
-    pod["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": template,
-                                           "uid": f"simulated-{template}", "controller": True}]
-    return pod
-
-
-def _world(run: "_Run") -> World:
+def _world(run: ScenarioRun) -> World:
     app = run.app
     running = {o.uid: run.api.get("pods", o.name, o.namespace) for o in run.outcomes if o.state == "running"}
     return World(cache=app.cache, filterer=app.service.filterer, vendors=app.vendors,
@@ -49,7 +29,7 @@ def _world(run: "_Run") -> World:
                  pending=[], budgets=[], node_names=list(run.nodes))
 
 
-def _pending_pods(run: "_Run") -> list[dict]:
+def _pending_pods(run: ScenarioRun) -> list[dict]:
     pods = []
     for outcome in run.pending:
         pod = run.api.get("pods", outcome.name, outcome.namespace)
@@ -58,15 +38,15 @@ def _pending_pods(run: "_Run") -> list[dict]:
     return pods
 
 
-def plan_for_pending(run: "_Run") -> Plan | None:
+def plan_for_pending(run: ScenarioRun) -> Plan | None:
     """What the planner would do for the pending pods now; None when none is pending."""
     pods = _pending_pods(run)
     if not pods:
         return None
-    return Planner(_world(run), clock=lambda: float(_EPOCH + run.step)).make_room(pods)
+    return Planner(_world(run), clock=lambda: float(EPOCH + run.step)).make_room(pods)
 
 
-def pending_movable(run: "_Run") -> int:
+def pending_movable(run: ScenarioRun) -> int:
     """How many pending pods a plan of moves would place (the books are left as they are)."""
     plan = plan_for_pending(run)
     if plan is None:
@@ -74,7 +54,7 @@ def pending_movable(run: "_Run") -> int:
     return sum(1 for p in plan.placements if p.victims)
 
 
-async def defragment(run: "_Run", step: int) -> int:
+async def defragment(run: ScenarioRun, step: int) -> int:
     """Plan for the pending pods and carry the plan's moves out; the number of pods moved."""
     plan = plan_for_pending(run)
     if plan is None:
@@ -95,7 +75,7 @@ async def defragment(run: "_Run", step: int) -> int:
         run.api.delete("pods", outcome.name, outcome.namespace)
         moved.append(outcome)
     cache = run.app.cache
-    await wait_for(lambda: not any(o.uid in cache.pods for o in moved), timeout=_WAIT_S, interval=0.0005,
+    await wait_for(lambda: not any(o.uid in cache.pods for o in moved), timeout=WAIT_S, interval=0.0005,
                    what="the scheduler to see moved pods deleted")
     for placement in helped:
         outcome = by_uid.get(placement.uid)

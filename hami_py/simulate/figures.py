@@ -3,22 +3,19 @@
 ``fragmentation``: free memory on devices that would refuse the workload's typical request
 (asked through the scheduler's own filter, nothing reserved). ``fragmentation_failures``:
 pending pods whose memory the family's free memory would hold. Stranded memory (free memory on
-devices out of slots or cores) is results.stranded_mib, sampled over the run by the runner.
+devices out of slots or cores) is results.stranded_mib, sampled after every arrival by the
+ScenarioRun (scenario_run.py).
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from hami_py.app import SchedulerApp
 from hami_py.devices.base import ContainerRequest, DeviceVendor
 from hami_py.devices.nvidia import USE_UUID_ANNOTATION, VENDOR_KEY as NVIDIA
 from hami_py.devices.template import TemplateVendor
-from hami_py.scheduling.requests import parse_pod_requests
+from hami_py.scheduling.decision.requests import parse_pod_requests
 from hami_py.simulate.results import Fragmentation
+from hami_py.simulate.scenario_run import ScenarioRun
 from hami_py.simulate.workload import Template, Workload
-
-if TYPE_CHECKING:
-    from hami_py.simulate.runner import _Run
 
 
 def pin_annotation(vendor_key: str, vendor: DeviceVendor) -> str | None:
@@ -31,7 +28,7 @@ def pin_annotation(vendor_key: str, vendor: DeviceVendor) -> str | None:
     return None
 
 
-def fragmentation_failures(run: _Run) -> int:
+def fragmentation_failures(run: ScenarioRun) -> int:
     """Pending pods whose device memory the cluster's free memory would hold: per family, the
     pod's memory request (per device x devices, a percentage of the family's largest device)
     is at most the free memory of that family's healthy devices."""

@@ -6,22 +6,13 @@ small clusters (or with ``--detail``); larger ones have them in the JSON and HTM
 """
 from __future__ import annotations
 
+from hami_py.offline.palette import memory_glyph
 from hami_py.simulate.results import (
     BEST_RULE, Report, ScenarioResult, allocation_label, best_scenario, cores_label,
 )
 
 DETAIL_MAX_GPUS = 32
 DETAIL_MAX_PODS = 40
-_BLOCKS = "▁▂▃▄▅▆▇█"
-
-
-def memory_glyph(used: int, total: int, healthy: bool) -> str:
-    """One character per GPU: ``x`` unhealthy, ``·`` idle, else a block as tall as its memory use."""
-    if not healthy:
-        return "x"
-    if used <= 0 or total <= 0:
-        return "·"
-    return _BLOCKS[min(len(_BLOCKS) - 1, (len(_BLOCKS) * used - 1) // total)]
 
 
 def render_table(report: Report, *, detail: bool = False) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hami_py.scheduling.kernel_frag import stranded_memory
+from hami_py.scheduling.kernel.frag import stranded_memory
 
 
 @dataclass

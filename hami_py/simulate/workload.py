@@ -41,17 +41,17 @@ from hami_py.config import DeviceConfig
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.devices.nvidia import USE_TYPE_ANNOTATION, VENDOR_KEY as NVIDIA, nvidia_config
 from hami_py.fakeapi.families import find_device_model
-from hami_py.scheduling.bind import BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION
-from hami_py.scheduling.filter import VGPU_NODE_LABEL
-from hami_py.scheduling.policies import (
-    GPU_POLICY_ANNOTATION, NODE_POLICIES, NODE_POLICY_ANNOTATION, PolicyError, pod_policies,
-)
-from hami_py.scheduling.requests import PodRequest, parse_pod_requests
-from hami_py.scheduling.stale import decision_keys
-from hami_py.simulate.source import (
+from hami_py.offline.source import (
     Where, check_keys, kind_of, kubernetes_objects, load_documents, optional, plain, read_int, read_list, read_map,
     read_mib, read_str, read_str_map, required,
 )
+from hami_py.scheduling.verbs.bind import BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION
+from hami_py.scheduling.decision.filter import VGPU_NODE_LABEL
+from hami_py.scheduling.decision.policies import (
+    GPU_POLICY_ANNOTATION, NODE_POLICIES, NODE_POLICY_ANNOTATION, PolicyError, pod_policies,
+)
+from hami_py.scheduling.decision.requests import PodRequest, parse_pod_requests
+from hami_py.scheduling.verbs.stale import decision_keys
 
 LIFETIME_ANNOTATION = "simulate.hami-py.io/lifetime"
 ORDERS = ("as-listed", "interleaved", "shuffled")

@@ -5,10 +5,10 @@ See :mod:`.vendor` for the annotations and rules, :mod:`.topology` for the choic
 """
 from __future__ import annotations
 
-from hami_py.devices.ascend.config import VnpuConfig, VnpusConfig, VnpuTemplate, parse_vnpus
+from hami_py.devices.ascend.config import CONFIG_SECTION, VnpuConfig, VnpusConfig, VnpuTemplate, parse_vnpus
 from hami_py.devices.ascend.vendor import AscendVendor
 
-__all__ = ["AscendVendor", "VnpuConfig", "VnpuTemplate", "VnpusConfig", "build_family", "parse_vnpus"]
+__all__ = ["CONFIG_SECTION", "AscendVendor", "VnpuConfig", "VnpuTemplate", "VnpusConfig", "build_family", "parse_vnpus"]
 
 
 def build_family(config, switches) -> list[AscendVendor]:
@@ -17,7 +17,7 @@ def build_family(config, switches) -> list[AscendVendor]:
 
     The section is checked even when Ascend is off, as upstream decodes the whole file at start:
     ConfigError for a malformed ``vnpus`` section either way."""
-    vnpus = parse_vnpus(config.section("vnpus"))
+    vnpus = parse_vnpus(config.section(CONFIG_SECTION.name))
     if not switches.enable_ascend:
         return []
     return [AscendVendor(chip, hami_vnpu_core=vnpus.hami_vnpu_core) for chip in vnpus.configs]

@@ -11,9 +11,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hami_py.config import Section
+from hami_py.config import ConfigSection, Section
 
 SECTION = "vnpus"
+# {hamiVnpuCore, configs: [...]}: only chip kinds (configs) make the file a usable one.
+CONFIG_SECTION = ConfigSection(SECTION, ("configs",))
 
 # The name part of a qualified annotation key (``node-handshake-<cw>`` is the longest we build).
 _NAME_RE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")

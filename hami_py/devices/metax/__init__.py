@@ -13,9 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hami_py.config import DeviceConfig, Section
+from hami_py.config import ConfigSection, DeviceConfig, Section
 
 SECTION = "metax"
+CONFIG_SECTION = ConfigSection(SECTION, ("resourceCountName", "resourceVCountName", "resourceVMemoryName",
+                                          "resourceVCoreName", "sgpuTopologyAware"))
 
 
 @dataclass(slots=True, frozen=True)

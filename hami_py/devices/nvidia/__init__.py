@@ -6,7 +6,9 @@ re-exported here, so they import ``hami_py.devices.nvidia`` and not its parts.
 """
 from __future__ import annotations
 
-from hami_py.devices.nvidia.config import MigProfileAllowlistEntry, NvidiaConfig, nvidia_config, read_nvidia
+from hami_py.devices.nvidia.config import (
+    CONFIG_SECTION, MigProfileAllowlistEntry, NvidiaConfig, nvidia_config, read_nvidia,
+)
 from hami_py.devices.nvidia.vendor import (
     ALLOCATED_ANNOTATION, CORDON_ANNOTATION, CORE_POLICY_ENV, DEFAULT_CORE_POLICY, HANDSHAKE_ANNOTATION,
     MEMORY_PERCENT_UNSET, MIG_ALLOCATIONS_ANNOTATION, NOUSE_TYPE_ANNOTATION, NOUSE_UUID_ANNOTATION,
@@ -16,6 +18,7 @@ from hami_py.devices.nvidia.vendor import (
 )
 
 __all__ = [
+    "CONFIG_SECTION",
     "ALLOCATED_ANNOTATION", "CORDON_ANNOTATION", "CORE_POLICY_ENV", "DEFAULT_CORE_POLICY", "HANDSHAKE_ANNOTATION",
     "MEMORY_PERCENT_UNSET", "MIG_ALLOCATIONS_ANNOTATION", "NOUSE_TYPE_ANNOTATION", "NOUSE_UUID_ANNOTATION",
     "NUMA_BIND_ANNOTATION", "PAIR_SCORE_ANNOTATION", "PAIR_SCORES_KEY", "REGISTER_ANNOTATION", "TASK_PRIORITY_ENV",

@@ -11,9 +11,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hami_py.config import DeviceConfig, Section, kind_of
+from hami_py.config import ConfigSection, DeviceConfig, Section, kind_of
 
 SECTION = "nvidia"
+CONFIG_SECTION = ConfigSection(
+    SECTION,
+    keys=("resourceCountName", "resourceMemoryName", "resourceMemoryPercentageName", "resourceCoreName",
+          "resourcePriorityName", "overwriteEnv", "defaultMemory", "defaultCores", "defaultGPUNum", "memoryFactor",
+          "disableCoreLimit", "gpuCorePolicy", "runtimeClassName", "migProfileAllowlist"),
+    # The NVIDIA device plugin's keys: pointers upstream, so present at all (zero included) they count.
+    pointer_keys=("deviceSplitCount", "deviceMemoryScaling", "deviceCoreScaling", "preConfiguredDeviceMemory",
+                  "libCudaLogLevel", "enableNumaTopology"))
 
 
 @dataclass(slots=True)

@@ -1,0 +1,7 @@
+"""What the offline tools (``simulate``, ``defrag``) share, below both of them.
+
+Both read a cluster the same way and report devices the same way, and neither should reach into
+the other for it: ``source`` (YAML with line numbers, input errors), ``cluster`` (the cluster
+file, custom or plain Kubernetes YAML) and ``palette`` (the reports' colours, glyphs and CSS).
+The flags' one-line errors are ``hami_py/cliargs.py``, which the scheduler's own command shares.
+"""

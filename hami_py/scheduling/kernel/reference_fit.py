@@ -1,0 +1,343 @@
+"""The reference kernel's per-device stages: how one request row's devices are ordered, tried and picked.
+
+``kernel_ref.filter_nodes`` fits a pod node by node and row by row; for each row it orders the
+node's candidate devices (``order_devices``), walks them through upstream's gates
+(``walk``, ``device_reason``, ``mig_select``) and, where every fitting device is collected, lets
+the vendor's chooser or the topology-aware pick keep ``nums`` of them. The names are those of
+``cython_core/fit_kernel.pyx``'s helpers (``prefer``, ``mig_select``, ``topology_pick``, ``choose``,
+``charge``); the kernel inlines the walk and the gates in its own loop, which this module spells
+out as functions. A module of its own only to keep kernel_ref.py short enough to read at once.
+"""
+from __future__ import annotations
+
+from itertools import combinations, islice
+
+from hami_py import reasons as R
+from hami_py.cache.quota import UNLIMITED
+from hami_py.kernel_codes import (
+    CHAIN_BASE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_FRAG, KEY_SPREAD, MAX_TOPOLOGY_COMBOS,
+    MEMPCT_UNSET, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK,
+)
+# The fragmentation-aware policy's device cost (read by the KEY_FRAG sort key).
+from hami_py.scheduling.kernel.frag import frag_device_cost, has_key
+
+# Mask reason codes that upstream checks before the NUMA regrouping step, and the one after it.
+_PRE_NUMA_MASK = (R.CARD_CORDONED, R.CARD_TYPE_MISMATCH)
+
+
+class Usage:
+    """One node's usage per device (position k: the node's k-th device) as the pod's rows so far
+    leave it: slots ``used``, memory ``mem``, ``cores`` and the MIG slices taken (``mig``)."""
+
+    __slots__ = ("used", "mem", "cores", "mig")
+
+    def __init__(self, used, mem, cores, mig):
+        self.used, self.mem, self.cores, self.mig = used, mem, cores, mig
+
+    def copy(self):
+        return Usage(list(self.used), list(self.mem), list(self.cores), list(self.mig))
+
+
+class PodCharge:
+    """The pod's own usage so far on one node, per device: peak over init containers, sum over
+    app containers (the quota check charges the pod as the cache will: max of the two)."""
+
+    __slots__ = ("init_mem", "init_cores", "app_mem", "app_cores")
+
+    def __init__(self, n):
+        self.init_mem, self.init_cores, self.app_mem, self.app_cores = [0] * n, [0] * n, [0] * n, [0] * n
+
+
+class Row:
+    """One request row as the walk reads it: ``nums`` devices, each of ``memreq``/``mempct``
+    memory, ``cores`` and ``slots`` (after the vendor's charger, FLAG_CHARGE, has said what one
+    device of the row costs on this node), among ``cands`` (positions of the node's devices of
+    the row's vendor), with the vendor's rules (``flags``) and quota headroom (``qm``, ``qc``)."""
+
+    __slots__ = ("nums", "memreq", "mempct", "cores", "free_cores", "slots", "cands", "exclusive", "equal_share",
+                 "collect_all", "qm", "qc")
+
+    def __init__(self, nums, memreq, mempct, cores, slots, cands, flags, topology, qm, qc):
+        self.nums, self.memreq, self.mempct, self.slots, self.cands, self.qm, self.qc = (
+            nums, memreq, mempct, slots, cands, qm, qc)
+        # A negative core request takes no cores and skips every core check.
+        self.free_cores = cores < 0
+        self.cores = 0 if self.free_cores else cores
+        self.exclusive = flags & FLAG_EXCLUSIVE
+        self.equal_share = flags & FLAG_EQUAL_SHARE
+        self.collect_all = topology or flags & FLAG_CHOOSE   # every fitting device, not the first nums
+
+
+def device_score(total_mem, total_cores, count, used, used_mem, used_cores, mem, cores,
+                 w_slot, w_core, w_mem):
+    """Upstream's per-device score with the request placed: 10 × weighted utilisation."""
+    if count == 0 or total_cores == 0 or total_mem == 0:
+        return 0.0
+    slot = (1 + used) / count
+    core = (cores + used_cores) / total_cores
+    memf = (mem + used_mem) / total_mem
+    return 10.0 * (w_slot * slot + w_core * core + w_mem * memf)
+
+
+def resolve_mem(memreq, mempct, total_mem):
+    if memreq > 0:
+        return memreq
+    if mempct != MEMPCT_UNSET:
+        return total_mem * mempct // 100
+    return 0
+
+
+# -- order ------------------------------------------------------------------------------------
+
+def order_devices(table, q, off, row, usage):
+    """The row's candidate devices (node positions) in the order they are tried: each scored
+    with the request placed, then sorted by the device ordering's key (the kernel's ``prefer``)."""
+    total_mem, total_cores, count, numa = table.total_mem, table.total_cores, table.count, table.numa
+    frag_key = has_key(q.gpu_policy, KEY_FRAG)
+    keyed = []
+    for k in row.cands:
+        j = off + k
+        mem = resolve_mem(row.memreq, row.mempct, total_mem[j])
+        sc = device_score(total_mem[j], total_cores[j], count[j], usage.used[k],
+                          usage.mem[k], usage.cores[k], mem, row.cores, q.w_slot, q.w_core, q.w_mem)
+        fc = (frag_device_cost(total_mem[j], total_cores[j], count[j], usage.used[k], usage.mem[k],
+                               usage.cores[k], mem, row.cores, row.slots) if frag_key else 0.0)
+        keyed.append((_preference_key(sc, numa[j], k, usage.used[k], q.gpu_policy, q.numa_bind, fc), k))
+    keyed.sort()
+    return [k for _, k in keyed]
+
+
+def _preference_key(score, numa, pos, used, gpu_policy, numa_bind, frag=0.0):
+    """Sort key: smallest key is tried first (upstream walks its sorted list from the end).
+    ``frag`` is the device's frag_device_cost (only read by the KEY_FRAG key)."""
+    if gpu_policy >= ORDER_CHAIN:
+        key = []
+        code = gpu_policy - ORDER_CHAIN
+        while code:
+            k = code % CHAIN_BASE
+            code //= CHAIN_BASE
+            key.append(-score if k == KEY_BINPACK else score if k == KEY_SPREAD else frag if k == KEY_FRAG
+                       else -numa)
+        return (*key, -pos)
+    if gpu_policy == ORDER_MUTEX:
+        return (used, -numa, -pos)
+    if numa_bind:
+        if gpu_policy == POLICY_BINPACK:
+            return (numa, -score, -pos)
+        return (-numa, score, -pos)
+    if gpu_policy == POLICY_BINPACK:
+        return (-score, -numa, -pos)
+    return (score, -numa, -pos)
+
+
+# -- walk -------------------------------------------------------------------------------------
+
+def walk(table, q, off, row, usage, pod, order):
+    """Try the devices in ``order``: ``(counts per reason, picks, devices still needed)``.
+
+    A pick is ``(position, memory, MIG profile, placement)``. The walk stops at ``nums`` picks,
+    or collects every fitting device when the row's family chooses (or the policy is
+    topology-aware). Under NUMA binding a device on another NUMA node than the previous one
+    starts the picking over there. A MIG GPU that gave an instance is offered again, so one
+    container may get several instances of it."""
+    health, numa, mask, dev_mig, place_mask = table.health, table.numa, q.mask, table.dev_mig, table.place_mask
+    has_mask = len(mask) > 0
+    n = len(usage.used)
+    counts = [0] * R.N_DEVICE_REASONS
+    picked = []   # (k, mem, profile, placement)
+    pick_occ = [0] * n   # MIG slices taken by this row's own picks, per device
+    need = row.nums
+    prev_numa = -1
+    i = -1
+    revisit = False
+    while True:
+        if not revisit:
+            i += 1
+        revisit = False
+        if i >= len(order):
+            break
+        k = order[i]
+        j = off + k
+        if not health[j]:
+            counts[R.CARD_NOT_HEALTH] += 1
+            continue
+        m = mask[j] if has_mask else 0
+        if m in _PRE_NUMA_MASK:
+            counts[m] += 1
+            continue
+        if q.numa_bind and numa[j] != prev_numa:
+            if picked and not row.collect_all:
+                counts[R.NUMA_NOT_FIT] += len(picked)
+            picked = []
+            pick_occ = [0] * n
+            need = row.nums
+            prev_numa = numa[j]
+        if m != 0:
+            counts[m] += 1
+            continue
+        mem = resolve_mem(row.memreq, row.mempct, table.total_mem[j])
+        reason = device_reason(table, q, j, k, mem, row, usage, pod, picked)
+        if reason != R.OK:
+            counts[reason] += 1
+            continue
+        prof = place = -1
+        if dev_mig[j]:
+            prof, place = mig_select(table, j, usage.mig[k] | pick_occ[k], mem)
+            if prof < 0:
+                counts[R.CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
+                continue
+            pick_occ[k] |= place_mask[place]
+            revisit = True  # a MIG GPU may give this container another instance
+        picked.append((k, mem, prof, place))
+        if not row.collect_all:
+            need -= 1
+            if need == 0:
+                break
+    return counts, picked, need
+
+
+def device_reason(table, q, j, k, mem, row, usage, pod, picked):
+    """Why device ``j`` (the node's ``k``-th) cannot take ``mem`` of the row beside ``picked``,
+    upstream's checks in upstream's order; R.OK when it can."""
+    count, total_mem, total_cores = table.count[j], table.total_mem[j], table.total_cores[j]
+    used, used_mem, used_cores = usage.used[k], usage.mem[k], usage.cores[k]
+    cores = row.cores
+    # Upstream's first test is Count <= Used: is a slot left at all. A partition of several
+    # slices (slots > 1) is checked for all of them after memory and cores, so that a
+    # card too full for it is refused for its memory, as upstream words it.
+    if count - used < 1:
+        # A busy device of an exclusive family is refused for being busy, even when its
+        # slots are gone too (a whole card has one): upstream's reason. Tested inside
+        # the slot check so that rows of other families pay nothing for it (the
+        # Cython kernel measured 2-4 % slower with the flag tested first).
+        if row.exclusive and used > 0:
+            return R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+        return R.CARD_TIME_SLICING_EXHAUSTED
+    if row.exclusive and used > 0:
+        return R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+    if q.mutex and used > 0:
+        return R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+    qm, qc = row.qm, row.qc
+    if qm != UNLIMITED or qc != UNLIMITED:
+        tm, tc = _pod_total(row.cands, picked, k, mem, cores, pod)
+        if (qm != UNLIMITED and tm > qm) or (qc != UNLIMITED and tc > qc):
+            return R.RESOURCE_QUOTA_NOT_FIT
+    if total_mem - used_mem < mem:
+        return R.CARD_INSUFFICIENT_MEMORY
+    if not row.free_cores and total_cores - used_cores < cores:
+        return R.CARD_INSUFFICIENT_CORE
+    if row.slots > 1 and count - used < row.slots:
+        return R.CARD_TIME_SLICING_EXHAUSTED
+    if row.equal_share and used > 0 and used_mem != used * mem:
+        # Its tasks hold another size than this one asks.
+        return R.CARD_NOT_FOUND_CUSTOM_FILTER_RULE
+    if total_cores == 100 and cores == 100 and used > 0:
+        return R.EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+    if not row.free_cores and total_cores != 0 and used_cores == total_cores and cores == 0:
+        return R.CARD_COMPUTE_UNITS_EXHAUSTED
+    return R.OK
+
+
+def _pod_total(cands, picked, k_extra, mem_extra, cores_extra, pod):
+    """The pod's charge against vendor ``v``'s quota if it also took ``mem_extra`` on ``k_extra``:
+    per device max(init peak, app sum), summed, with this row's picks counted in (an init row's
+    on top of the sidecars' app sum so far)."""
+    tm = tc = 0
+    for k in cands:
+        add_m = add_c = 0
+        for pk, pm, _, _ in picked:
+            if pk == k:
+                add_m += pm
+                add_c += cores_extra
+        if k == k_extra:
+            add_m += mem_extra
+            add_c += cores_extra
+        # An init row's picks sit beside the app sums so far (its sidecars), like an app row's.
+        tm += max(pod.init_mem[k], pod.app_mem[k] + add_m)
+        tc += max(pod.init_cores[k], pod.app_cores[k] + add_c)
+    return tm, tc
+
+
+def mig_select(table, j, occupied, mem):
+    """Upstream's MIG choice on device ``j``: the smallest profile with enough memory that has a
+    placement free of ``occupied`` (placements in their try order). (profile, placement)
+    indexes, or (-1, -1)."""
+    mig_prof_off, mig_prof_len, prof_mem = table.mig_prof_off, table.mig_prof_len, table.prof_mem
+    prof_place_off, prof_place_len, place_mask = table.prof_place_off, table.prof_place_len, table.place_mask
+    for p in range(mig_prof_off[j], mig_prof_off[j] + mig_prof_len[j]):
+        if prof_mem[p] < mem:
+            continue
+        for q in range(prof_place_off[p], prof_place_off[p] + prof_place_len[p]):
+            if not place_mask[q] & occupied:
+                return p, q
+    return -1, -1
+
+
+# -- among all that fit -----------------------------------------------------------------------
+
+def topology_pick(picked, nums, pair_score, poff, n):
+    """Upstream's topology-aware choice among all fitting devices: for one device, the one worst
+    connected to the others (keeping good groups free); for several, the combination (in walk
+    order) with the highest sum of pair scores. Ties go to the first found. Only the first
+    MAX_TOPOLOGY_COMBOS combinations are weighed: a MIG node offers an instance per free slice,
+    and C(56, 6) combinations would hold the event loop for seconds."""
+    def score(a, b):
+        return pair_score[poff + a * n + b] if poff >= 0 else 0
+
+    if nums == 1:
+        best, best_total = None, 0
+        for entry in picked:
+            total = sum(score(entry[0], other[0]) for other in picked if other[0] != entry[0])
+            if best is None or total < best_total:
+                best, best_total = entry, total
+        return [best]
+    best, best_total = None, 0
+    for combo in islice(combinations(picked, nums), MAX_TOPOLOGY_COMBOS):
+        total = sum(score(combo[i][0], combo[j][0]) for i in range(nums) for j in range(i + 1, nums))
+        if best is None or total > best_total:
+            best, best_total = list(combo), total
+    return best
+
+
+def choose(choosers, v, ni, picked, nums):
+    """Ask vendor ``v``'s chooser for ``nums`` of the devices that fit one row on node ``ni``.
+
+    Returns ``(picks, score delta)`` with the picks (entries of ``picked``) in the chooser's
+    order, or the reason code it refused the node with. An answer outside the contract
+    (``devices.base.Chooser``) is the family's bug, not the pod's: it raises ValueError."""
+    chooser = choosers[v] if v < len(choosers) else None
+    if chooser is None:
+        raise ValueError(f"vendor id {v} has FLAG_CHOOSE but the query carries no chooser for it")
+    positions = [entry[0] for entry in picked]
+    answer = chooser(ni, positions, nums)
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if not 0 < answer < R.N_DEVICE_REASONS:
+            raise ValueError(f"chooser of vendor id {v} answered reason {answer}, not a device reason code")
+        return answer
+    if not isinstance(answer, tuple) or len(answer) != 2:
+        raise ValueError(f"chooser of vendor id {v} answered {answer!r}, not (positions, score delta) or a reason")
+    chosen, delta = answer
+    by_position = {entry[0]: entry for entry in picked}
+    chosen = list(chosen)
+    if (len(chosen) != nums or len(set(chosen)) != nums
+            or not all(type(p) is int and p in by_position for p in chosen)):
+        raise ValueError(f"chooser of vendor id {v} chose {chosen!r}: not {nums} distinct positions of {positions}")
+    return [by_position[p] for p in chosen], float(delta)
+
+
+def charge(chargers, v, ni, r):
+    """Vendor ``v``'s charge of one device of row ``r`` on node ``ni``: ``(memory MiB, cores, slots)``
+    or the reason code it refused the node with. An answer outside the contract
+    (``devices.base.Charger``) is the family's bug: it raises ValueError."""
+    charger = chargers[v] if v < len(chargers) else None
+    if charger is None:
+        raise ValueError(f"vendor id {v} has FLAG_CHARGE but the query carries no charger for it")
+    answer = charger(ni, r)
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if not 0 < answer < R.N_DEVICE_REASONS:
+            raise ValueError(f"charger of vendor id {v} answered reason {answer}, not a device reason code")
+        return answer
+    if (not isinstance(answer, tuple) or len(answer) != 3 or not all(type(x) is int for x in answer)
+            or not (0 <= answer[0] <= 2147483647 and 0 <= answer[1] <= 100 and 1 <= answer[2] <= 2147483647)):
+        raise ValueError(f"charger of vendor id {v} answered {answer!r}, not (memory, cores, slots) or a reason")
+    return answer
