@@ -28,12 +28,16 @@ from hami_py.http.webhook import webhook_route
 from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS, log_budget
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, UNBOUND
-from hami_py.k8s.events import DEFAULT_MAX_AGE_S, DEFAULT_QUEUE_SIZE, NODE_LOCK_STUCK, WARNING, EventRecorder
+from hami_py.k8s.events import (
+    ALLOCATION_DECODE_FAILED, DEFAULT_MAX_AGE_S, DEFAULT_QUEUE_SIZE, NODE_LOCK_STUCK, REGISTRATION_REFUSED, WARNING,
+    EventRecorder,
+)
 from hami_py.k8s.informer import Informer, PagedRelist
 from hami_py.k8s.leader import build_leadership, check_leader_options, leader_identity
 from hami_py.k8s.nodelock import NodeLocker
 from hami_py.k8s.registration import RegistrationKeeper
 from hami_py.k8s.requeue import RequeueNudger
+from hami_py.k8s.accessreview import NodeWriters
 from hami_py.k8s.tokenreview import DevicePluginIdentity
 from hami_py.metrics import Metrics, StuckLockCollector
 from hami_py.scheduling.admission.rules import AdmissionSettings
@@ -152,6 +156,11 @@ class SchedulerApp:
                                 lock_stuck_after_s=options.node_lock_stuck_after_s,
                                 handshake_timeout_s=options.handshake_timeout_s)
         self.metrics.registry.register(StuckLockCollector(self.cache.stuck_locks))
+        self.metrics.is_leader.set_function(lambda: float(self.leadership is not None and self.leadership.is_leader))
+        self.metrics.cache_synced.set_function(
+            lambda: float(bool(self.informers) and all(i.synced.is_set() for i in self.informers)))
+        self.cache.ledger.on_undecodable = self._on_undecodable
+        self.cache.inventory.on_refused = self._on_registration_refused
         self.identity = leader_identity(options.hostname)
         check_leader_options(leader_elect=options.leader_elect, name=options.leader_elect_resource_name,
                              namespace=options.leader_elect_resource_namespace, identity=self.identity)
@@ -193,7 +202,7 @@ class SchedulerApp:
         # Binding never wait behind it.
         background = self.client.with_budget(o.kube_qps, o.kube_burst)
         locker = NodeLocker(self.client, timeout_s=o.node_lock_timeout_s, hint=self.cache.lock_hint,
-                            allocating=self._allocating)
+                            allocating=self._allocating, holder=self.cache.lock_holder_waiting)
         filterer = Filterer(self.cache, self.vendors, default_node_policy=o.node_scheduler_policy,
                             default_gpu_policy=o.gpu_scheduler_policy, on_stuck=self._on_stuck)
         # Events get their own --kube-qps/--kube-burst bucket so they never delay a patch or Binding
@@ -238,11 +247,14 @@ class SchedulerApp:
         self.leadership.start()
         self._sync_task = asyncio.create_task(self._mark_synced())
 
+        # The webhook's UPDATE rule asks the API server who may write Nodes (SubjectAccessReviews,
+        # kept a few seconds) on a bucket of its own: a burst of binds never holds its answer back.
+        self.node_writers = NodeWriters(self.client.with_budget(o.kube_qps, o.kube_burst))
         webhook = webhook_route(
             settings=AdmissionSettings(scheduler_name=o.scheduler_name,
                                        force_overwrite_default_scheduler=o.force_overwrite_default_scheduler),
             vendors=self.vendors, fit_quota=lambda *request: self.fit_quota(*request),
-            metrics=self.metrics, body_limit=o.body_limit)
+            node_writers=self.node_writers, metrics=self.metrics, body_limit=o.body_limit)
         identity = (DevicePluginIdentity(o.device_plugin_namespace, o.device_plugin_service_account)
                     if o.device_plugin_namespace and o.device_plugin_service_account else None)
         refitter = identity and Refitter(cache=self.cache, vendors=self.vendors, filterer=filterer,
@@ -381,6 +393,20 @@ class SchedulerApp:
         """A warning Event on the node of a stuck lock (cache/stuck_locks.py); repeats raise its count."""
         if self.events is not None:
             self.events.on_node(stuck.node, WARNING, NODE_LOCK_STUCK, stuck.event_message())
+
+    def _on_undecodable(self, pod: dict, error: str) -> None:
+        """A warning Event on a bound pod whose device allocation annotations the books cannot
+        read (its device plugin cannot either): told by the pod ledger, once per garbled text."""
+        if self.events is not None:
+            self.events.on_pod(pod, WARNING, ALLOCATION_DECODE_FAILED,
+                               f"device allocation annotations cannot be decoded: {error}")
+
+    def _on_registration_refused(self, node: str, why: str) -> None:
+        """A warning Event on a node whose registration of a family the books refuse (garbled, or
+        naming a device no decision can carry): told by the node inventory, once per reason."""
+        if self.events is not None:
+            self.events.on_node(node, WARNING, REGISTRATION_REFUSED,
+                                f"device registration refused, its devices are not used: {why}")
 
     def _allocating(self, uid: str) -> bool:
         """The pod watch shows the pod, its device plugin not yet done with it."""

@@ -25,7 +25,7 @@ from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, FILTERING_SUCCEED_MODES,
 from hami_py.http.tls import TLSConfigError
 from hami_py.k8s.leader import check_leader_options, leader_identity
 from hami_py.logs import configure_logging
-from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES, policy_tokens
+from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES, normal_gpu_policy, policy_tokens
 from hami_py.scheduling.verbs.prioritize import FILTER_MODES
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
         return defrag_main(argv[1:])
     try:
         ns = build_parser().parse_args(argv)
+        # Trimmed, each comma token too (HAMi #2854: " binpack " is binpack, not spread).
+        ns.node_scheduler_policy = ns.node_scheduler_policy.strip()
+        ns.gpu_scheduler_policy = normal_gpu_policy(ns.gpu_scheduler_policy)
         if ns.node_scheduler_policy not in NODE_POLICIES:
             raise UsageError(f"--node-scheduler-policy must be {', '.join(NODE_POLICIES[:-1])} or "
                              f"{NODE_POLICIES[-1]}, not {ns.node_scheduler_policy!r}")

@@ -98,6 +98,10 @@ class DeviceConfig:
             return Section.of(name, self.sections.get(name))
         return Section(self.document, (name,), self.sections.get(name))
 
+    def error(self, problem: str) -> ConfigError:
+        """A ConfigError about the file as a whole (its values together), naming the file."""
+        return ConfigError(f"{self.document.source if self.document is not None else UNNAMED_SOURCE}: {problem}")
+
 
 # ---------------------------------------------------------------------------------------------
 # Loading

@@ -98,6 +98,14 @@ class Metrics:
             "hami_scheduler_bind_rollbacks_total",
             "Failed binds that released the pod's reservation (the devices are free again), by family and reason.",
             outcome_labels, registry=self.registry)
+        # HAMi's #2758: whether this replica leads (and so serves /filter), whether its caches are
+        # in. Read at scrape time from the functions the app gives (0 until it does).
+        self.is_leader = Gauge(
+            "hami_scheduler_is_leader", "1 while this scheduler replica is the leader (serves /filter and "
+            "/bind; always 1 without --leader-elect), else 0.", registry=self.registry)
+        self.cache_synced = Gauge(
+            "hami_scheduler_cache_synced", "1 once the first lists of nodes, pods and resource quotas are in "
+            "the scheduler's books (watched since), else 0.", registry=self.registry)
         self.build_info = Gauge(
             "hami_build_info", "Build of this scheduler, as labels; the value is always 1.",
             list(BUILD_INFO), registry=self.registry)

@@ -404,6 +404,19 @@ class ControlPlane:
         return self.must("PATCH", path + "?fieldManager=hami-tests&force=true", doc,
                          content_type="application/apply-patch+yaml")
 
+    def aggregate_cluster_role(self, name: str) -> None:
+        """What kube-controller-manager's ClusterRole aggregation controller would do (it does not
+        run here): the built-in ``name`` (``edit``, ``admin``, ``view``) gets the rules of every
+        ClusterRole its aggregationRule selects; until then it grants nothing."""
+        role = self.must("GET", resource_path("clusterroles", name))
+        rules = []
+        for selector in (role.get("aggregationRule") or {}).get("clusterRoleSelectors") or ():
+            query = ",".join(f"{k}={v}" for k, v in (selector.get("matchLabels") or {}).items())
+            for item in self.must("GET", resource_path("clusterroles") + f"?labelSelector={query}")["items"]:
+                rules += [rule for rule in item.get("rules") or () if rule not in rules]
+        self.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+                    "rules": rules})
+
     def ensure_namespace(self, name: str, labels: dict | None = None) -> None:
         """The namespace and its ``default`` ServiceAccount (no controller-manager makes it)."""
         self.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name, "labels": labels or {}}})

@@ -219,23 +219,50 @@ DEVICE_PLUGIN_NAMESPACE = "kube-system"    # where HAMi's chart runs its device 
 DEVICE_PLUGIN_ACCOUNT = "hami-device-plugin"
 
 
-@pytest.fixture(scope="session")
-def device_plugin_account(control_plane):
+def device_plugin_identity(plane: ControlPlane) -> tuple[str, Path]:
     """A ServiceAccount standing in for a device plugin's (``kube-system/hami-device-plugin``),
     with what the stand-in plugin does over the API: watch pods and patch their annotations,
-    release the node lock. ``(username, kubeconfig)``; the token comes from TokenRequest, as the
-    control plane's for hami-scheduler."""
+    write nodes (HAMi's chart grants its device plugins node writes: the guard of
+    scheduler-owned annotations asks for exactly that). ``(username, kubeconfig)``; the token
+    comes from TokenRequest, as the control plane's for hami-scheduler."""
     name, namespace = DEVICE_PLUGIN_ACCOUNT, DEVICE_PLUGIN_NAMESPACE
-    control_plane.apply({"apiVersion": "v1", "kind": "ServiceAccount",
-                         "metadata": {"name": name, "namespace": namespace}})
-    control_plane.apply({
+    plane.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}})
+    plane.apply({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
         "rules": [{"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch", "patch"]}]})
-    control_plane.apply({
+    plane.apply({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": name},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
     user = f"system:serviceaccount:{namespace}:{name}"
-    kubeconfig = control_plane.write_kubeconfig(control_plane.workdir / f"{name}.kubeconfig",
-                                                control_plane.token(namespace, name), user=user)
+    kubeconfig = plane.write_kubeconfig(plane.workdir / f"{name}.kubeconfig", plane.token(namespace, name), user=user)
     return user, kubeconfig
+
+
+@pytest.fixture(scope="session")
+def device_plugin_account(control_plane):
+    """``device_plugin_identity`` on the session's control plane."""
+    return device_plugin_identity(control_plane)
+
+
+def namespace_editor(plane: ControlPlane, namespace: str, name: str = "editor") -> tuple[str, Path]:
+    """A ServiceAccount of ``namespace`` bound there to the built-in ``edit`` ClusterRole: what a
+    namespace admin can hand out (patch any pod of the namespace), and no right on Nodes.
+    ``(username, kubeconfig)``."""
+    plane.aggregate_cluster_role("edit")
+    plane.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": namespace}})
+    plane.apply({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": f"{name}-edit", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+    user = f"system:serviceaccount:{namespace}:{name}"
+    kubeconfig = plane.write_kubeconfig(plane.workdir / f"{namespace}-{name}.kubeconfig",
+                                        plane.token(namespace, name), user=user)
+    return user, kubeconfig
+
+
+@pytest.fixture
+def real_editor(control_plane, real_namespace):
+    """``namespace_editor`` of the test's namespace on the session's control plane."""
+    return namespace_editor(control_plane, real_namespace)

@@ -125,7 +125,8 @@ async def test_a_pod_never_filtered_or_filtered_elsewhere_is_not_bound(api, app,
     assert (await extender.bind(never, "n1")) == {"Error": no_reservation("never", "n1")}
     elsewhere = api.create("pods", gpu_pod("elsewhere", gpumem=1000))
     assert (await extender.filter(elsewhere, ["n2"]))["NodeNames"] == ["n2"]
-    assert (await extender.bind(elsewhere, "n1")) == {"Error": no_reservation("elsewhere", "n1")}
+    assert (await extender.bind(elsewhere, "n1")) == {
+        "Error": "pod default/elsewhere was scheduled to node n2, bind request names node n1"}
     assert node_of(api, "never") is None and node_of(api, "elsewhere") is None
     assert LOCK_ANNOTATION not in api.get("nodes", "n1")["metadata"]["annotations"]
     # The reservation on n2 is untouched by the refused bind, and still binds there.
@@ -178,7 +179,7 @@ async def test_a_filter_of_a_pod_whose_bind_is_in_flight_answers_at_once_and_kee
     assert used_mem(app, "n1") == 20000 and used_mem(app, "n2") == 0
     api.faults.release()
     assert (await bind) == {"Error": ""}
-    assert (await extender.filter(pod, ["n1", "n2"]))["Error"] == "pod default/p is already bound to node n1"
+    assert (await extender.filter(pod, ["n1", "n2"]))["Error"] == "pod default/p is already assigned to node n1"
     assert used_mem(app, "n1") == 20000 and used_mem(app, "n2") == 0
     finish_allocation(api, "p", "n1")
     await wait_books_balance(api, app)
@@ -329,7 +330,8 @@ async def test_a_decision_nobody_binds_leaves_the_pod_untouched_and_the_next_fil
     assert used_mem(app, "n1") == 1000
     assert (await extender.filter(pod, ["n2"]))["NodeNames"] == ["n2"]
     assert used_mem(app, "n1") == 0 and used_mem(app, "n2") == 1000
-    assert (await extender.bind(pod, "n1")) == {"Error": no_reservation("p", "n1")}
+    assert (await extender.bind(pod, "n1")) == {
+        "Error": "pod default/p was scheduled to node n2, bind request names node n1"}
     assert (await extender.bind(pod, "n2")) == {"Error": ""}
     await wait_books_balance(api, app)
 

@@ -48,6 +48,19 @@ def test_an_unknown_gpu_policy_is_refused_at_start(capsys):
     assert "--gpu-scheduler-policy 'binpak': unknown binpak" in capsys.readouterr().err
 
 
+def test_an_unusable_device_config_is_refused_at_start_with_every_problem(tmp_path, capsys):
+    """HAMi after v2.10 (#3010): the scheduler does not start on values no request could use, nor
+    with two backends claiming one resource; one line says all of it."""
+    path = tmp_path / "device-config.yaml"
+    path.write_text("nvidia:\n  resourceCountName: nvidia.com/gpu\n  defaultCores: 150\n"
+                    "cambricon:\n  resourceCountName: nvidia.com/gpu\n")
+    assert cli_main(["--device-config-file", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"hami-scheduler: {path}: invalid device configuration: nvidia: defaultCores is a percentage "
+                   'and must be between 0 and 100, got 150; NVIDIA and MLU both claim resource "nvidia.com/gpu"; '
+                   "a container requesting it would be allocated devices by both\n")
+
+
 @pytest.mark.parametrize("text", ["1", "t", "T", "TRUE", "true", "True", "0", "f", "F", "FALSE", "false", "False"])
 def test_boolean_flags_take_gos_spellings(text):
     from hami_py.cli import build_parser

@@ -7,7 +7,7 @@ from hypothesis import given, strategies as st
 
 from hami_py.devices.base import AllocationDecodeError, ContainerDevice, DeviceDecodeError, DeviceInfo
 from hami_py.devices.codec import (
-    MigPlacement, MigProfile, decode_json_devices, decode_legacy_devices, decode_pod_devices,
+    MigPlacement, MigProfile, check_device_id, decode_json_devices, decode_legacy_devices, decode_pod_devices,
     encode_pod_devices, go_quote, parse_go_bool, parse_go_int,
 )
 from hami_py.quantity import parse_exact_int, parse_quantity_ceil
@@ -131,7 +131,8 @@ def test_encode_pod_devices_several_devices_and_containers():
 
 @pytest.mark.parametrize("bad", [
     dev(uuid="GPU,x"), dev(uuid="GPU:x"), dev(uuid="GPU;x"), dev(type_="NV:IDIA"),
-    dev(mem=2**31), dev(cores=-2**31 - 1), dev(mem="5"),
+    dev(mem=2**31), dev(cores=-2**31 - 1), dev(mem="5"), dev(uuid=""), dev(type_=""), dev(mem=-1), dev(cores=-1),
+    ContainerDevice("u", "T", 1, 2, slots=2**31),
 ])
 def test_encode_pod_devices_refuses_values_the_format_cannot_carry(bad):
     with pytest.raises(ValueError):
@@ -158,8 +159,41 @@ def test_decode_without_final_separator_keeps_every_slot():
     assert decode_pod_devices("a,NVIDIA,1,2:;b,NVIDIA,3,4") == [[dev("a", mem=1, cores=2)], [dev("b", mem=3, cores=4)]]
 
 
-def test_decode_skips_items_without_comma_and_ignores_extra_fields():
-    assert decode_pod_devices("junk:GPU-x,NVIDIA,5000,30,extra,fields:::;") == [[dev("GPU-x")]]
+def test_decode_skips_empty_items_and_ignores_fields_past_the_slots():
+    assert decode_pod_devices("GPU-x,NVIDIA,5000,30,extra,fields:::;") == [[dev("GPU-x")]]
+
+
+def test_the_slots_of_a_device_are_a_fifth_field_written_only_above_one():
+    """HAMi #2877: ``UUID,Type,mem,cores,slots:`` when a device holds several slots; an
+    unparsable (or not positive) fifth field is ignored: one slot."""
+    several = ContainerDevice("GPU-x", "Enflame", 20480, 50, slots=3)
+    assert encode_pod_devices([[several, dev("GPU-y")]]) == "GPU-x,Enflame,20480,50,3:GPU-y,NVIDIA,5000,30:;"
+    assert encode_pod_devices([[ContainerDevice("GPU-x", "NVIDIA", 5000, 30, slots=1)]]) == "GPU-x,NVIDIA,5000,30:;"
+    assert decode_pod_devices("GPU-x,Enflame,20480,50,3:;") == [[several]]
+    for fifth in ("x", "0", "-2", "", " 3", "2147483648"):
+        assert decode_pod_devices(f"GPU-x,NVIDIA,5000,30,{fifth}:;")[0][0].slots == 1, fifth
+
+
+@pytest.mark.parametrize("text, message", [
+    ("junk:GPU-x,NVIDIA,5000,30:;", 'malformed container device annotation segment: "junk": container 0'),
+    (";,NVIDIA,5000,30:;", 'pod annotation format error, missing device UUID: container 1 device ",NVIDIA,5000,30"'),
+    ("GPU-x,,5000,30:;", 'pod annotation format error, missing device type: container 0 device "GPU-x,,5000,30"'),
+    ("GPU-x,NVIDIA,-1,30:;", 'memory field must not be negative: -1: container 0 device "GPU-x,NVIDIA,-1,30"'),
+    ("GPU-x,NVIDIA,5000,-1:;", 'core field must not be negative: -1: container 0 device "GPU-x,NVIDIA,5000,-1"'),
+])
+def test_decode_errors_say_which_segment_and_field(text, message):
+    """HAMi #2765's refusals, each naming the container and the device text."""
+    with pytest.raises(AllocationDecodeError) as err:
+        decode_pod_devices(text)
+    assert str(err.value) == message
+
+
+@pytest.mark.parametrize("device_id", ["", "GPU-a,b", "GPU:a", "GPU;a"])
+def test_a_registered_device_id_no_allocation_list_can_carry_is_refused(device_id):
+    """Checked as a registration is decoded, so no decision ever names such a device."""
+    with pytest.raises(DeviceDecodeError, match="no pod's allocation annotation can carry"):
+        check_device_id(device_id)
+    check_device_id("GPU-a_b.c/d")
 
 
 def test_decode_missing_fields_error():
@@ -187,12 +221,14 @@ def test_decode_bad_numbers(text, message):
 
 
 def test_decode_accepts_int32_extremes_and_signs():
-    assert decode_pod_devices("u,T,-2147483648,+2147483647:;") == [[dev("u", "T", -2**31, 2**31 - 1)]]
+    assert decode_pod_devices("u,T,+0,+2147483647:;") == [[dev("u", "T", 0, 2**31 - 1)]]
+    assert decode_pod_devices("u,T,-0,0:;") == [[dev("u", "T", 0, 0)]]
 
 
-token = st.text(st.characters(blacklist_characters=",:;", blacklist_categories=("Cs",)), max_size=12)
-int32 = st.integers(min_value=-2**31, max_value=2**31 - 1)
-device_strategy = st.builds(ContainerDevice, uuid=token, type=token, usedmem=int32, usedcores=int32)
+token = st.text(st.characters(blacklist_characters=",:;", blacklist_categories=("Cs",)), min_size=1, max_size=12)
+count = st.integers(min_value=0, max_value=2**31 - 1)
+device_strategy = st.builds(ContainerDevice, uuid=token, type=token, usedmem=count, usedcores=count,
+                            slots=st.integers(min_value=1, max_value=2**31 - 1))
 
 
 @given(st.lists(st.lists(device_strategy, max_size=4), max_size=6))

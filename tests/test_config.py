@@ -168,6 +168,41 @@ def test_all_empty(tmp_path, text):
     assert error_of(tmp_path, text) == "all configurations are empty"
 
 
+# HAMi after v2.10 (#3010): values no request could use, and two backends claiming one resource,
+# stop the scheduler at start, every problem named in one line.
+NV = "nvidia:\n  resourceCountName: nvidia.com/gpu\n"
+CORES_150 = "nvidia: defaultCores is a percentage and must be between 0 and 100, got 150"
+BOTH_CLAIM = 'NVIDIA and {} both claim resource "{}"; a container requesting it would be allocated devices by both'
+
+
+@pytest.mark.parametrize("text, problems", [
+    (NV + "  defaultCores: 150\n", [CORES_150]),
+    (NV + "  defaultCores: -1\n", ["nvidia: defaultCores is a percentage and must be between 0 and 100, got -1"]),
+    (NV + "  defaultMemory: -1\n", ["nvidia: defaultMemory must not be negative, got -1"]),
+    (NV + "  memoryFactor: -2\n", ["nvidia: memoryFactor must not be negative, got -2"]),
+    ("hygon:\n  resourceCountName: hygon.com/dcunum\n  memoryFactor: -1\n",
+     ["hygon: memoryFactor must not be negative, got -1"]),
+    ("vnpus:\n  configs:\n    - {commonWord: Ascend910B3, resourceName: huawei.com/Ascend910B3, memoryFactor: -4}\n",
+     ["vnpus Ascend910B3: memoryFactor must not be negative, got -4"]),
+    (NV + "cambricon:\n  resourceCountName: nvidia.com/gpu\n", [BOTH_CLAIM.format("MLU", "nvidia.com/gpu")]),
+    # two backends of one family too (Metax's whole cards and sGPUs)
+    ("metax:\n  resourceCountName: metax-tech.com/gpu\n  resourceVCountName: metax-tech.com/gpu\n",
+     ['Metax-GPU and Metax-SGPU both claim resource "metax-tech.com/gpu"; '
+      "a container requesting it would be allocated devices by both"]),
+    (NV + "  defaultCores: 150\n  defaultMemory: -5\nhygon:\n  resourceCountName: nvidia.com/gpu\n  memoryFactor: -1\n",
+     [CORES_150, "nvidia: defaultMemory must not be negative, got -5", "hygon: memoryFactor must not be negative, got -1",
+      BOTH_CLAIM.format("DCU", "nvidia.com/gpu")]),
+])
+def test_unusable_values_stop_the_scheduler_naming_every_problem(tmp_path, text, problems):
+    assert error_of(tmp_path, text) == "invalid device configuration: " + "; ".join(problems)
+
+
+def test_the_bounds_themselves_are_usable(tmp_path):
+    for text in (NV + "  defaultCores: 0\n  defaultMemory: 0\n  memoryFactor: 0\n", NV + "  defaultCores: 100\n"):
+        vendors = build_vendors(load_device_config(write(tmp_path, text)))
+        assert vendors["NVIDIA"].request_resources()[0] == "nvidia.com/gpu"
+
+
 def test_missing_file(tmp_path):
     path = tmp_path / "absent.yaml"
     with pytest.raises(ConfigError) as err:

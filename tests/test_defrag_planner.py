@@ -28,11 +28,11 @@ from hami_py.defrag.search import MAX_SET_SIZE, replacement_of, replacement_orde
 from hami_py.defrag.world import books_world
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
-from hami_py.scheduling.admission.owned_annotations import scheduler_owned_annotations
+from hami_py.scheduling.admission.owned_annotations import decision_annotations
 from hami_py.scheduling.decision.requests import parse_pod_requests
 
 VENDORS = build_vendors(DeviceConfig.default())
-OWNED = scheduler_owned_annotations(VENDORS)
+OWNED = decision_annotations(VENDORS)
 MODEL = {"type": "NVIDIA A100-SXM4-40GB", "devmem": 10000, "devcore": 100}
 NOW = 1_800_000_000.0
 KINDS = ("ReplicaSet", "ReplicaSet", "ReplicaSet", "StatefulSet", "Job", "DaemonSet", None)

@@ -78,6 +78,48 @@ async def test_malformed_device_quantities_are_refused_loudly(api, app, extender
     assert _used_mem(app) == 0
 
 
+def _count_refused(value: str, reason: str) -> tuple[dict, str]:
+    return {"nvidia.com/gpu": value}, f"invalid nvidia.com/gpu request in container main: device count {value} {reason}"
+
+
+def _percent_refused(resource: str, value: str) -> tuple[dict, str]:
+    return ({"nvidia.com/gpu": "1", resource: value},
+            f"invalid {resource} value {value} in container main: must be an integer between 0 and 100")
+
+
+@pytest.mark.parametrize("limits, message", [
+    _count_refused("1Ei", "is out of range"),      # 2^60: quantities are judged by value
+    _count_refused("1e19", "is not a plain integer"),
+    _count_refused("-1", "is out of range"),
+    _count_refused("2147483648", "is out of range"),
+    _percent_refused("nvidia.com/gpucores", "150"),
+    _percent_refused("nvidia.com/gpumem-percentage", "200"),
+    _percent_refused("nvidia.com/gpumem-percentage", "50.5"),
+    ({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2147483648"},
+     'container "main": nvidia.com/gpumem "2147483648" is out of range: must be between 0 and 2147483647 MiB'),
+])
+async def test_invalid_device_requests_fail_closed(api, app, extender, limits, message):
+    """HAMi after v2.10 (#2740, #2784, #2994, #2789): a request out of range is refused with its
+    reason (HTTP 200, ``Error``), never scheduled as if it asked for nothing or for whole cards."""
+    names = await _node(api, app)
+    pod = gpu_pod("p")
+    pod["spec"]["containers"][0]["resources"]["limits"] = limits
+    pod = api.create("pods", pod)
+    status, body = await extender.post("filter", {"Pod": pod, "NodeNames": names})
+    assert status == 200
+    assert body["Error"] == f"pod default/p: {message}" and body["NodeNames"] is None, body
+    assert _used_mem(app) == 0 and not app.cache.pods
+
+
+async def test_a_count_of_zero_asks_for_no_device(api, app, extender):
+    """An explicit ``nvidia.com/gpu: 0`` is no request (#2994): passed through, nothing reserved."""
+    names = await _node(api, app)
+    pod = api.create("pods", gpu_pod("p", gpus=0, gpucores=150))
+    status, body = await extender.post("filter", {"Pod": pod, "NodeNames": names})
+    assert (status, body["Error"], body["NodeNames"]) == (200, "", names)
+    assert _used_mem(app) == 0 and not app.cache.pods
+
+
 @pytest.mark.parametrize("value, message", [
     ("slot=1,core=1", "expected slot, core, and memory weights"),
     ("slot=1,core,memory=1", "expected key=value entries"),

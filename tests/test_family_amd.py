@@ -76,17 +76,25 @@ def test_requests_are_read_from_limits_only():
     assert AMD.container_request(ctr({MEM: "1024"}), pod_annotations={}) is None      # the count is needed
 
 
+def _core_refused(value: str) -> tuple[dict, str]:
+    return ({COUNT: "1", CORES: value}, f"invalid {CORES} request in container main: core percentage request "
+                                        f"{value} is out of range (must be an integer between 1 and 100)")
+
+
 @pytest.mark.parametrize("limits, message", [
-    ({COUNT: "1.5"}, 'amd.com/gpu "1.5" is not a whole number'),
-    ({COUNT: "-1"}, 'amd.com/gpu "-1" is out of range: must be between 0 and 2147483647'),
-    ({COUNT: "1", MEM: "4Gi"}, 'amd.com/gpumem "4Gi" is out of range: must be between 0 and 2147483647 MiB'),
-    ({COUNT: "1", CORES: "0"}, 'amd.com/gpucores "0" is out of range: must be between 1 and 100'),
-    ({COUNT: "1", CORES: "150"}, 'amd.com/gpucores "150" is out of range: must be between 1 and 100'),
+    ({COUNT: "1.5"}, f"invalid {COUNT} request in container main: device count 1.5 is not a plain integer"),
+    ({COUNT: "1e19"}, f"invalid {COUNT} request in container main: device count 1e19 is not a plain integer"),
+    ({COUNT: "-1"}, f"invalid {COUNT} request in container main: device count -1 is out of range"),
+    ({COUNT: "2147483648"}, f"invalid {COUNT} request in container main: device count 2147483648 is out of range"),
+    ({COUNT: "1", MEM: "4Gi"},
+     'container "main": amd.com/gpumem "4Gi" is out of range: must be between 0 and 2147483647 MiB'),
+    _core_refused("0"), _core_refused("150"), _core_refused("12.5"),
 ])
 def test_a_malformed_request_is_refused_naming_container_and_value(limits, message):
+    """HAMi after v2.10 (#2994) refuses these with the reasons quoted here, as we do."""
     with pytest.raises(RequestError) as err:
         AMD.container_request(ctr(limits), pod_annotations={})
-    assert str(err.value) == f'container "main": {message}'
+    assert str(err.value) == message
 
 
 def test_the_webhook_checks_the_percentage_as_upstream():
@@ -281,8 +289,7 @@ async def test_a_garbled_registration_is_refused_while_the_nodes_gpus_work(api, 
 async def test_a_malformed_request_is_refused_at_filter(api, app, extender):
     names = await register_nodes(api, app, amd_node("a1"))
     _, result = await place(api, extender, device_pod("bad", {COUNT: "1", CORES: "250"}), names)
-    assert result["Error"] == \
-        'pod default/bad: container "main": amd.com/gpucores "250" is out of range: must be between 1 and 100'
+    assert result["Error"] == f"pod default/bad: {_core_refused('250')[1]}"
 
 
 async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, extender):

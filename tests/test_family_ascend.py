@@ -305,25 +305,32 @@ def test_memory_factor_multiplies_the_request():
                               "× memoryFactor 1024 exceeds 2147483647 MiB")
 
 
+def _core_refused(value: str) -> tuple[dict, str]:
+    return ({"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-core": value},
+            f"invalid huawei.com/Ascend910B3-core value {value} in container main: "
+            "must be an integer between 0 and 100")
+
+
 @pytest.mark.parametrize("limits, message", [
-    ({"huawei.com/Ascend910B3": "1.5"}, 'huawei.com/Ascend910B3 "1.5" is not a whole number'),
-    ({"huawei.com/Ascend910B3": "-1"}, 'huawei.com/Ascend910B3 "-1" is out of range: must be between 0 and 2147483647'),
+    ({"huawei.com/Ascend910B3": "1.5"},
+     "invalid huawei.com/Ascend910B3 request in container main: device count 1.5 is not a plain integer"),
+    ({"huawei.com/Ascend910B3": "-1"},
+     "invalid huawei.com/Ascend910B3 request in container main: device count -1 is out of range"),
     ({"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "1.5"},
-     'huawei.com/Ascend910B3-memory "1.5" is not a whole number of MiB'),
+     'container "main": huawei.com/Ascend910B3-memory "1.5" is not a whole number of MiB'),
     ({"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "-1"},
-     'huawei.com/Ascend910B3-memory "-1" must not be negative'),
+     'container "main": huawei.com/Ascend910B3-memory "-1" must not be negative'),
     ({"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16Gi"},
-     'huawei.com/Ascend910B3-memory "16Gi" is out of range: Ascend memory is in MiB, at most 2147483647 '
-     "(ask for 16384, not 16Gi, for 16 GiB)"),
-    ({"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-core": "-5"},
-     'huawei.com/Ascend910B3-core "-5" is out of range: must be between 0 and 2147483647'),
-    ({"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-core": "lots"},
-     'huawei.com/Ascend910B3-core "lots" is not a quantity'),
+     'container "main": huawei.com/Ascend910B3-memory "16Gi" is out of range: Ascend memory is in MiB, at most '
+     "2147483647 (ask for 16384, not 16Gi, for 16 GiB)"),
+    _core_refused("-5"), _core_refused("lots"), _core_refused("150"), _core_refused("50.5"),
 ])
 def test_malformed_requests_are_refused_naming_container_resource_and_value(limits, message):
+    """Cores (percent of an NPU, hami-core) are an integer in 0..100 as every family's (HAMi after
+    v2.10 refuses instead of clamping)."""
     with pytest.raises(RequestError) as err:
         request_of(vendor(), limits)
-    assert str(err.value) == f'container "main": {message}'
+    assert str(err.value) == message
 
 
 # ---------------------------------------------------------------------------------------------

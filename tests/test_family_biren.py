@@ -55,7 +55,7 @@ def test_a_request_is_slots_only():
     assert BR.container_request(ctr({COUNT: "0"}), pod_annotations={}) is None
     with pytest.raises(RequestError) as err:
         BR.container_request(ctr({COUNT: "1.5"}), pod_annotations={})
-    assert str(err.value) == 'container "main": birentech.com/gpu "1.5" is not a whole number'
+    assert str(err.value) == "invalid birentech.com/gpu request in container main: device count 1.5 is not a plain integer"
     assert BR.resource_names() == [COUNT] and COUNT in managed_resource_names(VENDORS)
 
 
@@ -148,8 +148,8 @@ async def test_a_malformed_request_is_refused_with_its_value(api, app, extender)
     names = await register_nodes(api, app, biren_node("b1"))
     _, result = await place(api, extender, device_pod("bad", {COUNT: "-1"}), names)
     assert result["NodeNames"] is None
-    assert result["Error"] == ('pod default/bad: container "main": birentech.com/gpu "-1" is out of range: '
-                               'must be between 0 and 2147483647')
+    assert result["Error"] == ("pod default/bad: invalid birentech.com/gpu request in container main: "
+                               "device count -1 is out of range")
 
 
 async def test_an_upstream_placed_pod_is_charged_its_slot(api, app, extender):

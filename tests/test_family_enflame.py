@@ -46,7 +46,8 @@ def test_gcu_request_is_a_whole_card_and_has_no_uuid_selection():
     assert GCU.container_request(ctr({"enflame.com/gcu": "2"}), pod_annotations={}) == \
         ContainerRequest("GCU", 2, 100, 100, 100)
     assert GCU.container_request(ctr(requests={"enflame.com/gcu": "1"}), pod_annotations={}).nums == 1
-    with pytest.raises(RequestError, match='container "main": enflame.com/gcu "1.5" is not a whole number'):
+    with pytest.raises(RequestError, match="^invalid enflame.com/gcu request in container main: "
+                                           "device count 1.5 is not a plain integer$"):
         GCU.container_request(ctr({"enflame.com/gcu": "1.5"}), pod_annotations={})
     assert GCU.device_selector({"enflame.com/use-gpuuuid": "e1-GCU-0"}, {}) is None
     assert GCU.mutate_admission(ctr({"enflame.com/gcu": "1"}), {}) is True
@@ -123,6 +124,10 @@ def test_drs_requests_are_parsed_into_one_partition_row():
     assert DRS.container_request(ctr({"enflame.com/gcu-memory": "20", "enflame.com/gcu-core": "50"}),
                                  pod_annotations={}) == ContainerRequest("Enflame", 1, 20, -1, 50)
     assert DRS.container_request(ctr({"cpu": "1"}), pod_annotations={}) is None
+    # A core percentage above 100 is refused (HAMi after v2.10), no longer clamped to 100.
+    with pytest.raises(RequestError) as err:
+        DRS.container_request(ctr({"enflame.com/gcu-memory": "20", "enflame.com/gcu-core": "150"}), pod_annotations={})
+    assert str(err.value) == 'container "main": enflame.com/gcu-core "150" is out of range: must be between 0 and 100'
 
 
 def test_drs_webhook_validates_and_mirrors_as_upstream():
@@ -204,8 +209,12 @@ def test_a_decisions_devices_encode_to_upstreams_annotations():
     assert out["assigned-containers"] == \
         '{"main":{"allocated":false,"request":3,"profileID":"1","profileName":"3g.20gb"}}'
     assert out["enflame.com/gcu-request-size"] == "3" and out["enflame.com/gcu-assigned-minor"] == "1"
-    assert out["hami.io/enflame-vgpu-devices-allocated"] == ";e1-enflame-drs-1,Enflame,20480,50:;"
+    # HAMi #2877: a device of several slots carries them in a fifth field.
+    assert out["hami.io/enflame-vgpu-devices-allocated"] == ";e1-enflame-drs-1,Enflame,20480,50,3:;"
     assert DRS.decode_allocation(out) == [[], [device]]
+    # The fifth field alone says the slices (no assigned-containers, no request size).
+    alone = DRS.decode_allocation({"hami.io/enflame-vgpu-devices-allocated": ";e1-enflame-drs-1,Enflame,20480,50,3:;"})
+    assert alone[1][0].slots == 3
     with pytest.raises(ValueError, match="carries no profile"):
         DRS.encode_allocation([[ContainerDevice("e1-enflame-drs-1", "Enflame", 20480, 50)]])
 
@@ -280,7 +289,7 @@ async def test_a_drs_pod_is_placed_bound_and_annotated_as_upstream(api, app, ext
     pod, result = await place(api, extender, gcu_pod("d", {"enflame.com/drs-gcu": "3"}), names)
     assert result["NodeNames"] == ["e1"], result
     ann = await bind_and_read(api, extender, pod, "e1")
-    assert ann["hami.io/enflame-vgpu-devices-allocated"] == "e1-enflame-drs-0,Enflame,20480,50:;"
+    assert ann["hami.io/enflame-vgpu-devices-allocated"] == "e1-enflame-drs-0,Enflame,20480,50,3:;"
     assert {k: ann[k] for k in ("enflame.com/gcu-assigned", "enflame.com/gcu-assigned-index",
                                 "enflame.com/gcu-assigned-id", "enflame.com/gcu-assigned-minor",
                                 "enflame.com/gcu-request-size", "assigned-containers")} == {
@@ -342,7 +351,7 @@ async def test_a_pod_of_several_drs_containers_is_charged_and_read_back_per_cont
     assert usage(app, "e1") == (6, 40960, 100)
     ann = await bind_and_read(api, extender, pod, "e1")
     assert ann["hami.io/enflame-vgpu-devices-allocated"] == (
-        "e1-enflame-drs-0,Enflame,40960,100:;e1-enflame-drs-0,Enflame,20480,50:;e1-enflame-drs-0,Enflame,6144,17:;")
+        "e1-enflame-drs-0,Enflame,40960,100,6:;e1-enflame-drs-0,Enflame,20480,50,3:;e1-enflame-drs-0,Enflame,6144,17:;")
     assert ann["enflame.com/gcu-request-size"] == "6"                  # the first container's
     assert {k: (v["request"], v["profileName"]) for k, v in orjson.loads(ann["assigned-containers"]).items()} == \
         {"prep": (6, "6g.40gb"), "a": (3, "3g.20gb"), "b": (1, "1g.6gb")}
@@ -376,7 +385,8 @@ async def test_a_by_spec_request_gets_the_smallest_fitting_profile(api, app, ext
         ann = await bind_and_read(api, extender, pod, "e1")
         assigned = orjson.loads(ann["assigned-containers"])["main"]
         assert (assigned["profileName"], assigned["request"]) == (profile, slices), name
-        assert ann["hami.io/enflame-vgpu-devices-allocated"].split(",")[2:] == [str(mem), f"{cores}:;"], name
+        fields = [str(mem), str(cores), f"{slices}:;"] if slices > 1 else [str(mem), f"{cores}:;"]
+        assert ann["hami.io/enflame-vgpu-devices-allocated"].split(",")[2:] == fields, name
     # 6 slices on one card, 3 + 1 on the other.
     assert sorted(usage(app, "e1", i)[0] for i in range(2)) == [4, 6]
     # A value above twice the largest profile is MiB: 15000 MiB is 15 GB, a 3g.20gb, which the

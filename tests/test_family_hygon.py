@@ -127,11 +127,13 @@ def test_memory_is_multiplied_by_the_memory_factor():
     # upstream: 3000000 fits int32, 3000000 x 1024 does not -> dropped; refused here
     (1024, {COUNT: "1", MEMORY: "3000000"}, f'container "main": {MEMORY} "3000000" is out of range: '
                                             'must be between 0 and 2097151 units of 1024 MiB (memoryFactor)'),
-    (1, {COUNT: "2200000000"}, f'container "main": {COUNT} "2200000000" is out of range: must be between 0 and 2147483647'),
-    (1, {COUNT: "1", CORES: "-1"}, f'container "main": {CORES} "-1" is out of range: must be between 0 and 2147483647'),
+    (1, {COUNT: "2200000000"}, f"invalid {COUNT} request in container main: device count 2200000000 is out of range"),
+    (1, {COUNT: "1", CORES: "-1"}, f"invalid {CORES} value -1 in container main: must be an integer between 0 and 100"),
+    # upstream v2.10 kept cores up to MaxInt32 (the fit clamped them); after v2.10 they are 0..100
+    (1, {COUNT: "1", CORES: "101"}, f"invalid {CORES} value 101 in container main: must be an integer between 0 and 100"),
     # upstream silently treats a fractional memory value as 0 (the whole card)
     (1, {COUNT: "1", MEMORY: "0.5"}, f'container "main": {MEMORY} "0.5" is not a whole number of MiB'),
-    (1, {COUNT: "one"}, f'container "main": {COUNT} "one" is not a whole number'),
+    (1, {COUNT: "one"}, f"invalid {COUNT} request in container main: device count one is not a plain integer"),
 ])
 def test_malformed_request_is_refused_precisely(factor, limits, message):
     v = vendor(factor=factor)
@@ -208,7 +210,24 @@ def test_webhook_recognises_a_limited_count_and_refuses_a_malformed_value():
     assert response["allowed"] is True and patched["spec"]["schedulerName"] == "hami-scheduler"
     response, _ = admit(make_pod(container(limits={COUNT: "1", MEMORY: "1.5"})))
     assert response["allowed"] is False
-    assert response["status"]["message"] == f'container "main": {MEMORY} "1.5" is not a whole number of MiB'
+    assert response["status"]["message"] == \
+        f"invalid {MEMORY} value 1.5 in container main: must be an integer between 0 and 2147483647"
+
+
+@pytest.mark.parametrize("part", ["limits", "requests"])
+@pytest.mark.parametrize("resource, value, high", [
+    (COUNT, "2147483648", 2147483647), (COUNT, "-1", 2147483647), (MEMORY, "2147483648", 2147483647),
+    (CORES, "101", 100), (CORES, "50.5", 100),
+])
+def test_webhook_checks_count_memory_and_cores_in_limits_and_requests(part, resource, value, high):
+    """HAMi after v2.10 (#3012): the count and memory are integers up to MaxInt32, the cores up to
+    100, wherever the container writes them; refused (403) in upstream's words."""
+    resources = {"limits": {COUNT: "1"}, "requests": {}}
+    resources[part][resource] = value
+    response, _ = admit(make_pod(container(**resources)))
+    assert response["status"] == {"code": 403, "reason": "Forbidden",
+                                  "message": f"invalid {resource} value {value} in container main: "
+                                             f"must be an integer between 0 and {high}"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,7 +289,8 @@ async def test_default_cores_make_a_card_exclusive_and_memory_factor_applies(api
 async def test_malformed_request_is_refused_by_the_filter(api, app, extender):
     names = await register_nodes(api, app, dcu_node("m"))
     _, result = await place(api, extender, pod("bad", ctr(limits={COUNT: "1", CORES: "12.5"})), names)
-    assert result["Error"] == f'pod default/bad: container "main": {CORES} "12.5" is not a whole number'
+    assert result["Error"] == \
+        f"pod default/bad: invalid {CORES} value 12.5 in container main: must be an integer between 0 and 100"
 
 
 async def test_garbled_registration_is_refused_while_the_nodes_gpus_still_work(api, app, extender):
@@ -280,7 +300,9 @@ async def test_garbled_registration_is_refused_while_the_nodes_gpus_still_work(a
     names = await register_nodes(api, app, node)
     assert app.cache.nodes["mixed"].decode_error == f"{REGISTER}: unexpected field count 8 in node annotation"
     _, result = await place(api, extender, pod("dcu", ctr(limits={COUNT: "1"})), names)
-    assert result["FailedNodes"] == {"mixed": "NodeInsufficientDevice"}, result
+    # The refusal, not its symptom (no DCU left on the node), is the node's reason.
+    assert result["FailedNodes"] == {"mixed": f"registration refused: {REGISTER}: unexpected field count 8 in node "
+                                              "annotation"}, result
     _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000), names)
     assert result["NodeNames"] == ["mixed"], result
     # the plugin fixes its registration: the DCUs join
@@ -322,8 +344,9 @@ async def test_admission_over_http(api, app, extender):
     status, answer = await extender.post("webhook", envelope(
         make_pod(container(limits={COUNT: "1", MEMORY: "99999999999"}), namespace="default"), uid="h1"))
     assert status == 200 and answer["response"]["allowed"] is False
-    assert answer["response"]["status"]["message"] == \
-        f'container "main": {MEMORY} "99999999999" is out of range: must be between 0 and 2147483647 MiB'
+    assert answer["response"]["status"] == {
+        "code": 403, "reason": "Forbidden",
+        "message": f"invalid {MEMORY} value 99999999999 in container main: must be an integer between 0 and 2147483647"}
 
 
 async def test_pod_asking_for_gpu_and_dcu_binds_under_one_node_lock(api, app, extender):

@@ -109,13 +109,30 @@ def test_request_follows_upstreams_rules(container, expected):
      f'container "main": {MEMORY} "16Gi" is out of range: must be between 0 and 8388607 units of 256 MiB'),
     ({COUNT: "1", MEMORY: "16.5"}, f'container "main": {MEMORY} "16.5" is not a whole number of units of 256 MiB'),
     # upstream silently uses 0 cores for a non-integer value
-    ({COUNT: "1", CORES: "50m"}, f'container "main": {CORES} "50m" is not a whole number'),
-    ({COUNT: "0.5"}, f'container "main": {COUNT} "0.5" is not a whole number'),
+    ({COUNT: "1", CORES: "50m"},
+     f"invalid {CORES} value 50m in container main: must be an integer between 0 and 2147483647"),
+    ({COUNT: "0.5"}, f"invalid {COUNT} request in container main: device count 0.5 is not a plain integer"),
+    # HAMi after v2.10: above 100 on several cards is their total, evenly divided, each card <= 100
+    ({COUNT: "3", CORES: "250"}, f"invalid {CORES} value 250 in container main: 250 does not divide evenly "
+                                 "across 3 devices"),
+    ({COUNT: "2", CORES: "300"}, f"invalid {CORES} value 300 in container main: 150 a device, "
+                                 "must be an integer between 0 and 100"),
+    ({COUNT: "1", CORES: "150"}, f"invalid {CORES} value 150 in container main: 150 a device, "
+                                 "must be an integer between 0 and 100"),
 ])
 def test_malformed_request_is_refused_precisely(limits, message):
     with pytest.raises(RequestError) as err:
         mr_v100().container_request(ctr(limits=limits), pod_annotations={})
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize("count, cores, each", [("2", "200", 100), ("4", "400", 100), ("3", "150", 50),
+                                                 ("2", "50", 50), ("1", "100", 100), ("2", "100", 100)])
+def test_cores_above_100_on_several_cards_are_their_total(count, cores, each):
+    """The webhook writes ``count x 100`` for several whole cards; a total above 100 is divided
+    among the cards (HAMi after v2.10), one of 100 or less is each card's, as upstream."""
+    request = mr_v100().container_request(ctr(limits={COUNT: count, CORES: cores}), pod_annotations={})
+    assert (request.nums, request.coresreq) == (int(count), each)
 
 
 def test_uuid_annotations_are_per_common_word():
@@ -169,10 +186,10 @@ def test_webhook_keeps_an_existing_variable_and_skips_a_nameless_container():
 def test_webhook_refuses_a_fractional_count():
     with pytest.raises(RequestError) as err:
         mr_v100().mutate_admission(ctr(limits={COUNT: "1.5"}), {})
-    assert str(err.value) == f'container "main": {COUNT} "1.5" is not a whole number'
+    message = f"invalid {COUNT} request in container main: device count 1.5 is not a plain integer"
+    assert str(err.value) == message
     response, _ = admit(make_pod(container(limits={COUNT: "1.5"})), vendors=CHART_VENDORS_ON)
-    assert response["allowed"] is False and response["status"]["code"] == 500
-    assert response["status"]["message"] == f'container "main": {COUNT} "1.5" is not a whole number'
+    assert response["status"] == {"code": 403, "reason": "Forbidden", "message": message}
 
 
 def test_webhook_patch_through_the_review():
@@ -272,7 +289,7 @@ async def test_garbled_registration_of_one_kind_leaves_the_other_working(api, ap
     assert app.cache.nodes["ix-2"].decode_error == \
         f'{REGISTER}: invalid count field: strconv.ParseInt: parsing "ten": invalid syntax'
     _, result = await place(api, extender, pod("mr", ctr(limits={COUNT: "1"})), names)
-    assert result["FailedNodes"] == {"ix-2": "NodeInsufficientDevice"}
+    assert result["FailedNodes"] == {"ix-2": f"registration refused: {app.cache.nodes['ix-2'].decode_error}"}
     _, result = await place(api, extender, pod("bi", ctr(limits={"iluvatar.ai/BI-V150-vgpu": "1"})), names)
     assert result["NodeNames"] == ["ix-2"], result
 

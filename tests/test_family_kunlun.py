@@ -242,7 +242,7 @@ def test_whole_xpu_request_takes_each_card_whole():
     assert WHOLE.container_request(ctr({"cpu": "1"}), pod_annotations={}) is None
     with pytest.raises(RequestError) as err:
         WHOLE.container_request(ctr({"kunlunxin.com/xpu": "1.5"}), pod_annotations={})
-    assert str(err.value) == 'container "main": kunlunxin.com/xpu "1.5" is not a whole number'
+    assert str(err.value) == "invalid kunlunxin.com/xpu request in container main: device count 1.5 is not a plain integer"
 
 
 @pytest.mark.parametrize("memory, memreq, cores", [
@@ -399,7 +399,8 @@ async def test_a_malformed_request_is_refused_with_its_value(api, app, extender)
     names = await register_nodes(api, app, kunlun_node("k1", cards="8"))
     _, result = await place(api, extender, xpu_pod("half", {"kunlunxin.com/xpu": "0.5"}), names)
     assert result["NodeNames"] is None
-    assert result["Error"] == 'pod default/half: container "main": kunlunxin.com/xpu "0.5" is not a whole number'
+    assert result["Error"] == ("pod default/half: invalid kunlunxin.com/xpu request in container main: "
+                               "device count 0.5 is not a plain integer")
     _, result = await place(api, extender, xpu_pod("mem", {"kunlunxin.com/vxpu": "1",
                                                            "kunlunxin.com/vxpu-memory": "lots"}), names)
     assert 'kunlunxin.com/vxpu-memory "lots" is not a whole number of MiB' in result["Error"]

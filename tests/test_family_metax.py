@@ -116,7 +116,8 @@ def test_gpu_request_is_whole_cards_from_limits_or_requests():
     assert GPU.container_request(ctr(requests={"metax-tech.com/gpu": "1"}), pod_annotations={}).nums == 1
     assert GPU.container_request(ctr({"metax-tech.com/gpu": "0"}), pod_annotations={}) is None
     assert GPU.container_request(ctr({"cpu": "1"}), pod_annotations={}) is None
-    with pytest.raises(RequestError, match=r'container "main": metax-tech.com/gpu "1.5" is not a whole number'):
+    with pytest.raises(RequestError, match=r"^invalid metax-tech.com/gpu request in container main: "
+                                           r"device count 1.5 is not a plain integer$"):
         GPU.container_request(ctr({"metax-tech.com/gpu": "1.5"}), pod_annotations={})
     assert GPU.device_selector({"metax-tech.com/use-gpuuuid": "x"}, {}) is None     # no card selection
 
@@ -191,19 +192,27 @@ def test_sgpu_requests_read_limits_only_with_upstreams_defaults():
     assert SGPU.container_request(ctr({"metax-tech.com/sgpu": "0"}), pod_annotations={}) is None
 
 
+def _sgpu_cores_refused(value: str) -> tuple[dict, str]:
+    return ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": value},
+            f"invalid metax-tech.com/vcore value {value} in container main: must be an integer between 0 and 100")
+
+
 @pytest.mark.parametrize("limits, message", [
-    ({"metax-tech.com/sgpu": "1.5"}, 'metax-tech.com/sgpu "1.5" is not a whole number'),
-    ({"metax-tech.com/sgpu": "-1"}, 'metax-tech.com/sgpu "-1" is out of range'),
-    ({"metax-tech.com/sgpu": "1", "metax-tech.com/vcore": "half"}, 'metax-tech.com/vcore "half" is not a whole number'),
-    ({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "1.5"}, 'metax-tech.com/vmemory "1.5" is not a whole number'),
+    ({"metax-tech.com/sgpu": "1.5"}, "invalid metax-tech.com/sgpu request in container main: "
+                                     "device count 1.5 is not a plain integer"),
+    ({"metax-tech.com/sgpu": "-1"}, "invalid metax-tech.com/sgpu request in container main: device count -1 is out of range"),
+    _sgpu_cores_refused("half"), _sgpu_cores_refused("150"),      # HAMi after v2.10: refused, not clamped
+    ({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "1.5"},
+     'container "main": metax-tech.com/vmemory "1.5" is not a whole number'),
     ({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "2097152"},
-     'metax-tech.com/vmemory "2097152" is out of range: must be between 0 and 2097151 GiB'),
-    ({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "4Pi"}, 'metax-tech.com/vmemory "4Pi" is out of range'),
+     'container "main": metax-tech.com/vmemory "2097152" is out of range: must be between 0 and 2097151 GiB'),
+    ({"metax-tech.com/sgpu": "1", "metax-tech.com/vmemory": "4Pi"},
+     'container "main": metax-tech.com/vmemory "4Pi" is out of range'),
 ])
 def test_a_malformed_sgpu_request_is_refused_precisely(limits, message):
     with pytest.raises(RequestError) as err:
         SGPU.container_request(ctr(limits), pod_annotations={})
-    assert str(err.value).startswith(f'container "main": {message}')
+    assert str(err.value).startswith(message)
 
 
 def test_sgpu_uuid_selection_is_upstreams():

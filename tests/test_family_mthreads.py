@@ -78,7 +78,7 @@ def test_a_garbled_capacity_is_refused_precisely(cores, memory, message):
 def test_memory_is_in_units_of_512_mib_and_memory_and_cores_are_divided_by_the_count():
     assert request({COUNT: "1", MEMORY: "8", CORES: "4"}) == ContainerRequest("Mthreads", 1, 4096, 0, 4)
     assert request({COUNT: "2", MEMORY: "192", CORES: "32"}) == ContainerRequest("Mthreads", 2, 49152, 0, 16)
-    assert request({COUNT: "3", MEMORY: "8", CORES: "5"}) == ContainerRequest("Mthreads", 3, 4096 // 3, 0, 1)
+    assert request({COUNT: "3", MEMORY: "8", CORES: "6"}) == ContainerRequest("Mthreads", 3, 4096 // 3, 0, 2)
     # No memory: the whole device (mempct 100); cores default to 0 (the webhook sets them).
     assert request({COUNT: "1"}) == ContainerRequest("Mthreads", 1, 0, 100, 0)
     # Limits first, then requests, for each resource.
@@ -88,13 +88,21 @@ def test_memory_is_in_units_of_512_mib_and_memory_and_cores_are_divided_by_the_c
 
 
 @pytest.mark.parametrize("limits, message", [
-    ({COUNT: "1.5"}, 'container "main": mthreads.com/vgpu "1.5" is not a whole number'),
-    ({COUNT: "-1"}, 'container "main": mthreads.com/vgpu "-1" is out of range: must be between 0 and 2147483647'),
+    ({COUNT: "1.5"}, "invalid mthreads.com/vgpu request in container main: device count 1.5 is not a plain integer"),
+    ({COUNT: "-1"}, "invalid mthreads.com/vgpu request in container main: device count -1 is out of range"),
     ({COUNT: "1", MEMORY: "4194304"}, 'container "main": mthreads.com/sgpu-memory "4194304" is out of range: '
                                       'must be between 0 and 4194303 units of 512 MiB'),
     ({COUNT: "1", MEMORY: "0.5"}, 'container "main": mthreads.com/sgpu-memory "0.5" is not a whole number of '
                                   'units of 512 MiB'),
-    ({COUNT: "1", CORES: "x"}, 'container "main": mthreads.com/sgpu-core "x" is not a whole number'),
+    ({COUNT: "1", CORES: "x"},
+     "invalid mthreads.com/sgpu-core value x in container main: must be an integer between 0 and 2147483647"),
+    # HAMi after v2.10 (#2994): the total must divide evenly by the count, and a GPU's part is <= 100
+    ({COUNT: "3", CORES: "5"},
+     "invalid mthreads.com/sgpu-core value 5 in container main: 5 does not divide evenly across 3 devices"),
+    ({COUNT: "2", CORES: "202"},
+     "invalid mthreads.com/sgpu-core value 202 in container main: 101 a device, must be an integer between 0 and 100"),
+    ({COUNT: "1", CORES: "150"},
+     "invalid mthreads.com/sgpu-core value 150 in container main: 150 a device, must be an integer between 0 and 100"),
 ])
 def test_a_malformed_request_is_refused_naming_container_resource_and_value(limits, message):
     with pytest.raises(RequestError) as err:
@@ -160,7 +168,7 @@ def test_webhook_review_patches_defaults_and_the_annotation_and_refuses_illegal_
     assert patched["spec"]["containers"][0]["resources"]["limits"] == {COUNT: "2", CORES: "32", MEMORY: "192"}
     assert patched["metadata"]["annotations"]["mthreads.com/request-gpu-num"] == "2"
     response, _ = admit(make_pod(container(limits={COUNT: "1", MEMORY: "7"})))
-    assert not response["allowed"] and response["status"]["code"] == 500
+    assert not response["allowed"] and response["status"]["code"] == 403     # denied, never a 500
     assert "valid values are [2, 4, 8, 16, 32, 64, 96]" in response["status"]["message"]
     assert COUNT in managed_resource_names(VENDORS)
 

@@ -76,7 +76,7 @@ def test_a_request_is_slots_only_and_malformed_counts_are_refused():
     assert VA.container_request(ctr(requests={COUNT: "1"}), pod_annotations={}).nums == 1
     with pytest.raises(RequestError) as err:
         VA.container_request(ctr({COUNT: "two"}), pod_annotations={})
-    assert str(err.value) == 'container "main": vastaitech.com/va "two" is not a whole number'
+    assert str(err.value) == "invalid vastaitech.com/va request in container main: device count two is not a plain integer"
     assert COUNT in managed_resource_names(VENDORS)
 
 
@@ -308,7 +308,8 @@ async def test_a_malformed_request_is_refused_with_its_value(api, app, extender)
     names = await register_nodes(api, app, VA1.node("card", devices=2))
     _, result = await place(api, extender, device_pod("bad", {COUNT: "0.5"}), names)
     assert result["NodeNames"] is None
-    assert result["Error"] == 'pod default/bad: container "main": vastaitech.com/va "0.5" is not a whole number'
+    assert result["Error"] == ("pod default/bad: invalid vastaitech.com/va request in container main: "
+                               "device count 0.5 is not a plain integer")
 
 
 async def test_the_registration_keeper_requests_the_va_handshake(api, app, extender):

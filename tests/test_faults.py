@@ -504,7 +504,7 @@ async def test_repeated_bind_of_a_bound_pod_changes_nothing(api, app, extender):
     assert await extender.bind(pod, "n1") == {"Error": ""}
     assert api.get("pods", "p", namespace="default")["metadata"]["resourceVersion"] == before
     result = await extender.bind(pod, "n2")
-    assert result["Error"] == 'pod default/p is already assigned to node "n1"'
+    assert result["Error"] == "pod default/p is already assigned to node n1"
     await wait_books_balance(api, app)
     assert sum(d["usedmem"] for d in app.cache.device_usage("n1")) == 20000
 
@@ -680,7 +680,7 @@ async def test_a_stale_copy_of_a_bound_pod_that_fits_nowhere_keeps_its_decision_
     await wait_for(lambda: "label:hami.io/vgpu-node" in carried_decision(api, "p"), what="the label after the bind")
     decision = carried_decision(api, "p")
     result = await extender.filter(created, ["gone"])           # the stale, unbound copy; no usable node
-    assert result["NodeNames"] is None and result["Error"] == "pod default/p is already bound to node n1"
+    assert result["NodeNames"] is None and result["Error"] == "pod default/p is already assigned to node n1"
     assert carried_decision(api, "p") == decision
     assert [(d["used"], d["usedmem"]) for d in app.cache.device_usage("n1")] == [(1, FULL_CARD)]
     await wait_books_balance(api, app)

@@ -336,12 +336,14 @@ def test_a_pod_without_a_uid_is_refused_and_reserves_nothing(cluster):
     the pod's own events came under its real UID, and the "" reservation outlived the pod."""
     api = cluster.api
     pod = api.get("pods", "fuzzed", namespace="default")
-    for meta in ({"uid": ""}, {"uid": None}, {"name": ""}):
+    for meta, error in (({"uid": ""}, "filter request for pod default/fuzzed carries no UID"),
+                        ({"uid": None}, "filter request for pod default/fuzzed carries no UID"),
+                        ({"name": ""}, "extender args pod has no metadata.name or metadata.uid")):
         sent = copy.deepcopy(pod)
         sent["metadata"].update(meta)
         sent["metadata"] = {k: v for k, v in sent["metadata"].items() if v is not None}
         result = cluster.run(cluster.extender.filter(sent, NODES))
-        assert result["Error"].endswith("extender args pod has no metadata.name or metadata.uid"), result
+        assert result["Error"].endswith(error), result
         assert result["NodeNames"] is None
     assert "" not in cluster.app.cache.pods
     assert "hami.io/vgpu-node" not in (api.get("pods", "fuzzed", namespace="default")["metadata"].get("annotations") or {})

@@ -1,11 +1,12 @@
 """Feature-inventory rows of the node lock taken by /bind (``hami.io/mutex.lock``).
 
-The lock value is ``<RFC3339 time>,<namespace>,<pod>``; the device plugin releases it after
+The lock value is ``<RFC3339Nano time>,<namespace>,<pod>``; the device plugin releases it after
 allocating. These tests run without the simulated device plugin, so a lock stays exactly as the
 bind left it. Each test names its inventory row (docs/FEATURES.md) in a docstring line.
 """
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta, timezone
 
 import pytest
@@ -14,7 +15,8 @@ from hami_py.cli import build_parser, options_from_args
 from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.objects import gpu_pod
-from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value
+from hami_py.cache.records import parse_lock
+from hami_py.k8s.nodelock import LOCK_ANNOTATION, lock_value, rfc3339_nano
 from tests.conftest import wait_until
 from tests.test_inventory_filter import reference_node, register, used_mem
 
@@ -134,18 +136,17 @@ async def test_lock_expiry_comes_from_the_flag_not_the_environment(api, monkeypa
             await extender.close()
 
 
-async def test_a_failed_bind_without_a_pod_uid_still_releases_the_reservation_and_the_lock(api, app, extender):
-    """ExtenderBindingArgs may come without PodUID (it is optional upstream). The reservation is
-    keyed by UID, so the rollback takes it from the pod it read: before, it released nothing and
-    the GPU share stayed booked for a pod that was never bound."""
+async def test_a_bind_without_a_pod_uid_is_refused_before_any_lock(api, app, extender):
+    """ExtenderBindingArgs may come without PodUID (it is optional in the type). HAMi v2.11
+    refuses such a bind (who it is about cannot be checked): no lock is taken, nothing is bound,
+    and the reservation stays for the pod's own bind (tests/test_identity.py)."""
     await register(api, app, reference_node())
     pod = await _filtered(api, extender, "p")
     assert used_mem(app) == 1000
-    api.faults.add(method="POST", path="/binding$", status=500)
     _, result = await extender.post("bind", {"PodName": "p", "PodNamespace": "default", "Node": "n1"})
-    assert result["Error"]
-    assert used_mem(app) == 0 and pod["metadata"]["uid"] in app.cache.released
-    assert _lock(api) is None
+    assert result["Error"] == "bind request for pod default/p carries no UID"
+    assert used_mem(app) == 1000 and _lock(api) is None
+    assert await extender.bind(pod, "n1") == {"Error": ""}
 
 
 async def test_a_second_bind_onto_a_node_this_process_just_locked_knows_the_contention_without_a_read(api, app, extender):
@@ -196,3 +197,107 @@ async def test_a_fresh_lock_whose_owner_the_device_plugin_has_finished_with_is_t
     pod = await _filtered(api, extender, "p")
     assert await extender.bind(pod, "n1") == {"Error": ""}
     assert _lock(api).endswith(",default,p")
+
+
+def _stamp(when: datetime) -> str:
+    return when.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _allocating_pod(name: str, *, created: datetime, phase: str = "Pending") -> dict:
+    pod = gpu_pod(name)
+    pod["metadata"]["creationTimestamp"] = _stamp(created)
+    pod["metadata"]["annotations"]["hami.io/bind-phase"] = "allocating"
+    pod["status"] = {"phase": phase}
+    return pod
+
+
+def _pod_reads(api, name: str, since: int) -> list:
+    return [r for r in list(api.requests)[since:] if r[0] == "GET" and r[1].endswith(f"/pods/{name}")]
+
+
+async def test_an_expired_lock_is_not_handed_over_while_its_owner_still_waits_to_be_allocated(api, app, extender):
+    """Inventory: lock-expiry-awaiting-allocation (HAMi #3127)
+
+    The device plugin learns whom it allocates for from the lock: handing an expired lock to
+    another pod while its owner is still Pending with bind-phase ``allocating`` would give the
+    owner that pod's devices. Once the owner's allocation is done, the lock is taken over."""
+    await register(api, app, reference_node())
+    api.create("pods", _allocating_pod("holder", created=_ago(minutes=10)))
+    _set_lock(api, lock_value("default", "holder", now=_ago(minutes=6)))
+    pod = await _filtered(api, extender, "p")
+    assert await extender.bind(pod, "n1") == {
+        "Error": "node n1 lock expired while default/holder still waits to be allocated"}
+    assert _lock(api).endswith(",default,holder") and used_mem(app) == 0
+    api.patch("pods", "holder", {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}}, namespace="default")
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    assert await extender.bind(pod, "n1") == {"Error": ""}
+    assert _lock(api).endswith(",default,p")
+
+
+@pytest.mark.parametrize("case", ["created after the lock", "running", "gone"])
+async def test_an_expired_lock_is_taken_over_from_an_owner_that_no_longer_waits(api, app, extender, case):
+    """Inventory: lock-expiry-awaiting-allocation
+
+    A pod of the owner's name created after the lock was taken is another pod (the lock's owner
+    was deleted and its name reused); a Running owner was allocated; a deleted one waits for
+    nothing."""
+    await register(api, app, reference_node())
+    if case == "created after the lock":
+        api.create("pods", _allocating_pod("holder", created=_ago(minutes=1)))
+    elif case == "running":
+        api.create("pods", _allocating_pod("holder", created=_ago(minutes=10), phase="Running"))
+    _set_lock(api, lock_value("default", "holder", now=_ago(minutes=6)))
+    pod = await _filtered(api, extender, "p")
+    assert await extender.bind(pod, "n1") == {"Error": ""}
+    assert _lock(api).endswith(",default,p")
+
+
+async def test_the_books_answer_for_an_expired_locks_owner_they_know(api, app, extender):
+    """Inventory: lock-expiry-awaiting-allocation
+
+    The owner bound by this scheduler, its device plugin silent (bind-phase still
+    ``allocating``), created before the lock: the books know it still waits, so the lock is
+    refused without reading the pod. Once the watch shows its allocation done, the books say so
+    and the lock is taken over, again without a read of the owner."""
+    await register(api, app, reference_node())
+    holder = gpu_pod("holder", gpumem=1000)
+    holder["metadata"]["creationTimestamp"] = _stamp(_ago(minutes=10))
+    holder = api.create("pods", holder)
+    assert (await extender.filter(holder, ["n1"]))["NodeNames"] == ["n1"]
+    assert await extender.bind(holder, "n1") == {"Error": ""}
+    uid = holder["metadata"]["uid"]
+    await wait_until(lambda: app.cache.pods[uid].state.value == "bound", "the bind seen by the watch")
+    _set_lock(api, lock_value("default", "holder", now=_ago(minutes=6)))
+    await wait_until(lambda: (app.cache.lock_hint("n1") or ("",))[0] == _lock(api), "the old lock seen")
+    since = len(api.requests)
+    pod = await _filtered(api, extender, "p")
+    assert await extender.bind(pod, "n1") == {
+        "Error": "node n1 lock expired while default/holder still waits to be allocated"}
+    assert _pod_reads(api, "holder", since) == []
+    api.patch("pods", "holder", {"metadata": {"annotations": {"hami.io/bind-phase": "success"}}}, namespace="default")
+    await wait_until(lambda: app.cache.pods[uid].state.value == "allocated", "the allocation seen")
+    since = len(api.requests)
+    assert (await extender.filter(pod, ["n1"]))["NodeNames"] == ["n1"]
+    assert await extender.bind(pod, "n1") == {"Error": ""}
+    assert _pod_reads(api, "holder", since) == []
+    assert _lock(api).endswith(",default,p")
+
+
+async def test_the_lock_time_is_written_as_rfc3339_nano_and_rfc3339_still_reads(api, app, extender):
+    """Inventory: lock-time-format (HAMi #3127)
+
+    Go's RFC3339Nano: nanoseconds, trailing zeros trimmed, no fraction on a whole second. A lock
+    written as RFC3339 (older schedulers) or with a nanosecond fraction reads alike."""
+    assert rfc3339_nano(ns=1_791_547_200_123_456_789) == "2026-10-09T12:00:00.123456789Z"
+    assert rfc3339_nano(ns=1_791_547_200_120_000_000) == "2026-10-09T12:00:00.12Z"
+    assert rfc3339_nano(ns=1_791_547_200_000_000_000) == "2026-10-09T12:00:00Z"
+    assert rfc3339_nano(datetime(2026, 10, 9, 12, 0, 0, 500, tzinfo=timezone.utc)) == "2026-10-09T12:00:00.0005Z"
+    nano, _, _ = parse_lock("2026-10-09T12:00:00.123456789Z,default,p")
+    plain, ns, name = parse_lock("2026-10-09T12:00:00Z,default,p")
+    assert (nano - plain).total_seconds() == pytest.approx(0.123456) and (ns, name) == ("default", "p")
+    await register(api, app, reference_node())
+    pod = await _filtered(api, extender, "p")
+    assert await extender.bind(pod, "n1") == {"Error": ""}
+    stamp = _lock(api).split(",")[0]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d*[1-9])?Z", stamp), stamp
+    assert abs((datetime.now(timezone.utc) - parse_lock(_lock(api))[0]).total_seconds()) < 60

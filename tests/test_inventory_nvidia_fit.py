@@ -40,11 +40,14 @@ async def test_memory_percentage_resolves_against_the_chosen_card(api, app, exte
     assert device.usedmem == 4096
 
 
-async def test_cores_above_100_are_clamped_to_100(api, app, extender):
-    """Inventory: fit-core-clamp"""
+async def test_cores_above_100_are_refused_not_clamped(api, app, extender):
+    """Inventory: fit-core-clamp (deliberate difference: HAMi after v2.10 refuses what v2.10 clamped)"""
     await _one_gpu(api, app)
-    [[device]] = await _given(api, app, extender, "greedy", gpumem=1000, gpucores=150)
-    assert device.usedcores == 100
+    _, result = await place(api, extender, gpu_pod("greedy", gpumem=1000, gpucores=150), ["n1"])
+    assert result["NodeNames"] is None and result["Error"] == (
+        "pod default/greedy: invalid nvidia.com/gpucores value 150 in container main: "
+        "must be an integer between 0 and 100")
+    assert used_mem(app) == 0
 
 
 async def test_init_containers_fit_on_their_own_before_the_app(api, app, extender):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import orjson
 
-from hami_py.fakeapi.objects import gpu_pod
+from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
 from tests.conftest import decision_annotations, place, pod_events_applied, register_nodes as register, wait_until
 from tests.test_inventory_filter import A100_MIB, ALLOCATED, a100, reference_node
 
@@ -114,3 +114,44 @@ async def test_an_undecodable_allocation_is_not_charged(api, app, extender):
     assert app.cache.device_usage("n1")[0]["usedmem"] == 0
     _, result = await place(api, extender, gpu_pod("whole", gpumem=A100_MIB), names)
     assert result["NodeNames"] == ["n1"], result
+
+
+def _registration_refused_events(api, node: str) -> list[dict]:
+    return [e for e in api.list("events", namespace="default")
+            if e["involvedObject"].get("kind") == "Node" and e["involvedObject"]["name"] == node
+            and e["reason"] == "RegistrationRefused"]
+
+
+async def test_a_device_id_no_decision_can_carry_refuses_the_registration_and_scheduling_goes_elsewhere(
+        api, app, extender):
+    """Inventory: reg-device-id-separator
+
+    A decision names its devices in a list split on ``,``, ``:`` and ``;``: a device registered
+    as ``GPU-a,b`` could be chosen and never written (before, every /filter whose policy chose
+    that node answered an internal error, whatever else fitted). The node's registration of the
+    family is refused as it is decoded: a warning Event on the node says why, /filter's
+    FailedNodes names the id for that node, and the pod lands on another node. A corrected
+    registration is used at once."""
+    bad_devices = registration("bad", gpus=2)
+    bad_devices[0]["id"] = "GPU-a,b"
+    api.create("nodes", gpu_node("bad", devices=bad_devices))     # first: binpack's tie goes to it
+    await register(api, app, gpu_node("good", gpus=1))
+    await wait_until(lambda: "bad" in app.cache.nodes and app.cache.nodes["bad"].decode_error, "bad node decoded")
+    _, result = await place(api, extender, gpu_pod("p", gpumem=1000), ["bad", "good"])
+    assert (result["NodeNames"], result["Error"]) == (["good"], ""), result
+    # A pod that fits nowhere (two GPUs; the good node has one) hears why of each node.
+    _, result = await place(api, extender, gpu_pod("two", gpus=2, gpumem=1000), ["bad", "good"])
+    assert (result["NodeNames"], result["Error"]) == (None, ""), result
+    assert result["FailedNodes"] == {
+        "bad": f'registration refused: {REGISTER}: device id "GPU-a,b" contains a separator '
+               "(',', ':' or ';'), which no pod's allocation annotation can carry",
+        "good": "NodeInsufficientDevice"}
+    await wait_until(lambda: _registration_refused_events(api, "bad"), "the node's RegistrationRefused event")
+    event = _registration_refused_events(api, "bad")[0]
+    assert event["type"] == "Warning" and '"GPU-a,b"' in event["message"], event
+    bad_devices[0]["id"] = "GPU-a-b"
+    api.patch("nodes", "bad", {"metadata": {"annotations": {REGISTER: orjson.dumps(bad_devices).decode()}}})
+    await wait_until(lambda: "bad" in app.cache.node_index_of and not app.cache.refused_nodes, "registration accepted")
+    _, result = await place(api, extender, gpu_pod("q", gpumem=1000), ["bad"])
+    assert result["NodeNames"] == ["bad"], result
+    assert len(_registration_refused_events(api, "bad")) == 1

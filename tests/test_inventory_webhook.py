@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import orjson
 
-from tests.conftest import create_quota, wait_until
+from tests.conftest import create_quota, wait_until, watch_applied
 from tests.test_webhook import container, envelope, make_pod
 
 NAMESPACE = "team-a"
@@ -52,3 +52,22 @@ async def test_a_lowered_quota_applies_to_the_next_pod(api, app, extender):
     await wait_until(lambda: app.cache.quota.limits[NAMESPACE][("NVIDIA", "mem")] == 2000, "quota lowered")
     response = await _admit(app, extender, make_pod(_gpu("main", 3000)))
     assert response["allowed"] is False and response["status"]["message"] == "exceeding resource quota"
+
+
+async def test_admission_reads_the_smallest_of_several_quotas_and_skips_scoped_ones(api, app, extender):
+    """Inventory: quota-multiple (HAMi #3094)
+
+    The webhook's pre-check reads the filter's book: 1000 and 4000 give 1000, a BestEffort
+    quota of 10 is skipped, deleting the 1000 leaves 4000."""
+    await create_quota(api, app, {"limits.nvidia.com/gpumem": "1000"}, namespace=NAMESPACE, name="small")
+    await create_quota(api, app, {"limits.nvidia.com/gpumem": "4000"}, namespace=NAMESPACE, name="large")
+    scoped = api.create("resourcequotas", {"metadata": {"name": "best-effort", "namespace": NAMESPACE},
+                                           "spec": {"hard": {"limits.nvidia.com/gpumem": "10"},
+                                                    "scopes": ["BestEffort"]}})
+    await watch_applied(app, "resourcequotas", scoped["metadata"]["resourceVersion"])
+    assert (await _admit(app, extender, make_pod(_gpu("main", 1000))))["allowed"] is True
+    assert (await _admit(app, extender, make_pod(_gpu("main", 2000))))["allowed"] is False
+    api.delete("resourcequotas", "small", namespace=NAMESPACE)
+    await wait_until(lambda: app.cache.quota.limits[NAMESPACE][("NVIDIA", "mem")] == 4000, "quota recomputed")
+    assert (await _admit(app, extender, make_pod(_gpu("main", 4000))))["allowed"] is True
+    assert (await _admit(app, extender, make_pod(_gpu("main", 4001))))["allowed"] is False

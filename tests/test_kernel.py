@@ -729,3 +729,18 @@ def test_a_row_of_a_vendor_beyond_the_per_vendor_arrays_raises(impl):
     query.vendor_flags = array("i")
     with pytest.raises(ValueError, match="vendor id 0"):
         impl(table, query)
+
+
+def test_the_device_score_takes_the_memory_request_before_the_percentage():
+    """HAMi #3106: a row with both a memory request and a percentage is scored (and charged) by
+    the request; the percentage only when the request is 0. Device 0 is small and idle, device 1
+    large with some memory used; binpack on memory alone prefers device 0 for 1500 MiB (0.75 of
+    it against 0.0625) but device 1 for 50 % (0.5 against 0.525)."""
+    cols = _plain_node(used=[0, 1], used_mem=[0, 1000])
+    cols["total_mem"] = [2000, 40000]
+    memory_only = (0, ORDER_BINPACK, 0, 0, 0.0, 0.0, 1.0)
+    for memreq, mempct, device, mem in ((1500, 50, 0, 1500), (0, 50, 1, 20000)):
+        best, out = _compare(cols, [0], [2], [0], [0, 0, 0, 1, memreq, mempct, 0], [], memory_only, _UNLIMITED,
+                             vendor_flags=(0,))
+        assert best == 0 and (out["dev"][0], out["mem"][0]) == (device, mem), (memreq, mempct)
+    assert [kernel_ref.resolve_mem(r, p, 8000) for r, p in ((1000, 50), (0, 50), (0, 101), (0, 0))] == [1000, 4000, 0, 0]

@@ -119,7 +119,8 @@ def test_kustomization_lists_every_manifest():
 @pytest.mark.parametrize("doc", DOCS, ids=[f"{d['kind']}/{d['metadata']['name']}" for d in DOCS])
 def test_manifest_is_valid_kubernetes(doc):
     kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
-    if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"):
+    if doc["kind"] not in ("Namespace", "ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration",
+                           "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"):
         # One exception: the sidecar's binding to a built-in Role of kube-system lives there.
         expected = "kube-system" if (doc["kind"], doc.get("roleRef", {}).get("name")) in KUBE_SYSTEM_BINDINGS \
             else NAMESPACE
@@ -346,7 +347,10 @@ def test_webhook_failure_handling_is_deliberate(name):
     assert hook["sideEffects"] == "None"
     assert hook["failurePolicy"] == "Ignore"   # see the comment in manifests/webhook.yaml
     assert 1 <= hook["timeoutSeconds"] <= 10
-    assert hook["reinvocationPolicy"] == "Never"
+    # Called again when a later webhook changes the pod; the mutation is idempotent (HAMi #2936;
+    # tests/test_webhook_reinvocation.py), and the versions stay both (HAMi #3158).
+    assert hook["reinvocationPolicy"] == "IfNeeded"
+    assert hook["admissionReviewVersions"] == ["v1", "v1beta1"]
 
 
 def _selected(selector: dict, labels: dict) -> bool:
@@ -439,6 +443,19 @@ async def refit_once(api, app, name: str, node: str) -> None:
             assert (answer.status, (await answer.json())["succeeded"]) == (200, True)
 
 
+async def plugin_answers(app, pod: dict) -> None:
+    """The API server's review of the manifests' device plugin writing bind-phase success on ``pod``."""
+    answered = json.loads(json.dumps(pod))
+    answered["metadata"]["annotations"]["hami.io/bind-phase"] = "success"
+    user = f"system:serviceaccount:{OPTIONS.device_plugin_namespace}:{OPTIONS.device_plugin_service_account}"
+    review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+              "request": {"uid": "u-1", "operation": "UPDATE", "object": answered, "oldObject": pod,
+                          "userInfo": {"username": user, "groups": ["system:serviceaccounts"]}}}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{app.webhook_url}{WEBHOOK_PATH}", json=review) as answer:
+            assert (await answer.json())["response"]["allowed"] is True
+
+
 async def test_rbac_grants_exactly_what_a_run_uses(api):
     """Run every path that talks to the API (leadership, registration with role labels, quota
     watch, filter, bind with its node lock, events) and compare the verbs with the grants."""
@@ -486,6 +503,9 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
             # NUMA refit: gpu-1's device plugin moves trainer's pending GPU (tokenreviews create; get
             # pods, its own pod and trainer's; patch pods).
             await refit_once(api, app, "trainer", "gpu-1")
+            # The webhook's UPDATE rule: may the device plugin, answering on trainer, write Nodes?
+            # (subjectaccessreviews create)
+            await plugin_answers(app, api.get("pods", "trainer"))
             # Device preemption: a pod of a higher priority that needs both GPUs evicts the bound
             # trainer (pods/eviction) and is nominated to the node (pods/status).
             urgent = gpu_pod("urgent", gpus=2, gpumem=143000)

@@ -313,3 +313,36 @@ def test_mig_instance_lines_only_for_created_instances_on_gpus_in_mig_mode():
     devices[0]["mode"] = "hami-core"
     cache.upsert_node(gpu_node("a", devices=devices))
     assert series(parse(metrics.render_now().decode()), "hami_node_gpu_mig_instance_info") == {}
+
+
+async def test_leader_and_cache_synced_gauges(api):
+    """HAMi #2758: 0/1 gauges. Without --leader-elect the replica leads; a follower shows 0, and
+    a cache whose pod list fails shows 0 until it is in."""
+    api.create("nodes", gpu_node("n1", gpus=1))
+    api.faults.add(method="GET", path="^/api/v1/pods$", status=500, times=None)   # no sync yet
+    async with running_scheduler(api, wait_ready=False, device_plugin=False) as app:
+        gauges = await scrape(app)
+        assert series(gauges, "hami_scheduler_cache_synced") == {labels(): 0.0}
+        assert series(gauges, "hami_scheduler_is_leader") == {labels(): 1.0}
+        api.faults.clear()
+        await wait_until(lambda: app.ready, "sync", timeout=30)
+        await wait_until(lambda: all(i.synced.is_set() for i in app.informers), "every informer synced")
+        assert series(await scrape(app), "hami_scheduler_cache_synced") == {labels(): 1.0}
+    namespace, lease = "hami-system", "hami-scheduler"
+    api.create("leases", {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                          "metadata": {"name": lease, "namespace": namespace},
+                          "spec": {"holderIdentity": "someone-else_1", "leaseDurationSeconds": 3600,
+                                   "renewTime": "2026-01-01T00:00:00.000000Z"}})
+    options = embedded_options(leader_elect=True, leader_elect_resource_name=lease,
+                               leader_elect_resource_namespace=namespace, hostname="b")
+    async with running_scheduler(api, options=options, device_plugin=False) as follower:
+        await wait_until(lambda: follower.leadership.synced.is_set() and all(i.synced.is_set() for i in follower.informers),
+                         "the Lease read and every informer synced")
+        gauges = await scrape(follower)
+        assert series(gauges, "hami_scheduler_is_leader") == {labels(): 0.0}
+        assert series(gauges, "hami_scheduler_cache_synced") == {labels(): 1.0}
+        api.update("leases", {**api.get("leases", lease, namespace=namespace),
+                              "spec": {**api.get("leases", lease, namespace=namespace)["spec"],
+                                       "holderIdentity": "b_2"}})
+        await wait_until(lambda: follower.service.synced.is_set(), "b to lead")
+        assert series(await scrape(follower), "hami_scheduler_is_leader") == {labels(): 1.0}

@@ -242,11 +242,14 @@ def test_percentage_rules(vendor):
         return request(vendor, {"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": value}).mempct
     assert pct("50") == 50
     assert pct("100") == 100
-    assert pct("150") == 100   # clamped
     assert pct("0") == 100     # ignored, then the whole-card default applies
-    assert pct("-5") == 100    # ignored
-    assert pct("50.5") == 100  # not a whole number: ignored, as upstream
     assert pct("1") == 1
+    # HAMi after v2.10 (#2789): anything but an integer in 0..100 is refused, never clamped or ignored.
+    for value in ("150", "-5", "50.5", "1e3"):
+        with pytest.raises(RequestError) as err:
+            pct(value)
+        assert str(err.value) == (f"invalid nvidia.com/gpumem-percentage value {value} in container train: "
+                                  "must be an integer between 0 and 100")
 
 
 def test_default_memory_and_cores_from_config():
@@ -258,8 +261,13 @@ def test_default_memory_and_cores_from_config():
     assert request(tuned, {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "0"}) == nv(memreq=4096, coresreq=0)
 
 
-def test_cores_above_100_are_left_for_the_fit_to_clamp(vendor):
-    assert request(vendor, {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"}).coresreq == 150
+def test_cores_above_100_are_refused_not_clamped(vendor):
+    """HAMi after v2.10 (#2740, #2784): cores outside 0..100 are refused, no longer clamped to 100."""
+    assert request(vendor, {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "100"}).coresreq == 100
+    with pytest.raises(RequestError) as err:
+        request(vendor, {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"})
+    assert str(err.value) == ("invalid nvidia.com/gpucores value 150 in container train: "
+                              "must be an integer between 0 and 100")
 
 
 def test_renamed_resources_follow_config():
@@ -277,22 +285,35 @@ def _refused(resource: str, value: object, problem: str, *, shown: str | None = 
     return limits, f'container "train": {resource} "{value if shown is None else shown}" {problem}'
 
 
+def _bad_count(value: object, reason: str) -> tuple[dict, str]:
+    return {"nvidia.com/gpu": value}, f"invalid nvidia.com/gpu request in container train: device count {reason}"
+
+
+def _bad_cores(value: str) -> tuple[dict, str]:
+    return ({"nvidia.com/gpu": "1", "nvidia.com/gpucores": value},
+            f"invalid nvidia.com/gpucores value {value} in container train: must be an integer between 0 and 100")
+
+
 @pytest.mark.parametrize("limits, message", [
-    _refused("nvidia.com/gpu", "1.5", "is not a whole number"),
-    _refused("nvidia.com/gpu", "500m", "is not a whole number"),
-    _refused("nvidia.com/gpu", "two", "is not a whole number"),
-    _refused("nvidia.com/gpu", "-1", "must not be negative"),
-    _refused("nvidia.com/gpu", "3e9", "is out of range (at most 2147483647)"),
-    _refused("nvidia.com/gpu", None, "is not a whole number", shown="null"),
-    _refused("nvidia.com/gpu", 1.5, "is not a whole number"),
+    _bad_count("1.5", "1.5 is not a plain integer"),
+    _bad_count("500m", "500m is not a plain integer"),
+    _bad_count("two", "two is not a plain integer"),
+    _bad_count("1e19", "1e19 is not a plain integer"),     # beyond int64
+    _bad_count("-1", "-1 is out of range"),
+    _bad_count("3e9", "3e9 is out of range"),
+    _bad_count("2147483648", "2147483648 is out of range"),  # MaxInt32 + 1
+    _bad_count("1Ei", "1Ei is out of range"),     # judged by value: 2^60 (upstream: not a plain integer)
+    _bad_count(None, '"null" is not a plain integer'),
+    _bad_count(1.5, "1.5 is not a plain integer"),
     _refused("nvidia.com/gpumem", "1.5", "is not a whole number of MiB"),
     _refused("nvidia.com/gpumem", "0.3Ki", "is not a whole number of MiB"),
     _refused("nvidia.com/gpumem", "1500m", "is not a whole number of MiB"),
     _refused("nvidia.com/gpumem", "-1", "is out of range: must be between 0 and 2147483647 MiB"),
     _refused("nvidia.com/gpumem", "2Gi", "is out of range: must be between 0 and 2147483647 MiB"),
-    _refused("nvidia.com/gpucores", "12.5", "is not a whole number"),
-    _refused("nvidia.com/gpucores", "-10", "must not be negative"),
-    _refused("nvidia.com/gpucores", "1e10", "is out of range (at most 2147483647)"),
+    _bad_cores("12.5"),
+    _bad_cores("-10"),
+    _bad_cores("101"),
+    _bad_cores("1e10"),
 ])
 def test_malformed_values_are_refused_loudly(vendor, limits, message):
     # upstream silently drops the whole request (defect 17.5); we name the container and value

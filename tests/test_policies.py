@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import orjson
+from structlog.testing import capture_logs
+
+from hami_py import cli
 
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import gpu_node, gpu_pod, registration
-from hami_py.kernel_codes import CHAIN_BASE, KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX
-from hami_py.scheduling.decision.policies import gpu_policy_code
+from hami_py.kernel_codes import (
+    CHAIN_BASE, KEY_BINPACK, KEY_NUMA, KEY_SPREAD, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK, POLICY_SPREAD,
+)
+from hami_py.scheduling.decision.policies import (
+    GPU_POLICY_ANNOTATION, NODE_POLICY_ANNOTATION, gpu_policy_code, pod_policies,
+)
 from tests.conftest import decision_annotations, wait_until
 
 
@@ -139,3 +146,64 @@ def test_pair_score_blocks_never_overlap_when_a_node_grows_or_an_index_is_reused
     cache.upsert_node(scored_node("z", 3, 9))                # takes c's index
     assert block("z") == [0, 9, 9, 9, 0, 9, 9, 9, 0]
     assert block("a") == [0, 44, 44, 44, 0, 44, 44, 44, 0] and block("b") == [0, 22, 22, 0]
+
+
+def test_padded_policies_are_trimmed_token_by_token():
+    """HAMi #2854: ``" binpack "`` passed validation but was sorted as spread; it is binpack."""
+    def policies(annotations, node="binpack", gpu="spread"):
+        return pod_policies(annotations, default_node=node, default_gpu=gpu)
+    assert policies({GPU_POLICY_ANNOTATION: " binpack "}).gpu == POLICY_BINPACK
+    assert policies({GPU_POLICY_ANNOTATION: " binpack , numa "}).gpu == ORDER_CHAIN + KEY_BINPACK + CHAIN_BASE * KEY_NUMA
+    assert policies({GPU_POLICY_ANNOTATION: " mutex"}).mutex
+    assert policies({NODE_POLICY_ANNOTATION: " spread "}).node == POLICY_SPREAD
+    padded = policies({}, node=" spread ", gpu=" binpack ")      # the flags' values, as given
+    assert (padded.node, padded.gpu, padded.node_name, padded.gpu_name) == (POLICY_SPREAD, POLICY_BINPACK,
+                                                                            "spread", "binpack")
+
+
+def test_an_unknown_policy_annotation_is_ignored_with_a_warning_and_the_configured_policy_used():
+    """HAMi #2769: the pod is scheduled with the configured policy, not refused; before, an
+    unknown GPU policy silently meant spread and an unknown node policy binpack, whatever the
+    flags said. A comma list is checked token by token."""
+    with capture_logs() as logs:
+        p = pod_policies({GPU_POLICY_ANNOTATION: "binpak", NODE_POLICY_ANNOTATION: "sprad"},
+                         default_node="spread", default_gpu="binpack", pod="default/p")
+        chain = pod_policies({GPU_POLICY_ANNOTATION: "numa,bogus"}, default_node="binpack", default_gpu="binpack")
+    assert (p.node, p.gpu, p.node_name, p.gpu_name) == (POLICY_SPREAD, POLICY_BINPACK, "spread", "binpack")
+    assert chain.gpu == POLICY_BINPACK
+    warned = [(e["annotation"], e["value"], e["using"]) for e in logs if e["log_level"] == "warning"]
+    assert warned == [(NODE_POLICY_ANNOTATION, "sprad", "spread"), (GPU_POLICY_ANNOTATION, "binpak", "binpack"),
+                      (GPU_POLICY_ANNOTATION, "numa,bogus", "binpack")]
+    assert next(e for e in logs if e["value"] == "binpak")["pod"] == "default/p"
+
+
+async def test_a_pod_with_an_unknown_policy_annotation_is_placed_by_the_configured_policy(api, app, extender):
+    """End to end: /filter places the pod (no error) where the configured GPU policy (spread,
+    the default) puts it: on the idle GPU, not the busy one. A padded ``" binpack "`` then
+    shares the busiest."""
+    await _node(api, app, gpus=2, numa_nodes=1)
+    first = api.create("pods", gpu_pod("first", gpumem=5000))
+    await extender.filter(first, ["n1"])
+    busy = _devices_of(api, app, "first")[0]
+    odd = api.create("pods", gpu_pod("odd", gpumem=1000, annotations={GPU_POLICY_ANNOTATION: "bogus",
+                                                                       NODE_POLICY_ANNOTATION: "bogus"}))
+    result = await extender.filter(odd, ["n1"])
+    assert result["NodeNames"] == ["n1"] and result["Error"] == ""
+    assert _devices_of(api, app, "odd") != [busy]
+    packed = api.create("pods", gpu_pod("packed", gpumem=1000, annotations={GPU_POLICY_ANNOTATION: " binpack "}))
+    await extender.filter(packed, ["n1"])
+    assert _devices_of(api, app, "packed") == [busy]
+
+
+def test_padded_policy_flags_are_trimmed_at_start(monkeypatch):
+    """``--gpu-scheduler-policy " binpack "`` is binpack (it used to pass the check and sort as
+    spread); ``--node-scheduler-policy " spread "`` is accepted."""
+    seen = {}
+
+    async def serve(options, *args, **kwargs):
+        seen["options"] = options
+        return 0
+    monkeypatch.setattr(cli, "serve", serve)
+    monkeypatch.setattr(cli, "configure_logging", lambda **kwargs: None)
+    assert cli.main(["--node-scheduler-policy", " spread ", "--gpu-scheduler-policy", " binpack , numa "]) == 0
+    assert (seen["options"].node_scheduler_policy, seen["options"].gpu_scheduler_policy) == ("spread", "binpack,numa")

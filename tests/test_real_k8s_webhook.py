@@ -7,9 +7,11 @@ CA instead of the Service (there is no Service network here). Pods created throu
 come out mutated (scheduler name, NVIDIA defaults, with the API server's own defaulting of the
 patched pod) or are refused with the webhook's reason; excluded namespaces and opted-out pods are
 never sent. Scheduler-owned annotations: a forged pod is refused whatever its scheduler or
-labels, a person cannot rewrite a decision, a device plugin's ServiceAccount (the stand-in runs as
-one here) still writes its answers, and the API server evaluates the matchConditions itself:
-an ordinary update never reaches hami-py.
+labels; whether an update may change one is the real API server's answer to hami-py's
+SubjectAccessReview (may its author write Nodes?): a namespace's editor (a ServiceAccount bound to
+the built-in ``edit`` role) cannot rewrite a decision, a device plugin's ServiceAccount (the
+stand-in runs as one here) still writes its answers, and the API server evaluates the
+matchConditions itself: an ordinary update never reaches hami-py.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from hami_py.scheduling.admission.rules import scheduler_owned_annotations
 from tests.realk8s import (
     SA_NAMESPACE, RealKube, manifest_docs, real_scheduler, resource_path, wait_books_balance, wait_for_value,
 )
-from tests.realk8s_fixtures import device_plugin_account  # noqa: F401  (a fixture, found by name)
+from tests.realk8s_fixtures import device_plugin_account, real_editor  # noqa: F401  (fixtures, found by name)
 
 pytestmark = pytest.mark.real_k8s
 
@@ -229,14 +231,17 @@ async def test_a_forged_pod_is_refused_whatever_its_scheduler_and_labels(webhook
                                "is written by the scheduler and cannot be set when creating a pod")
 
 
-async def test_the_device_plugin_writes_its_answers_and_a_person_cannot(webhook, real_hami, real_kube, real_namespace,
-                                                                       real_nodes, device_plugin_account, https):
+async def test_the_device_plugin_writes_its_answers_and_a_namespace_editor_cannot(
+        webhook, real_hami, real_kube, real_namespace, real_nodes, device_plugin_account, real_editor, https):
     """The whole path through the real API server: the pod is admitted and bound (the Binding
-    carries the decision, no UPDATE of the pod), the device plugin's ServiceAccount writes
-    bind-phase success and rewrites the allocation annotations; then a person's rewrite of the
-    decision is refused, and the same account's write on another scheduler's pod too."""
+    carries the decision, no UPDATE of the pod), the device plugin's ServiceAccount (which may
+    write Nodes) writes bind-phase success and rewrites the allocation annotations; then a
+    namespace editor's rewrite of the decision is refused although it is a ServiceAccount allowed
+    to patch the pod, and the device plugin's write on another scheduler's pod too. The answers
+    are the real authorizer's (SubjectAccessReview)."""
     ns, app = real_namespace, real_hami
     plugin_user, plugin_kubeconfig = device_plugin_account
+    editor_user, editor_kubeconfig = real_editor
     (node,) = await real_nodes(1, gpus=2)
     await wait_for(lambda: node in app.cache.node_index_of, timeout=20, what="the node registered")
     created = await real_kube.create("pods", pod_without_scheduler("trainer", ns, {"nvidia.com/gpumem": "4000"}))
@@ -251,6 +256,7 @@ async def test_the_device_plugin_writes_its_answers_and_a_person_cannot(webhook,
     assert ",NVIDIA,4000," in decision
 
     plugin = await RealKube.connect(plugin_kubeconfig)
+    editor = await RealKube.connect(editor_kubeconfig)
     try:
         # As HAMi's device plugin does once a container has its devices: the allocation written
         # again, what is left to allocate emptied.
@@ -260,24 +266,29 @@ async def test_the_device_plugin_writes_its_answers_and_a_person_cannot(webhook,
 
         before = reviews(app)
         forged = "GPU-0f7a1c2e-5b8d-4e3f-9a6b-1c2d3e4f5a6b,NVIDIA,80000,100:;"
-        refused = await refusal(lambda: real_kube.patch("pods", "trainer", {"metadata": {"annotations": {
+        refused = await refusal(lambda: editor.patch("pods", "trainer", {"metadata": {"annotations": {
             "hami.io/vgpu-devices-to-allocate": forged}}}, namespace=ns))
         assert refused.message == (f'admission webhook "{GUARD}" denied the request: annotation '
                                    "hami.io/vgpu-devices-to-allocate is written by the scheduler and cannot be set "
-                                   "by admin")
+                                   f"by {editor_user}")
         # Removing a decision is a change too.
-        refused = await refusal(lambda: real_kube.patch("pods", "trainer", {"metadata": {"annotations": {
+        refused = await refusal(lambda: editor.patch("pods", "trainer", {"metadata": {"annotations": {
             "hami.io/vgpu-node": None}}}, namespace=ns))
         assert "annotation hami.io/vgpu-node is written by the scheduler" in refused.message
-        assert reviews(app) == before + 2
+        refused_reviews = reviews(app)
+        # Up to 4: the API server runs a refused update again when its cached copy was stale.
+        assert 2 <= refused_reviews - before <= 4
         kept = (await real_kube.get("pods", "trainer", namespace=ns))["metadata"]["annotations"]
         assert kept["hami.io/vgpu-devices-to-allocate"] == ";" and kept["hami.io/vgpu-node"] == node
+        # The real authorizer's answers, kept per user: the plugin may write Nodes, the editor not.
+        assert {s.user: allowed for s, (_, allowed) in app.node_writers.answers.items()} == \
+            {plugin_user: True, editor_user: False}
 
         # An ordinary update is allowed, and the matchConditions keep it from hami-py altogether.
-        relabelled = await real_kube.patch("pods", "trainer", {"metadata": {
+        relabelled = await editor.patch("pods", "trainer", {"metadata": {
             "labels": {"team": "vision"}, "annotations": {"owner": "alice"}}}, namespace=ns)
         assert relabelled["metadata"]["labels"]["team"] == "vision"
-        assert reviews(app) == before + 2
+        assert reviews(app) == refused_reviews
 
         # The same account on a pod kube-scheduler places without us: refused.
         other = await real_kube.create("pods", gpu_pod("elsewhere", namespace=ns, scheduler_name="other-scheduler"))
@@ -289,6 +300,7 @@ async def test_the_device_plugin_writes_its_answers_and_a_person_cannot(webhook,
                                    'scheduler "other-scheduler"')
     finally:
         await plugin.close()
+        await editor.close()
 
 
 async def test_the_scheduler_clears_a_void_decision_through_the_guard(webhook, real_hami, real_kube, real_namespace,
@@ -319,11 +331,13 @@ async def test_the_scheduler_clears_a_void_decision_through_the_guard(webhook, r
 
 
 async def test_the_api_server_sends_only_updates_that_touch_scheduler_owned_keys(webhook, real_hami, real_kube,
-                                                                                 real_namespace, device_plugin_account):
+                                                                                 real_namespace, device_plugin_account,
+                                                                                 real_editor):
     """manifests/webhook.yaml's matchConditions as the real API server evaluates them: each
-    update by a person either never reaches hami-py and is applied, or reaches it (one review
-    more) and gets its answer."""
+    update by a namespace's editor either never reaches hami-py and is applied, or reaches it
+    (one review more) and gets its answer."""
     ns, app = real_namespace, real_hami
+    editor = await RealKube.connect(real_editor[1])
     # A family's key outside hami.io/, in the guard's list; owned by this scheduler's families too
     # (the list is the Deployment's, with every switch on; this scheduler runs with the defaults).
     listed = "mthreads.com/gpu-index"
@@ -338,15 +352,18 @@ async def test_the_api_server_sends_only_updates_that_touch_scheduler_owned_keys
         await plugin.close()
 
     async def person_patches(metadata: dict) -> tuple[bool, float]:
-        """(applied, reviews it cost)."""
+        """(applied, reviews it cost: 0 or 1). An update the guard refuses costs two when the API
+        server first tried it on its watch cache's copy of the pod and that copy was stale (one
+        write behind): etcd's GuaranteedUpdate then runs the admission again on the fresh pod."""
         before = reviews(app)
         try:
-            await real_kube.patch("pods", "held", {"metadata": metadata}, namespace=ns)
+            await editor.patch("pods", "held", {"metadata": metadata}, namespace=ns)
             applied = True
         except KubeApiError as exc:
             assert exc.status == 403 and exc.message.startswith(f'admission webhook "{GUARD}" denied'), exc
             applied = False
-        return applied, reviews(app) - before
+        cost = reviews(app) - before
+        return applied, min(cost, 1) if not applied else cost
 
     cases = [   # (what a person patches, applied, reviews)
         ({"labels": {"team": "vision"}}, True, 0),
@@ -358,10 +375,60 @@ async def test_the_api_server_sends_only_updates_that_touch_scheduler_owned_keys
         ({"annotations": {listed: "1"}}, False, 1),                                # a listed key outside hami.io/
         ({"annotations": {"hami.io/vgpu-devices-to-allocate": "GPU-a,NVIDIA,80000,100:;"}}, False, 1),   # added
     ]
-    for metadata, applied, cost in cases:
-        assert await person_patches(metadata) == (applied, cost), metadata
+    try:
+        for metadata, applied, cost in cases:
+            assert await person_patches(metadata) == (applied, cost), metadata
+    finally:
+        await editor.close()
     kept = (await real_kube.get("pods", "held", namespace=ns))["metadata"]
     assert kept["labels"]["team"] == "vision"
     assert {k: kept["annotations"].get(k) for k in ("owner", "hami.io/vgpu-node", listed,
                                                     "hami.io/vgpu-devices-to-allocate")} == \
         {"owner": "bob", "hami.io/vgpu-node": "gpu-1", listed: "0", "hami.io/vgpu-devices-to-allocate": None}
+
+
+async def test_a_node_writer_may_rewrite_a_decision_the_api_servers_answer_decides(webhook, real_hami, real_kube,
+                                                                                  real_namespace, real_editor):
+    """The same change, two users, two answers, and nothing of hami-py's own deciding: the admin
+    (system:masters: the authorizer lets it write Nodes) may change a decision, the editor may
+    not; once the editor is granted Nodes (a ClusterRole of its own) it may, after its kept
+    answer expires."""
+    ns, app = real_namespace, real_hami
+    editor_user, editor_kubeconfig = real_editor
+    created = await real_kube.create("pods", gpu_pod("held", namespace=ns))
+    assert created["spec"]["schedulerName"] == "hami-scheduler"
+    admin_wrote = await real_kube.patch("pods", "held", {"metadata": {"annotations": {
+        "hami.io/vgpu-node": "gpu-1"}}}, namespace=ns)
+    assert admin_wrote["metadata"]["annotations"]["hami.io/vgpu-node"] == "gpu-1"
+    editor = await RealKube.connect(editor_kubeconfig)
+    try:
+        refused = await refusal(lambda: editor.patch("pods", "held", {"metadata": {"annotations": {
+            "hami.io/vgpu-node": "gpu-2"}}}, namespace=ns))
+        assert refused.message.endswith(f"annotation hami.io/vgpu-node is written by the scheduler and cannot be set "
+                                        f"by {editor_user}")
+        grant = f"{ns}-nodes"
+        await real_kube.create("clusterroles", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": grant},
+            "rules": [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]})
+        await real_kube.create("clusterrolebindings", {
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": {"name": grant},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": grant},
+            "subjects": [{"kind": "ServiceAccount", "name": editor_user.rsplit(":", 1)[1], "namespace": ns}]})
+        try:
+            app.node_writers.answers.clear()        # what the few seconds' wait would do
+
+            async def editor_writes() -> bool:
+                try:
+                    await editor.patch("pods", "held", {"metadata": {"annotations": {
+                        "hami.io/vgpu-node": "gpu-2"}}}, namespace=ns)
+                    return True
+                except KubeApiError:
+                    app.node_writers.answers.clear()    # RBAC's cache may lag the binding a moment
+                    return False
+
+            await wait_for_value(editor_writes, bool, what="the editor's write once it may write Nodes")
+        finally:
+            await real_kube.delete("clusterrolebindings", grant, grace=None)
+            await real_kube.delete("clusterroles", grant, grace=None)
+    finally:
+        await editor.close()

@@ -293,7 +293,8 @@ _GOOD_WORKLOAD = "pods:\n  - name: p\n    gpumem: 1024\n"
      'line 1: order: must be one of as-listed, interleaved, shuffled, got "random"'),
     ("workload", "kind: Pod\nmetadata:\n  name: p\nspec:\n  containers:\n  - name: c\n    resources:\n"
                  "      limits:\n        nvidia.com/gpu: \"1.5\"\n",
-     'line 1: pod "p": the scheduler rejects it: container "c": nvidia.com/gpu'),
+     'line 1: pod "p": the scheduler rejects it: invalid nvidia.com/gpu request in container c: '
+     'device count 1.5 is not a plain integer'),
     ("workload", "pods:\n  - name: p\n    gpus: 1\n    nodePolicy: tightest\n",
      'line 4: pods[0].nodePolicy: must be one of binpack, spread, fragmentation-aware, got "tightest"'),
     ("workload", "pods:\n  - name: p\n    gpus: 1\n    annotations:\n"

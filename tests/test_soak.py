@@ -58,6 +58,7 @@ def own_objects() -> Counter:
 def per_pod_state(app) -> dict:
     cache, service = app.cache, app.service
     return {"pods": len(cache.pods), "node_pods": len(cache.node_pods), "released": len(cache.released),
+            "live_pods": len(cache.live_pods),
             "filter_locks": len(service.pod_locks),
             "device_slots": len(cache.total_mem)}
 

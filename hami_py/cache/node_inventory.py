@@ -21,7 +21,8 @@ import structlog
 from hami_py.cache.device_table import DeviceTable
 from hami_py.cache.pod_ledger import PodLedger
 from hami_py.cache.records import NodeEntry
-from hami_py.devices.base import DeviceDecodeError, DeviceInfo, DeviceVendor, NodeView
+from hami_py.devices.base import DeviceDecodeError, DeviceInfo, DeviceVendor, NodeView, NoDevicesRegistered
+from hami_py.devices.codec import check_device_id
 
 log = structlog.get_logger(__name__)
 
@@ -80,6 +81,12 @@ class NodeInventory:
         # Nodes whose handshake is pending with nothing allocatable: name → the wall-clock time
         # the stamp goes stale, when /filter leaves them out (upstream's handshake rule).
         self.handshake_deadlines: dict[str, float] = {}
+        # Nodes whose registration of some family is refused (NodeEntry.refused): /filter names
+        # the reason for them.
+        self.refused_nodes: set[str] = set()
+        # on_refused(node, why): told once per new reason a node's registration is refused (the
+        # app makes it a warning Event on the node).
+        self.on_refused = None
         self._lock_waiters: dict[str, list[asyncio.Future]] = {}   # binds queued for a node's lock, in order
         self._gate_annotations = frozenset(k for v in vendors.values() for k in v.gate_annotations)
         self.nodes_synced = False
@@ -147,7 +154,8 @@ class NodeInventory:
 
     def _decode_devices(self, entry: NodeEntry, view: NodeView) -> list[tuple[int, DeviceInfo]]:
         devices: list[tuple[int, DeviceInfo]] = []
-        errors = []
+        refused: dict[str, str] = {}
+        empty: list[str] = []
         for key, vendor in self.vendors.items():
             try:
                 found = vendor.parse_node_devices(view)
@@ -156,6 +164,9 @@ class NodeInventory:
                     # in the watch handler and stall every later node event).
                     if not -(1 << 31) <= dev.numa < 1 << 31:
                         raise DeviceDecodeError(f"device {dev.id}: numa {dev.numa} is out of range")
+                    # A decision names its devices by id in a list split on ',', ':' and ';': a
+                    # device whose id holds one could be chosen and never written.
+                    check_device_id(dev.id)
                 ids = [dev.id for dev in found]
                 if len(set(ids)) != len(ids):
                     # Usage is charged by device id: two devices under one id would have one of
@@ -163,11 +174,21 @@ class NodeInventory:
                     twice = next(i for i in ids if ids.count(i) > 1)
                     raise DeviceDecodeError(f"device id {twice} is registered more than once")
                 devices.extend((self.vendor_ids[key], dev) for dev in found)
+            except NoDevicesRegistered as exc:     # as if nothing were registered: no refusal
+                empty.append(f"{vendor.registration_source()}: {exc}")
             except DeviceDecodeError as exc:
-                errors.append(f"{vendor.registration_source()}: {exc}")
-        entry.decode_error = "; ".join(errors) or None
-        if errors:
+                refused[key] = f"{vendor.registration_source()}: {exc}"
+        before = entry.refused
+        entry.refused = refused
+        entry.decode_error = "; ".join([*refused.values(), *empty]) or None
+        if entry.decode_error:
             log.warning("node registration rejected", node=entry.name, error=entry.decode_error)
+        if refused:
+            self.refused_nodes.add(entry.name)
+            if refused != before and self.on_refused is not None:
+                self.on_refused(entry.name, "; ".join(refused.values()))
+        else:
+            self.refused_nodes.discard(entry.name)
         return devices
 
     def _place_devices(self, entry: NodeEntry, devices: list[tuple[int, DeviceInfo]]) -> None:
@@ -215,6 +236,7 @@ class NodeInventory:
         self._wake_lock_waiter(name, every=True)
         self.table.release(entry)
         self.handshake_deadlines.pop(name, None)
+        self.refused_nodes.discard(name)
         self._regroup(entry, {})
         # Pods charged to the node keep their records: they are released by their own events.
         self.ledger.unresolve_node(name)

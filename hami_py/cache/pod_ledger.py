@@ -12,11 +12,12 @@ pod's devices are resolved to slots through the node inventory's entries.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import structlog
 
 from hami_py.cache.device_table import DeviceTable
+from hami_py.cache.live_pods import LivePods
 from hami_py.cache.partitions import PartitionTables
 from hami_py.cache.quota import QuotaBook
 from hami_py.cache.pod_states import PodState, advance, observed
@@ -122,6 +123,14 @@ class PodLedger:
         # copy of one (kube-scheduler's cache lags) must not reserve for a pod nothing will
         # ever release, since the filter no longer writes to the pod (which would refuse it).
         self.deleted: dict[str, None] = {}
+        # Every pod the watch shows alive (charged or not), by UID: what /filter and /bind check a
+        # request's pod against (cache/live_pods.py).
+        self.live_pods = LivePods()
+        # Told (the pod object, why) when a bound pod's allocation annotations cannot be decoded:
+        # the app turns it into a warning Event on the pod (the books know no Kubernetes client).
+        # Once per pod and garbled text: its later events carrying the same text say nothing new.
+        self.on_undecodable: Callable[[dict, str], None] | None = None
+        self._undecodable: dict[str, dict | None] = {}
         # Every annotation a pod's charge is decoded from.
         self._allocation_keys = [VGPU_NODE_ANNOTATION, *dict.fromkeys(
             k for v in vendors.values() for k in (v.allocated_annotation, *v.decision_annotations()) if k)]
@@ -149,6 +158,12 @@ class PodLedger:
                 or len(pod.resolved) != len(pod.entries) or -1 in pod.resolved:
             return None
         return pod
+
+    def scheduled_node(self, uid: str) -> str | None:
+        """The node this process's /filter placed the pod on, while that decision is unbound and
+        still a /bind's to use (``PodState.bindable``); None otherwise."""
+        pod = self.pods.get(uid)
+        return pod.node if pod is not None and pod.state.bindable else None
 
     def bound_node(self, uid: str) -> str | None:
         """The node a charged pod is bound to, None when it is not bound (or not charged)."""
@@ -244,8 +259,16 @@ class PodLedger:
         """A reservation just made becomes a hold (scheduling/eviction/holds.py): charged, never bound."""
         pod.state = advance(pod.state, PodState.HELD)
 
-    def release_pod(self, uid: str) -> PodUsage | None:
-        """Roll back a decision: free its usage and ignore events that still carry it."""
+    def release_pod(self, uid: str, *, namespace: str | None = None, name: str | None = None) -> PodUsage | None:
+        """Roll back a decision: free its usage and ignore events that still carry it. Given the
+        name a request gave for the pod, a record under ``uid`` held for another pod is left alone
+        (upstream's TakeAndDeletePod: a /bind naming one pod with another's UID must not free the
+        other's devices, which could then be handed out twice)."""
+        held = self.pods.get(uid)
+        if held is not None and name is not None and (held.name, held.namespace) != (name, namespace):
+            log.warning("refusing to release a reservation: the request names a different pod than its UID holds",
+                        uid=uid, holds=f"{held.namespace}/{held.name}", named=f"{namespace}/{name}")
+            return None
         pod = self.remove_pod(uid)
         if pod is not None:
             self.released[uid] = (pod.node, pod.entries)
@@ -311,7 +334,13 @@ class PodLedger:
         instance = self.partitions.instance
         for key in self._readers_of(annotations):
             vendor = self.vendors[key]
-            devices = vendor.decode_allocation(annotations)
+            try:
+                devices = vendor.decode_allocation(annotations)
+            except AllocationDecodeError as exc:
+                # Which text: the family's keys the pod carries, for the log and the pod's Event.
+                keys = [k for k in dict.fromkeys((vendor.allocated_annotation, *vendor.decision_annotations()))
+                        if k in annotations]
+                raise AllocationDecodeError(f"{', '.join(keys)}: {exc}") from None
             if devices:
                 entries.extend(collapse(devices, key, shape))
             for uuid, start, size, runtime in vendor.decode_partitions(annotations):
@@ -334,20 +363,28 @@ class PodLedger:
                         resource_version=_rv(pod), mig=mig, marks=self.marks_of(annotations),
                         priority=pod_priority(pod), started=_started(pod))
 
+    def _gone(self, uid: str) -> None:
+        """The pod is deleted (its DELETED event, or a relist without it): its charge goes, by UID
+        alone (whatever the last object showed, annotations or none), and the UID is remembered."""
+        self.remove_pod(uid)
+        self.released.pop(uid, None)
+        self.live_pods.forget(uid)
+        self._undecodable.pop(uid, None)
+        self.deleted[uid] = None
+        if len(self.deleted) > DELETED_UIDS_KEPT:
+            del self.deleted[next(iter(self.deleted))]
+
     def on_pod_event(self, event_type: str, pod: dict) -> None:
         meta = pod.get("metadata") or {}
         uid = meta.get("uid")
         if not uid:
             return
         if event_type == "DELETED":
-            self.remove_pod(uid)
-            self.released.pop(uid, None)
-            self.deleted[uid] = None
-            if len(self.deleted) > DELETED_UIDS_KEPT:
-                del self.deleted[next(iter(self.deleted))]
+            self._gone(uid)
             return
         if self.deleted:
             self.deleted.pop(uid, None)   # the UID lives (again, where a test re-creates it)
+        self.live_pods.observe(uid, pod)
         current = self.pods.get(uid)
         rv = _rv(pod)
         if current is not None and current.resource_version is not None and rv is not None \
@@ -368,8 +405,7 @@ class PodLedger:
             # The fingerprint holds the pod's shape already (it is computed once per event).
             usage = self.pod_usage_from_object(pod, None if fingerprint is None else fingerprint[1])
         except AllocationDecodeError as exc:
-            log.warning("pod allocation annotation rejected", pod=f"{meta.get('namespace')}/{meta.get('name')}",
-                        error=str(exc))
+            self._report_undecodable(uid, pod, fingerprint, str(exc))
             return
         bound = bool((pod.get("spec") or {}).get("nodeName"))
         if usage is None:
@@ -408,6 +444,22 @@ class PodLedger:
             self.add_pod_usage(record)
         record.fingerprint = fingerprint
 
+    def _report_undecodable(self, uid: str, pod: dict, fingerprint: tuple | None, error: str) -> None:
+        """A pod whose allocation annotations no family can read: logged, and a bound one (its
+        device plugin reads the same text) reported upward once per garbled text."""
+        meta = pod.get("metadata") or {}
+        log.warning("pod allocation annotation rejected", pod=f"{meta.get('namespace')}/{meta.get('name')}",
+                    error=error)
+        if not (pod.get("spec") or {}).get("nodeName") or self.on_undecodable is None:
+            return
+        seen = fingerprint[0] if fingerprint is not None else None
+        if uid in self._undecodable and self._undecodable[uid] == seen:
+            return
+        self._undecodable[uid] = seen
+        if len(self._undecodable) > DELETED_UIDS_KEPT:
+            del self._undecodable[next(iter(self._undecodable))]
+        self.on_undecodable(pod, error)
+
     def _fingerprint(self, pod: dict, meta: dict) -> tuple | None:
         annotations = meta.get("annotations") or {}
         if VGPU_NODE_ANNOTATION not in annotations:
@@ -439,6 +491,10 @@ class PodLedger:
         may simply predate the pod, but one taken after it that lacks the pod proves it deleted
         (while the watch was down; a reservation never bound would otherwise leak)."""
         seen = self._relist_pods_seen
+        for uid in self.live_pods.drop_missing(seen):
+            # The watch had shown it alive, and a list taken since lacks it: deleted while the
+            # watch was down (client-go's tombstone), whatever its record's state.
+            self._gone(uid)
         for uid in [u for u in self.pods if u not in seen]:
             p = self.pods[uid]
             if not p.state.seen and (

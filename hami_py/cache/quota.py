@@ -4,8 +4,11 @@ Upstream tracks only ``spec.hard`` keys ``limits.<memory or core resource>`` (th
 ``quota_resources()`` gives, e.g. ``limits.<vendor>/gpumem``) with exact integer values. Usage is
 the sum of the namespace's pod allocations as the usage cache charges them, updated as the cache
 changes, so a filter reads the headroom in O(1). When several quotas in one namespace limit the
-same resource, the smallest limit applies (Kubernetes enforces every quota; upstream keeps whichever
-it saw last).
+same resource, the smallest limit applies (Kubernetes enforces every quota; HAMi does the same
+since #3094, and kept whichever it saw last before); adding, changing or deleting one recomputes
+the namespace. A scoped quota (``spec.scopes``, or a ``scopeSelector`` with match expressions)
+limits only the pods its scopes select, which this book does not tell apart: it is skipped, as
+HAMi #3094 skips it. An explicit 0 is a limit (nothing of that resource fits), not "no quota".
 """
 from __future__ import annotations
 
@@ -17,6 +20,13 @@ from hami_py.quantity import parse_exact_int
 
 _LIMITS_PREFIX = "limits."
 UNLIMITED = -(1 << 62)   # "no quota"; any other value, negative too, is the headroom
+
+
+def scoped(spec: dict) -> bool:
+    """A quota that limits only the pods its scopes select (BestEffort, Terminating, a
+    PriorityClass, ...): ``spec.scopes`` non-empty, or a ``scopeSelector`` with match
+    expressions (an empty selector selects every pod)."""
+    return bool(spec.get("scopes")) or bool((spec.get("scopeSelector") or {}).get("matchExpressions"))
 
 
 class QuotaBook:
@@ -40,7 +50,8 @@ class QuotaBook:
     def upsert(self, quota: dict) -> None:
         meta = quota.get("metadata") or {}
         ns, name = meta.get("namespace", ""), meta.get("name", "")
-        hard = (quota.get("spec") or {}).get("hard") or {}
+        spec = quota.get("spec") or {}
+        hard = {} if scoped(spec) else spec.get("hard") or {}
         limits = {}
         for key, value in hard.items():
             if not key.startswith(_LIMITS_PREFIX) or key[len(_LIMITS_PREFIX):] not in self.resources:

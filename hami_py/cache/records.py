@@ -24,9 +24,31 @@ def allocation_finished(annotations: dict | None) -> bool:
     return (annotations or {}).get(BIND_PHASE_ANNOTATION) in FINISHED_BIND_PHASES
 
 
+def awaiting_allocation(pod: dict, locked_at: datetime) -> bool:
+    """Whether ``pod``, named by a node lock taken at ``locked_at``, still waits for its device
+    plugin (HAMi #3127): Pending with bind-phase ``allocating``, and created no later than the
+    lock (one created after it is another pod of the same name)."""
+    meta = pod.get("metadata") or {}
+    created = meta.get("creationTimestamp")
+    if isinstance(created, str):
+        try:
+            when = datetime.fromisoformat(created)
+        except ValueError:
+            when = None
+        if when is not None:
+            if when.tzinfo is None:
+                when = when.replace(tzinfo=timezone.utc)
+            if when > locked_at:
+                return False
+    return (pod.get("status") or {}).get("phase") == "Pending" \
+        and (meta.get("annotations") or {}).get(BIND_PHASE_ANNOTATION) == "allocating"
+
+
 def parse_lock(value: str) -> tuple[datetime, str | None, str | None]:
     """A node lock annotation (``hami.io/mutex.lock``) as (time, owner namespace, owner name);
-    legacy values carry only the time. Raises ValueError for a malformed one."""
+    legacy values carry only the time. The time is RFC 3339, with any fraction of a second
+    (HAMi writes RFC3339Nano since #3127, RFC3339 before; a fraction past microseconds is cut).
+    Raises ValueError for a malformed one."""
     if "," in value:
         parts = value.split(",")
         if len(parts) != 3:
@@ -109,6 +131,9 @@ class NodeEntry:
     # adds no such node either; the kubelet would refuse its pods, OutOf<resource>).
     unanswered: bool = False
     decode_error: str | None = None
+    # Per family (vendor key), why its registration on this node is refused (``decode_error``
+    # joins them): its devices are left out, and /filter names the reason for the node.
+    refused: dict[str, str] = field(default_factory=dict)
     lock_value: str | None = None       # hami.io/mutex.lock as last seen (a hint for the bind)
     resource_version: str = ""
 

@@ -44,14 +44,14 @@ __all__ = [
 _TABLE_ATTRIBUTES = ("device_ids", "kind_ids", "kind_samples", "node_index_of")
 _PARTITION_ATTRIBUTES = ("prof_names", "place_spans", "mig_doubts")
 _LEDGER_ATTRIBUTES = (
-    "pods", "node_pods", "released", "deleted",
-    "live_reservation", "bound_node", "uid_of", "add_pod_usage", "release_pod", "release_unbound_reservations",
+    "pods", "node_pods", "released", "deleted", "live_pods",
+    "live_reservation", "scheduled_node", "bound_node", "uid_of", "add_pod_usage", "release_pod", "release_unbound_reservations",
     "forget_decision", "remove_pod", "mark_bound", "mark_held", "marks_of", "charge_of",
     "pod_usage_from_object", "on_pod_event", "replace_pods", "begin_pod_relist", "relist_pods_page",
     "finish_pod_relist", "recount",
 )
 _INVENTORY_ATTRIBUTES = (
-    "nodes", "annotated_nodes", "annotation_groups", "handshake_deadlines",
+    "nodes", "annotated_nodes", "annotation_groups", "handshake_deadlines", "refused_nodes",
     "upsert_node", "remove_node", "set_plugin_gone", "replace_nodes", "begin_node_relist", "relist_nodes_page",
     "finish_node_relist", "lock_hint", "wait_lock_release", "lock_waiters", "first_lock_waiter",
 )
@@ -104,6 +104,20 @@ class UsageCache:
     def stuck_locks(self) -> list[StuckLock]:
         """Every stuck node lock (for the metrics)."""
         return stuck_locks(self.nodes.values(), allocating=self._allocating_holder, after_s=self.lock_stuck_after_s)
+
+    def lock_holder_waiting(self, node: str, namespace: str, name: str, locked_at: datetime) -> bool | None:
+        """What the books know of the pod an expired node lock names (k8s/nodelock.py, HAMi
+        #3127): False when it is bound to the node and its device plugin is done with it; True
+        when it is bound there, still allocating, and its start (``status.startTime``, else its
+        creation) is no later than the lock: created before the lock and not yet taken in by the
+        kubelet, so Pending. None otherwise (not charged there, or started after the lock): the
+        pod is read."""
+        pod = self.pods.get(self.ledger.uid_of(namespace, name, node))
+        if pod is None or not pod.state.bound:
+            return None
+        if not pod.state.allocating:
+            return False
+        return True if 0 < pod.started <= locked_at.timestamp() else None
 
     def _allocating_holder(self, namespace: str, name: str, node: str) -> bool:
         # Bound onto the node and its device plugin not done with it: the allocation the lock guards.

@@ -4,7 +4,8 @@ The plan (plan.py) says which pods move and which pending pods the room is for. 
 
 1. **Holds first.** On each pending pod the plan makes room for, the annotation
    ``hami.io/defrag-hold`` = ``{"node", "victims": [uids], "until": RFC3339 UTC}`` is written
-   (merge patch with the pod's UID as precondition) before anything is evicted. The scheduler
+   (merge patch with the pod's UID as precondition) before anything is evicted: a scheduler-owned
+   annotation, which the guard lets only a user who may write Nodes set. The scheduler
    turns it into a hold in its books (hami_py/scheduling/eviction/defrag_holds.py): the freed devices are
    kept for that pod, as device preemption keeps them, and no other pod can take them.
 2. **Evictions, one source node at a time**, through the Eviction API (policy/v1 ``Eviction`` with

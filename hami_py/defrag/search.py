@@ -31,7 +31,7 @@ from hami_py.devices.base import RequestError
 from hami_py.defrag.plan import Move, Plan
 from hami_py.defrag.rules import BudgetBook, why_not_movable
 from hami_py.defrag.world import World
-from hami_py.scheduling.admission.owned_annotations import scheduler_owned_annotations
+from hami_py.scheduling.admission.owned_annotations import decision_annotations
 from hami_py.scheduling.decision.policies import PolicyError
 from hami_py.scheduling.decision.requests import PodRequest, parse_pod_requests
 
@@ -90,7 +90,7 @@ class Search:
         self.max_moves = max_moves
         self.exclude = frozenset(exclude)     # uids never to move (an eviction of theirs was refused)
         self.clock = clock
-        self.owned = scheduler_owned_annotations(world.vendors)
+        self.owned = decision_annotations(world.vendors)
         # uid -> its replacement and the replacement's request: built once, tried in many sets.
         self._replacements: dict[str, tuple[dict, PodRequest | None]] = {}
         self._reset()

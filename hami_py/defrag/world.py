@@ -39,7 +39,7 @@ from hami_py.fakeapi import FakeApiServer
 from hami_py.offline.cluster import Cluster, load_cluster
 from hami_py.offline.source import InputError, Where, kubernetes_objects, load_documents, plain
 from hami_py.scheduling.decision.filter import Filterer
-from hami_py.scheduling.admission.owned_annotations import scheduler_owned_annotations
+from hami_py.scheduling.admission.owned_annotations import decision_annotations
 from hami_py.scheduling.decision.requests import parse_pod_requests
 
 DEFAULT_SCHEDULER_NAME = "hami-scheduler"
@@ -106,7 +106,7 @@ def snapshot_from_objects(objects: list[dict], *, source: str, vendors: dict[str
 
 def _extend(snapshot: Snapshot, objects, *, vendors: dict[str, DeviceVendor], scheduler_name: str) -> None:
     """Pending pods of this scheduler and PodDisruptionBudgets, from the dump's objects."""
-    owned = scheduler_owned_annotations(vendors)
+    owned = decision_annotations(vendors)
     vendor_ids = {key: i for i, key in enumerate(vendors)}
     skipped: list[str] = []
     for obj, where in objects:

@@ -22,12 +22,14 @@ from dataclasses import dataclass
 from hami_py.config import ConfigSection, DeviceConfig
 from hami_py.devices.base import (
     FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor,
-    PodDevices, RequestError,
+    NoDevicesRegistered, PodDevices, RequestError,
 )
 from hami_py.devices.codec import decode_json_devices, decode_pod_devices, encode_pod_devices
 from hami_py.devices.gates import uuid_selector
 from hami_py.devices.perdevice import DeviceCharge, PerDeviceCharging
-from hami_py.devices.template import ResourceNamesConfig, resource_lists, whole_number
+from hami_py.devices.template import (
+    ResourceNamesConfig, device_count, invalid_request, resource_lists, shown_value, whole_number,
+)
 from hami_py.quantity import INT32_MAX, parse_exact_int
 from hami_py.reasons import CARD_INSUFFICIENT_CORE, CARD_INSUFFICIENT_MEMORY
 
@@ -145,7 +147,7 @@ class AMDVendor(PerDeviceCharging, DeviceVendor):
             return []
         devices = decode_json_devices(text)
         if not devices:
-            raise DeviceDecodeError("the registration lists no device")
+            raise NoDevicesRegistered("the registration lists no device")
         return devices
 
     # -- requests ----------------------------------------------------------------------------------
@@ -156,7 +158,7 @@ class AMDVendor(PerDeviceCharging, DeviceVendor):
         if not self.count_resource or self.count_resource not in limits:
             return None
         name = str(container.get("name") or "")
-        nums = whole_number(name, self.count_resource, limits[self.count_resource], low=0, high=INT32_MAX)
+        nums = device_count(name, self.count_resource, limits[self.count_resource])
         if nums == 0:
             return None
         memory = 0
@@ -165,7 +167,11 @@ class AMDVendor(PerDeviceCharging, DeviceVendor):
                                   unit="MiB")
         percent = 100
         if self.core_resource and self.core_resource in limits:
-            percent = whole_number(name, self.core_resource, limits[self.core_resource], low=1, high=100)
+            raw = limits[self.core_resource]
+            percent = parse_exact_int(raw)
+            if percent is None or not 1 <= percent <= 100:
+                raise invalid_request(name, self.core_resource, f"core percentage request {shown_value(raw)} "
+                                                                "is out of range (must be an integer between 1 and 100)")
         return AMDAsk(nums, memory, percent)
 
     def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:

@@ -22,6 +22,11 @@ class DeviceDecodeError(ValueError):
     """A node's registration cannot be decoded; the message says exactly why."""
 
 
+class NoDevicesRegistered(DeviceDecodeError):
+    """A registration that decodes to no device (``[]``): upstream's error, but nothing garbled
+    to report: the node has none of the family, as if it registered nothing."""
+
+
 class RequestError(ValueError):
     """A pod asks for a device resource in a way we cannot honour (e.g. ``gpumem: 1.5``)."""
 
@@ -223,6 +228,12 @@ class DeviceVendor:
         empty names when upstream checks no quota for the family."""
         return "", "", 1
 
+    def config_problems(self) -> list[str]:
+        """What is wrong with this family's configured values, each one phrase starting with the
+        family (``nvidia: defaultCores is a percentage ...``); [] when nothing is. The scheduler
+        refuses to start on any, naming them all (``registry.build_vendors``)."""
+        return []
+
     # -- inventory -------------------------------------------------------------------------
 
     def registration_inputs(self, node: NodeView) -> object:
@@ -256,6 +267,12 @@ class DeviceVendor:
 
         Raises RequestError when the container's request is invalid (the pod is refused)."""
         return False
+
+    def admission_refusal(self, pod_annotations: dict[str, str]) -> str | None:
+        """Why the webhook denies a pod for one of this family's pod annotations (a value no
+        fit could honour, such as a MIG profile no GPU may have), or None. Asked of every pod
+        the webhook admits for this scheduler, before any mutation."""
+        return None
 
     # -- fit -------------------------------------------------------------------------------
 

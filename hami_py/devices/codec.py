@@ -3,8 +3,8 @@
 Three formats, all vendor-neutral, all fixed by upstream HAMi so that its device plugins and
 HAMi-core work with our scheduler unchanged:
 
-* the per-pod allocation list (``<uuid>,<type>,<usedmem>,<usedcores>:`` per device, ``;`` after
-  every container), written into ``...-to-allocate`` / ``...-allocated`` pod annotations;
+* the per-pod allocation list (``<uuid>,<type>,<usedmem>,<usedcores>[,<slots>]:`` per device,
+  ``;`` after every container), written into ``...-to-allocate`` / ``...-allocated`` pod annotations;
 * the JSON device inventory that current device plugins write into node annotations;
 * the older colon/comma inventory that some plugins (and older NVIDIA ones) still write.
 
@@ -101,14 +101,32 @@ def parse_go_bool(text: str) -> bool | None:
 # Pod allocation lists
 # ---------------------------------------------------------------------------------------------
 
+def _has_separator(value: str) -> bool:
+    return FIELD_SEPARATOR in value or DEVICE_SEPARATOR in value or CONTAINER_SEPARATOR in value
+
+
 def _check_token(value: str, what: str) -> None:
-    if FIELD_SEPARATOR in value or DEVICE_SEPARATOR in value or CONTAINER_SEPARATOR in value:
+    if not value:
+        raise ValueError(f"device {what} is empty")
+    if _has_separator(value):
         raise ValueError(f"device {what} {go_quote(value)} contains a separator (',', ':' or ';')")
 
 
-def _check_int32(value: int, what: str) -> None:
-    if type(value) is not int or not INT32_MIN <= value <= INT32_MAX:
-        raise ValueError(f"device {what} {value!r} is not a 32-bit integer")
+def check_device_id(device_id: str) -> None:
+    """A registered device's id must be writable into an allocation list: not empty (the list's
+    readers refuse a device without a UUID) and no ``,``, ``:`` or ``;`` (each would shift every
+    later field, device or container). Raises DeviceDecodeError: the node's registration of that
+    family is refused, never a decision naming the device."""
+    if not device_id:
+        raise DeviceDecodeError("a device has an empty id, which no pod's allocation annotation can carry")
+    if _has_separator(device_id):
+        raise DeviceDecodeError(f"device id {go_quote(device_id)} contains a separator (',', ':' or ';'), "
+                                "which no pod's allocation annotation can carry")
+
+
+def _check_count(value: int, what: str) -> None:
+    if type(value) is not int or not 0 <= value <= INT32_MAX:
+        raise ValueError(f"device {what} {value!r} is not a non-negative 32-bit integer")
 
 
 def encode_pod_devices(pod_devices: PodDevices) -> str:
@@ -116,19 +134,26 @@ def encode_pod_devices(pod_devices: PodDevices) -> str:
 
     Every device is ``<uuid>,<type>,<usedmem>,<usedcores>:`` and every container, empty or not,
     ends with ``;``, so position *k* of the text is container *k* (init containers first):
-    ``[[], [dev]]`` gives ``;GPU-x,NVIDIA,5000,30:;``.
+    ``[[], [dev]]`` gives ``;GPU-x,NVIDIA,5000,30:;``. A device holding several slots (a
+    partition of several slices) carries them in a fifth field, ``<uuid>,<type>,<mem>,<cores>,<slots>:``,
+    written only when above 1 (HAMi #2877), so every other allocation reads as before.
 
-    Raises ValueError for a value the format cannot carry (a separator inside the UUID or type,
-    a number outside int32): writing it would corrupt every later container's position.
+    Raises ValueError for a value the format cannot carry or that would not read back (an empty
+    UUID or type, or one holding a separator; a number negative or outside int32): writing it
+    would corrupt every later container's position, or fail every reader.
     """
     parts: list[str] = []
     for container in pod_devices:
         for device in container:
             _check_token(device.uuid, "uuid")
             _check_token(device.type, "type")
-            _check_int32(device.usedmem, "usedmem")
-            _check_int32(device.usedcores, "usedcores")
-            parts.append(f"{device.uuid},{device.type},{device.usedmem},{device.usedcores}:")
+            _check_count(device.usedmem, "usedmem")
+            _check_count(device.usedcores, "usedcores")
+            if device.slots > 1:
+                _check_count(device.slots, "slots")
+                parts.append(f"{device.uuid},{device.type},{device.usedmem},{device.usedcores},{device.slots}:")
+            else:
+                parts.append(f"{device.uuid},{device.type},{device.usedmem},{device.usedcores}:")
         parts.append(CONTAINER_SEPARATOR)
     return "".join(parts)
 
@@ -139,6 +164,9 @@ def _decode_allocation_int(text: str, name: str, slot: int, item: str) -> int:
         raise AllocationDecodeError(
             f"invalid {name} field: container {slot} device {go_quote(item)}: "
             f"{go_quote(text)} is not a 32-bit integer")
+    if number < 0:
+        raise AllocationDecodeError(
+            f"{name} field must not be negative: {number}: container {slot} device {go_quote(item)}")
     return number
 
 
@@ -147,19 +175,30 @@ def _decode_container(text: str, slot: int) -> list[ContainerDevice]:
     if not text:
         return devices
     for item in text.split(DEVICE_SEPARATOR):
+        if not item:
+            continue  # the empty item after the last ':'
         if FIELD_SEPARATOR not in item:
-            continue  # upstream skips such items (the empty one after the last ':' included)
+            raise AllocationDecodeError(f"malformed container device annotation segment: {go_quote(item)}: "
+                                        f"container {slot}")
         fields = item.split(FIELD_SEPARATOR)
         if len(fields) < 4:
             raise AllocationDecodeError(
                 "pod annotation format error, missing fields, do not use nodeName in task spec: "
                 f"container {slot} device {go_quote(item)} has {len(fields)} fields, "
                 "want <uuid>,<type>,<usedmem>,<usedcores>")
+        for position, what in ((0, "UUID"), (1, "type")):
+            if not fields[position]:
+                raise AllocationDecodeError(f"pod annotation format error, missing device {what}: "
+                                            f"container {slot} device {go_quote(item)}")
+        # The fifth field, the slots a device holds, is optional (HAMi #2877): written only when
+        # above 1, and ignored when it does not read as a positive count.
+        slots = parse_go_int(fields[4], 1, INT32_MAX) if len(fields) > 4 else None
         devices.append(ContainerDevice(
             uuid=fields[0],
             type=fields[1],
             usedmem=_decode_allocation_int(fields[2], "memory", slot, item),
             usedcores=_decode_allocation_int(fields[3], "core", slot, item),
+            slots=slots or 1,
         ))
     return devices
 
@@ -167,8 +206,10 @@ def _decode_container(text: str, slot: int) -> list[ContainerDevice]:
 def decode_pod_devices(text: str) -> PodDevices:
     """Read back an allocation list written by us or by upstream's scheduler.
 
-    Splits on ``;`` (containers) then ``:`` (devices); items without ``,`` are skipped, items
-    with fewer than 4 fields are an error, extra fields are ignored (upstream's rules).
+    Splits on ``;`` (containers) then ``:`` (devices), upstream's rules (HAMi #2765, #2877):
+    empty items are skipped; an item without ``,``, with fewer than 4 fields, an empty UUID or
+    type, or a negative memory or core field is an error; a fifth field is the device's slots
+    (ignored unless a positive count), later ones are ignored.
 
     Trailing slot: upstream's decoder turns the final ``;`` into one extra empty container
     slot. Callers align slots with containers by index, so that phantom slot would claim a

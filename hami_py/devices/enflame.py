@@ -22,7 +22,8 @@ import orjson
 from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py import reasons as R
 from hami_py.devices.base import (
-    FLAG_CHARGE, FLAG_EXCLUSIVE, Charger, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor, PodDevices,
+    FLAG_CHARGE, FLAG_EXCLUSIVE, Charger, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor,
+    NoDevicesRegistered, PodDevices,
 )
 from hami_py.devices.codec import decode_pod_devices, encode_pod_devices, parse_go_int
 from hami_py.devices.gates import uuid_selector
@@ -188,7 +189,7 @@ def decode_drs_capacity(text: str, node: str) -> list[DeviceInfo]:
                               custom={"minor": minor, "index": str(index), "profiles": dict(profiles),
                                       "maxSlice": max_slice}))
     if not out:
-        raise DeviceDecodeError("the DRS capacity lists no device")
+        raise NoDevicesRegistered("the DRS capacity lists no device")
     return out
 
 
@@ -368,15 +369,18 @@ def _assigned_slices(annotations: dict[str, str]) -> list[tuple[int, int]]:
 
 def slices_of(pod_devices: PodDevices, annotations: dict[str, str]) -> PodDevices:
     """The allocation with each device's slices, as upstream's annotations let them be read
-    back: the ``assigned-containers`` entry (keyed by container name, which the allocation does
-    not carry) whose profile has the device's memory (the largest such request when several do),
-    else ``enflame.com/gcu-request-size``, else 1 (upstream's floor)."""
+    back: the allocation's own fifth field when it names more than 1 (HAMi #2877 writes it, and
+    so do we), else the ``assigned-containers`` entry (keyed by container name, which the
+    allocation does not carry) whose profile has the device's memory (the largest such request
+    when several do), else ``enflame.com/gcu-request-size``, else 1 (upstream's floor)."""
     assigned = _assigned_slices(annotations)
     fallback = parse_go_int((annotations.get(REQUEST_SIZE) or "").strip(), 1, INT32_MAX)
     if fallback is None:
         fallback = max((s for _, s in assigned), default=1) if len(assigned) == 1 else 1
     for container in pod_devices:
         for dev in container:
+            if dev.slots > 1:
+                continue       # the allocation says it
             matching = [s for mem, s in assigned if mem == dev.usedmem]
             dev.slots = max(matching) if matching else fallback
     return pod_devices
@@ -419,9 +423,11 @@ class EnflameDRSVendor(DeviceVendor):
             return None
         mem = 0 if memory is MISSING else rounded_quantity(name, self.memory_resource, memory)
         core = 0 if cores is MISSING else rounded_quantity(name, self.core_resource, cores)
-        for resource, raw_value, value in ((self.memory_resource, memory, mem), (self.core_resource, cores, core)):
-            if not 0 <= value <= INT32_MAX:
-                raise request_error(name, resource, raw_value, f"is out of range: must be between 0 and {INT32_MAX}")
+        # Cores are a percentage of a card: above 100 is refused, not clamped (HAMi after v2.10).
+        for resource, raw_value, value, high in ((self.memory_resource, memory, mem, INT32_MAX),
+                                                 (self.core_resource, cores, core, 100)):
+            if not 0 <= value <= high:
+                raise request_error(name, resource, raw_value, f"is out of range: must be between 0 and {high}")
         return DrsRequest(direct=False, memory=mem, cores=core)
 
     def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:
@@ -432,7 +438,7 @@ class EnflameDRSVendor(DeviceVendor):
             return None
         if request.direct:
             return ContainerRequest(DRS_KEY, 1, request.slices, 0, 0)
-        return ContainerRequest(DRS_KEY, 1, request.memory, -1, min(request.cores, 100))
+        return ContainerRequest(DRS_KEY, 1, request.memory, -1, request.cores)
 
     def device_selector(self, pod_annotations, node_annotations):
         """``enflame.com/use-gpuuuid`` / ``nouse-gpuuuid`` (upstream's CheckUUID, after the profile)."""

@@ -10,17 +10,20 @@ times the config's ``memoryFactor`` when above 1) and ``hygon.com/dcucores`` (pe
 with ``hygon.com/use-gpuuuid`` / ``hygon.com/nouse-gpuuuid``. No quota is checked (upstream's fit
 does not), and the fit is the generic template's.
 
-Deliberate difference from upstream (docs/devices/hygon.md): a malformed or out-of-range value
-(count, memory, memory after the factor, cores) refuses the pod with a RequestError naming the
-container, the resource and the value; upstream drops the container's request, or, for a
-memory value that is not a whole number, silently treats it as 0 (the whole card).
+Deliberate difference from upstream v2.10 (docs/devices/hygon.md): a malformed or out-of-range
+value (count, memory, memory after the factor, cores above 100) refuses the pod with a
+RequestError naming the container, the resource and the value; upstream v2.10 drops the
+container's request, or, for a memory value that is not a whole number, silently treats it as 0
+(the whole card). HAMi after v2.10 refuses them too, and its webhook checks the values (#3012).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from hami_py.config import ConfigSection, DeviceConfig, Section
-from hami_py.devices.template import TemplateSpec, TemplateVendor, lookup, MISSING, whole_number
+from hami_py.devices.template import (
+    MISSING, TemplateSpec, TemplateVendor, integer_between, lookup, resource_lists, whole_number,
+)
 from hami_py.quantity import INT32_MAX
 
 VENDOR_KEY = "DCU"
@@ -77,6 +80,24 @@ class HygonVendor(TemplateVendor):
             use_type=USE_TYPE_ANNOTATION,
             nouse_type=NOUSE_TYPE_ANNOTATION,
         ))
+
+    def config_problems(self) -> list[str]:
+        factor = self.config.memory_factor
+        return [f"{SECTION}: memoryFactor must not be negative, got {factor}"] if factor < 0 else []
+
+    def mutate_admission(self, container: dict, pod: dict) -> bool:
+        """Upstream's webhook (HAMi after v2.10, #3012): the count and memory, in limits and in
+        requests, integers in 0..MaxInt32, the cores in 0..100; the count in limits makes the
+        container this family's (nothing is mutated)."""
+        spec = self.spec
+        limits, requests = resource_lists(container)
+        name = str(container.get("name") or "")
+        for resource, high in ((spec.count_resource, INT32_MAX), (spec.memory_resource, INT32_MAX),
+                               (spec.core_resource, 100)):
+            for values in (limits, requests):
+                if resource and resource in values:
+                    integer_between(name, resource, values[resource], 0, high)
+        return super().mutate_admission(container, pod)
 
     def request_memory(self, container: str, limits: dict, requests: dict) -> int:
         """MiB, times ``memoryFactor``: the value must be a whole number whose product still fits int32."""

@@ -15,7 +15,8 @@ already has one or has no name.
 
 Deliberate differences (docs/devices/iluvatar.md): a malformed value refuses the pod with a
 RequestError instead of dropping the request (count, memory) or silently using the default
-(cores); the webhook refuses a count that is not a whole number instead of rounding it up.
+(cores); the webhook refuses a count that is not a whole number instead of rounding it up. As in
+HAMi after v2.10, cores above 100 for several cards are their total, which must divide evenly.
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ import structlog
 
 from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py.devices.template import (
-    TemplateSpec, TemplateVendor, append_env, ensure_limits, resource_lists, whole_number,
+    MISSING, TemplateSpec, TemplateVendor, append_env, cores_per_device, device_count, ensure_limits, lookup,
+    resource_lists,
 )
-from hami_py.quantity import INT32_MAX
 
 log = structlog.get_logger(__name__)
 
@@ -121,18 +122,26 @@ class IluvatarVendor(TemplateVendor):
             nouse_uuid=(nouse_uuid_annotation(cw),),
         ))
 
+    def request_cores(self, container: str, limits: dict, requests: dict, nums: int) -> int:
+        """Percent of each card; above 100 with several cards, the container's total (the webhook
+        writes ``count x 100``), divided evenly among them (HAMi after v2.10)."""
+        raw = lookup(limits, requests, self.spec.core_resource)
+        if raw is MISSING:
+            return self.spec.default_cores
+        return cores_per_device(container, self.spec.core_resource, raw, nums, always_divide=False)
+
     def mutate_admission(self, container: dict, pod: dict) -> bool:
         """Upstream's webhook: only a count in limits makes the container this kind's. A count
         above 1 gets ``count x 100`` cores (written over any core limit, as upstream); the
         container's name goes into ``SOL_CONTINER_NAME`` unless the variable is set already.
 
-        Raises RequestError for a count that is not a whole number in 0..2147483647."""
+        Raises RequestError for a count that is not a whole number in 0..MaxInt32."""
         spec = self.spec
         limits, _ = resource_lists(container)
         if not spec.count_resource or spec.count_resource not in limits:
             return False
         name = str(container.get("name") or "")
-        count = whole_number(name, spec.count_resource, limits[spec.count_resource], low=0, high=INT32_MAX)
+        count = device_count(name, spec.count_resource, limits[spec.count_resource])
         if count > 1 and spec.core_resource:
             ensure_limits(container)[spec.core_resource] = str(count * 100)
         env = container.get("env")

@@ -19,8 +19,10 @@ applies per node. No node lock. The decision writes
 nanoseconds) and ``mthreads.com/predicate-node``.
 
 Deliberate differences (docs/devices/mthreads.md): a malformed count, memory or core value
-refuses the pod naming container, resource and value (upstream drops the request, or reads cores
-as 0); a capacity that is not a whole number is refused (upstream reads it as 0 or no devices).
+refuses the pod naming container, resource and value (upstream v2.10 drops the request, or reads
+cores as 0; HAMi after v2.10 refuses a core total that does not divide by the count, or is above
+100 a GPU, as we do); a capacity that is not a whole number is refused (upstream reads it as 0 or
+no devices).
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ from hami_py.config import ConfigSection, DeviceConfig
 from hami_py.devices.base import FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices
 from hami_py.devices.codec import encode_pod_devices
 from hami_py.devices.template import (
-    MISSING, MAX_CAPACITY_CARDS, ResourceNamesConfig, TemplateSpec, TemplateVendor, ensure_limits, lookup, request_error, resource_lists,
-    rounded_quantity,
+    MISSING, MAX_CAPACITY_CARDS, ResourceNamesConfig, TemplateSpec, TemplateVendor, cores_per_device, ensure_limits,
+    lookup, request_error, resource_lists, rounded_quantity,
 )
 from hami_py.quantity import INT32_MAX, parse_exact_int
 from hami_py.reasons import CARD_NOT_FOUND_CUSTOM_FILTER_RULE
@@ -158,10 +160,17 @@ class MthreadsVendor(TemplateVendor):
 
     # -- requests --------------------------------------------------------------------------
 
+    def request_cores(self, container: str, limits: dict, requests: dict, nums: int) -> int:
+        """The container's total over its GPUs, divided evenly among them (HAMi after v2.10,
+        #2994: a total that does not divide, or a GPU's part above 100, is refused)."""
+        raw = lookup(limits, requests, self.spec.core_resource)
+        if raw is MISSING:
+            return self.spec.default_cores
+        return cores_per_device(container, self.spec.core_resource, raw, nums, always_divide=True)
+
     def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
-        # Memory and cores are the container's total: each of its devices gets an equal part.
+        # Memory is the container's total too: each of its devices gets an equal part.
         request.memreq //= request.nums
-        request.coresreq //= request.nums
         return request
 
     # -- admission -------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from typing import Callable
 
 from hami_py.config import ConfigSection, DeviceConfig, declare_family_sections
 from hami_py.devices.base import DeviceVendor
+from hami_py.devices.codec import go_quote
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,6 +72,9 @@ def build_vendors(config: DeviceConfig, switches: FamilySwitches | None = None) 
 
     NVIDIA is always built, even without an ``nvidia`` section (then with empty resource names,
     so it matches no container), as upstream always initialises it.
+
+    Raises ConfigError, naming every problem at once, when the families' values are unusable
+    (:func:`config_problems`): upstream's scheduler refuses to start on them too.
     """
     switches = switches or FamilySwitches()
     vendors: dict[str, DeviceVendor] = {}
@@ -79,7 +83,28 @@ def build_vendors(config: DeviceConfig, switches: FamilySwitches | None = None) 
             if vendor.vendor_key in vendors:
                 raise ValueError(f"device config: two device kinds share the vendor key {vendor.vendor_key!r}")
             vendors[vendor.vendor_key] = vendor
+    problems = config_problems(vendors)
+    if problems:
+        raise config.error(f"invalid device configuration: {'; '.join(problems)}")
     return vendors
+
+
+def config_problems(vendors: dict[str, DeviceVendor]) -> list[str]:
+    """Each family's own problems (``DeviceVendor.config_problems``), then every resource count
+    name two backends claim (after the families' defaults): a container asking for it would be
+    given devices of both, twice what it asked for."""
+    problems = [problem for vendor in vendors.values() for problem in vendor.config_problems()]
+    claimed: dict[str, str] = {}
+    for key, vendor in vendors.items():
+        count = vendor.request_resources()[0]
+        if not count:
+            continue
+        if count in claimed:
+            problems.append(f"{claimed[count]} and {key} both claim resource {go_quote(count)}; "
+                            "a container requesting it would be allocated devices by both")
+        else:
+            claimed[count] = key
+    return problems
 
 
 def managed_resource_names(vendors: dict[str, DeviceVendor]) -> list[str]:

@@ -15,6 +15,7 @@ without devices, to fail later on the node).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -22,7 +23,8 @@ import orjson
 
 from hami_py.config import Section
 from hami_py.devices.base import (
-    ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, DeviceVendor, PodDevices, RequestError,
+    ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, DeviceVendor, NoDevicesRegistered, PodDevices,
+    RequestError,
 )
 from hami_py.devices.codec import decode_json_devices, decode_legacy_devices, decode_pod_devices, encode_pod_devices, go_quote
 from hami_py.devices.gates import uuid_selector
@@ -97,6 +99,65 @@ def whole_number(container: str, resource: str, raw: object, *, low: int, high: 
     return number
 
 
+# -- HAMi after v2.10's fail-closed request checks (#2740, #2784, #2994, #2789) ------------------
+# An invalid request is refused with upstream's reason, never read as no request or a clamped one.
+
+_PLAIN_VALUE = re.compile(r"[0-9A-Za-z.+-]{1,64}", re.ASCII)
+
+
+def shown_value(raw: object) -> str:
+    """A resource value as upstream's messages print a quantity (``1Ei``, ``-1``); anything that is
+    not one plain token is quoted, so the message stays one unambiguous line."""
+    if type(raw) is str and _PLAIN_VALUE.fullmatch(raw):
+        return raw
+    if type(raw) in (int, float):
+        return orjson.dumps(raw).decode()
+    return quote_value(raw)
+
+
+def invalid_request(container: str, resource: str, reason: str) -> RequestError:
+    return RequestError(f"invalid {resource} request in container {container}: {reason}")
+
+
+def device_count(container: str, resource: str, raw: object) -> int:
+    """A device count: a whole number in 0..MaxInt32 (0: the container asks for none of them)."""
+    count = parse_exact_int(raw)
+    if count is None:
+        raise invalid_request(container, resource, f"device count {shown_value(raw)} is not a plain integer")
+    if not 0 <= count <= INT32_MAX:
+        raise invalid_request(container, resource, f"device count {shown_value(raw)} is out of range")
+    return count
+
+
+def integer_between(container: str, resource: str, raw: object, low: int, high: int) -> int:
+    """An exact integer in [low, high] (a percentage: 0..100), refused in upstream's words."""
+    value = parse_exact_int(raw)
+    if value is None or not low <= value <= high:
+        raise RequestError(f"invalid {resource} value {shown_value(raw)} in container {container}: "
+                           f"must be an integer between {low} and {high}")
+    return value
+
+
+def percentage(container: str, resource: str, raw: object) -> int:
+    return integer_between(container, resource, raw, 0, 100)
+
+
+def cores_per_device(container: str, resource: str, raw: object, nums: int, *, always_divide: bool) -> int:
+    """A core percentage written as the container's total over its ``nums`` devices (the webhook
+    writes ``count x 100`` or ``count x 16``): divided evenly per device when ``nums`` > 1
+    (``always_divide``), or only when the total is above 100; each device's part is 0..100."""
+    total = integer_between(container, resource, raw, 0, INT32_MAX)
+    if nums > 1 and (always_divide or total > 100):
+        if total % nums:
+            raise RequestError(f"invalid {resource} value {shown_value(raw)} in container {container}: "
+                               f"{total} does not divide evenly across {nums} devices")
+        total //= nums
+    if total > 100:
+        raise RequestError(f"invalid {resource} value {shown_value(raw)} in container {container}: "
+                           f"{total} a device, must be an integer between 0 and 100")
+    return total
+
+
 def rounded_quantity(container: str, resource: str, raw: object) -> int:
     """The value rounded up, as admission reads it (Kubernetes' ``Quantity.Value()``)."""
     value = parse_quantity_ceil(raw)
@@ -115,10 +176,15 @@ def ensure_limits(container: dict) -> dict:
 
 
 def append_env(container: dict, name: str, value: str) -> None:
-    """Append, as upstream does: an existing variable of that name is not replaced."""
+    """Append, as upstream does: an existing variable of that name is not replaced. Idempotent
+    (HAMi #2936): when the last variable of that name already holds ``value`` as a literal, the
+    webhook is seeing its own work again (``reinvocationPolicy: IfNeeded``) and adds nothing."""
     env = container.get("env")
     if not isinstance(env, list):
         env = container["env"] = []
+    last = next((var for var in reversed(env) if isinstance(var, dict) and var.get("name") == name), None)
+    if last is not None and "valueFrom" not in last and (last.get("value") or "") == value:
+        return
     env.append({"name": name, "value": value})
 
 
@@ -164,7 +230,7 @@ class TemplateVendor(DeviceVendor):
         else:
             devices = decode_json_devices(text)
         if not devices:
-            raise DeviceDecodeError("the registration lists no device")
+            raise NoDevicesRegistered("the registration lists no device")
         return devices
 
     # -- requests --------------------------------------------------------------------------
@@ -176,11 +242,11 @@ class TemplateVendor(DeviceVendor):
         if raw is MISSING:
             return None
         name = str(container.get("name") or "")
-        nums = whole_number(name, spec.count_resource, raw, low=0, high=INT32_MAX)
+        nums = device_count(name, spec.count_resource, raw)
         if nums == 0:
             return None
         memreq = self.request_memory(name, limits, requests)
-        cores = self.request_cores(name, limits, requests)
+        cores = self.request_cores(name, limits, requests, nums)
         return self.finish_request(ContainerRequest(spec.vendor_key, nums, memreq, 100 if memreq == 0 else 0, cores),
                                    pod_annotations=pod_annotations)
 
@@ -194,12 +260,13 @@ class TemplateVendor(DeviceVendor):
         return whole_number(container, spec.memory_resource, raw, low=0, high=self._max_memory,
                             unit=unit) * spec.memory_unit
 
-    def request_cores(self, container: str, limits: dict, requests: dict) -> int:
+    def request_cores(self, container: str, limits: dict, requests: dict, nums: int) -> int:
+        """Each device's cores, a percentage (0..100: never clamped) of ``nums`` devices."""
         spec = self.spec
         raw = lookup(limits, requests, spec.core_resource)
         if raw is MISSING:
             return spec.default_cores
-        return whole_number(container, spec.core_resource, raw, low=0, high=INT32_MAX)
+        return percentage(container, spec.core_resource, raw)
 
     def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
         """A family's last word on a parsed request (rounding, derived cores)."""

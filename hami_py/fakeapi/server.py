@@ -5,7 +5,8 @@ clients would test our mocks, so this module serves the real REST paths over loo
 real semantics the code depends on: one global resourceVersion, Status error objects, optimistic
 concurrency (409 Conflict), limit/continue paging over a consistent snapshot, watches that replay
 history from a resourceVersion, bookmarks, ``410 Expired`` after compaction, the pod binding
-subresource, and fault injection (errors, 429 + Retry-After, hangs, delays, cut watches, restarts).
+subresource, TokenReviews (``add_token``) and SubjectAccessReviews (who may write Nodes:
+``node_writers``), and fault injection (errors, 429 + Retry-After, hangs, delays, cut watches, restarts).
 
 This module is the server itself (lifecycle, in-process access, request dispatch); the rest lives
 beside it, one job a module: resources.py (what is served), errors.py (Status errors), wire.py
@@ -42,6 +43,7 @@ from hami_py.fakeapi.watch import Watcher, pump
 from hami_py.fakeapi.wire import (
     TRUE, decode_continue, encode_continue, error_response, int_param, json_response, parse_path, read_json,
     require_json)
+from hami_py.k8s.accessreview import SUBJECT_ACCESS_REVIEWS
 from hami_py.k8s.tokenreview import TOKEN_REVIEWS
 
 log = structlog.get_logger()
@@ -50,6 +52,13 @@ _VERSION = orjson.dumps({
     "major": "1", "minor": "31", "gitVersion": "v1.31.0", "gitTreeState": "clean",
     "gitCommit": "9ea7c6b4e1c4d8e5e1e8c6d8f3f0b6d1e1a2b3c4", "buildDate": "2024-08-13T07:28:49Z", "goVersion": "go1.22.5",
     "compiler": "gc", "platform": "linux/amd64"})
+
+
+# Who the fake's SubjectAccessReviews let write Nodes by default: the manifests' scheduler and the
+# device plugin's account, in the manifests' namespace and in kube-system, where HAMi's chart
+# runs its device plugins.
+NODE_WRITERS = ("system:serviceaccount:hami-system:hami-scheduler", "system:serviceaccount:hami-system:hami-device-plugin",
+                "system:serviceaccount:kube-system:hami-device-plugin")
 
 
 def _owned_copy(obj: Any) -> Any:
@@ -73,6 +82,8 @@ class FakeApiServer:
         self.bookmark_interval = bookmark_interval
         self.faults = FaultSet()
         self.tokens: dict[str, dict] = {}   # TokenReview: token -> user (add_token)
+        # SubjectAccessReview: who may write (update, patch) Nodes; everything else is refused.
+        self.node_writers: set[str] = set(NODE_WRITERS)
         self.requests: collections.deque[tuple[str, str, str]] = collections.deque(maxlen=100_000)
         self.url: str | None = None
         self.port: int | None = None
@@ -235,6 +246,8 @@ class FakeApiServer:
             return json_response(_VERSION)
         if path == TOKEN_REVIEWS and method == "POST":
             return json_response(orjson.dumps(self._review(await read_json(request))), 201)
+        if path == SUBJECT_ACCESS_REVIEWS and method == "POST":
+            return json_response(orjson.dumps(self._access_review(await read_json(request))), 201)
         res, namespace, name, sub = parse_path(path)
         if name is None:
             if method == "GET":
@@ -278,6 +291,21 @@ class FakeApiServer:
                                                                     "error": "invalid bearer token"}
         return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},
                 "spec": {"token": token}, "status": status}
+
+    def _access_review(self, review: Any) -> dict:
+        """authorization.k8s.io/v1 SubjectAccessReview: ``update`` and ``patch`` of ``nodes``
+        (core group) are allowed to the users in ``node_writers`` and to ``system:masters``;
+        everything else is refused, with no opinion, as RBAC refuses."""
+        spec = (review or {}).get("spec") if isinstance(review, dict) else None
+        if not isinstance(spec, dict) or not (spec.get("user") or spec.get("groups")):
+            raise ApiError(422, "SubjectAccessReview.authorization.k8s.io is invalid: spec.user: Invalid value: "
+                                '"": at least one of user or group must be specified')
+        attributes = spec.get("resourceAttributes") or {}
+        allowed = ("system:masters" in (spec.get("groups") or []) or (
+            spec.get("user") in self.node_writers and attributes.get("group", "") == ""
+            and attributes.get("resource") == "nodes" and attributes.get("verb") in ("update", "patch")))
+        return {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "metadata": {},
+                "spec": spec, "status": {"allowed": allowed}}
 
     def _evict(self, namespace: str, name: str, eviction: Any) -> None:
         """pods/eviction (hami_py/fakeapi/disruption.py): the budgets decide, then the delete."""

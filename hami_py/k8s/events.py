@@ -71,6 +71,11 @@ FILTERING_FAILED = "FilteringFailed"
 FILTERING_SUCCEED = "FilteringSucceed"
 BINDING_FAILED = "BindingFailed"
 NODE_LOCK_STUCK = "NodeLockStuck"     # ours: a warning on a node whose lock holder makes no progress
+# ours: a warning on a node whose device registration (of one family) the scheduler refuses
+REGISTRATION_REFUSED = "RegistrationRefused"
+# A bound pod whose device allocation annotations cannot be decoded (HAMi #2959 records one; its
+# reason's name is not public: ours)
+ALLOCATION_DECODE_FAILED = "AllocationDecodeFailed"
 BINDING_SUCCEED = "BindingSucceed"
 NORMAL = "Normal"
 WARNING = "Warning"
@@ -256,8 +261,12 @@ class EventRecorder:
         type_ = WARNING if warning else NORMAL
         self.record(pod, lambda: [(type_, reason, message)])
 
+    def on_pod(self, pod: dict, type_: str, reason: str, message: str) -> None:
+        """Any other Event on a pod: an allocation its device plugin cannot read."""
+        self.record(pod, lambda: [(type_, reason, message)])
+
     def on_node(self, node: str, type_: str, reason: str, message: str) -> None:
-        """An Event on a node (``kubectl describe node``): a stuck node lock."""
+        """An Event on a node (``kubectl describe node``): a stuck node lock, a refused registration."""
         if self._closing:
             return
         self._enqueue(_Job(PodRef("default", node, "", "", kind="Node"), datetime.now(timezone.utc),

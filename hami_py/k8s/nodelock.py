@@ -2,10 +2,14 @@
 
 Between /bind and the device plugin's Allocate, only one pod at a time may be in flight on a node:
 the plugin finds "its" pod by the lock. The lock is the node annotation ``hami.io/mutex.lock`` =
-``<RFC3339 time>,<pod namespace>,<pod name>``; the device plugin releases it after allocating.
-Every write is a merge patch carrying the node's resourceVersion, so the API server refuses it
-(409) when anyone changed the node in between: two schedulers can never both believe they hold it.
-An expired lock, or one whose owner pod no longer exists, is taken over; only the owner releases.
+``<RFC3339Nano time>,<pod namespace>,<pod name>`` (HAMi #3127; RFC3339 values, as older
+schedulers wrote them, still read); the device plugin releases it after allocating. Every write is
+a merge patch carrying the node's resourceVersion, so the API server refuses it (409) when anyone
+changed the node in between: two schedulers can never both believe they hold it. A lock whose
+owner pod no longer exists, or whose allocation is done, is taken over; so is an expired one,
+unless its owner is still Pending with ``hami.io/bind-phase: allocating`` (HAMi #3127: the device
+plugin finds the pod it allocates for by this lock, and a takeover would hand it another pod's
+devices). Only the owner releases.
 
 Some device families' plugins also wait for a lock of their own (Cambricon's
 ``cambricon.com/dsmlu.lock``, a bare RFC3339 time that expires after 2 minutes). Such a lock is
@@ -15,13 +19,15 @@ refused while another bind's copy is younger than its expiry.
 from __future__ import annotations
 
 import asyncio
+import calendar
 import random
+import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
 import structlog
 
-from hami_py.cache.records import allocation_finished, parse_lock
+from hami_py.cache.records import allocation_finished, awaiting_allocation, parse_lock
 from hami_py.k8s.client import KubeApiError, KubeClient, node_path, pod_path
 
 log = structlog.get_logger(__name__)
@@ -63,9 +69,23 @@ def go_duration(seconds: float) -> str:
     return secs_text
 
 
+def rfc3339_nano(now: datetime | None = None, *, ns: int | None = None) -> str:
+    """A UTC time as Go's ``time.RFC3339Nano`` writes it: nanoseconds with their trailing zeros
+    trimmed, no fraction at all on a whole second (``2026-10-09T12:00:00.1234Z``). ``ns``:
+    nanoseconds since the epoch (the default, ``time.time_ns()``); else ``now``, to the microsecond."""
+    if ns is None:
+        if now is None:
+            ns = time.time_ns()
+        else:
+            now = now.astimezone(timezone.utc)
+            ns = (calendar.timegm(now.timetuple()) * 1_000_000 + now.microsecond) * 1000
+    seconds, fraction = divmod(ns, 1_000_000_000)
+    text = datetime.fromtimestamp(seconds, timezone.utc).strftime('%Y-%m-%dT%H:%M:%S')
+    return f"{text}.{fraction:09d}".rstrip("0") + "Z" if fraction else f"{text}Z"
+
+
 def lock_value(namespace: str, name: str, now: datetime | None = None) -> str:
-    now = now or datetime.now(timezone.utc)
-    return f"{now.strftime('%Y-%m-%dT%H:%M:%SZ')},{namespace},{name}"
+    return f"{rfc3339_nano(now)},{namespace},{name}"
 
 
 def _now_text() -> str:
@@ -92,7 +112,8 @@ def _check_extra_locks(node: str, extra: tuple[ExtraLock, ...], held: dict[str, 
 
 
 class NodeLocker:
-    def __init__(self, client: KubeClient, *, timeout_s: float = 300.0, hint=None, allocating=None):
+    def __init__(self, client: KubeClient, *, timeout_s: float = 300.0, hint=None, allocating=None,
+                 holder=None):
         self.client = client
         self.timeout_s = timeout_s
         # hint(node) -> (lock annotation, resourceVersion) from the node watch, or None. When
@@ -105,6 +126,10 @@ class NodeLocker:
         # or of its owner pod: the common case of two binds in a row onto one node, the second
         # waiting for the plugin to free the first.
         self.allocating = allocating
+        # holder(node, namespace, name, locked_at) -> True/False when the books know whether the
+        # pod named by an expired lock still waits for its allocation on that node, None when they
+        # do not (the pod is then read): UsageCache.lock_holder_waiting.
+        self.holder = holder
         self._taken: dict[str, tuple[str, str]] = {}   # node -> (lock value written, its pod's UID)
 
     async def _read(self, node: str) -> tuple[str | None, str]:
@@ -179,10 +204,16 @@ class NodeLocker:
                 if current.endswith(suffix):
                     return  # re-entrant: this pod already holds it
                 age = (datetime.now(timezone.utc) - stamp).total_seconds()
-                if age <= self.timeout_s and not await self._owner_done(owner_ns, owner_name):
-                    raise NodeLockError(
-                        f"node {node} has been locked within {go_duration(self.timeout_s)}: node lock contention",
-                        contention=True)
+                if age <= self.timeout_s:
+                    if not await self._owner_done(owner_ns, owner_name):
+                        raise NodeLockError(f"node {node} has been locked within {go_duration(self.timeout_s)}: "
+                                            f"node lock contention", contention=True)
+                elif await self._owner_waiting(node, owner_ns, owner_name, stamp):
+                    # Expired, but its owner is still to be allocated: the device plugin reads
+                    # this lock to learn whom it allocates for (HAMi #3127). Contention: the
+                    # owner's allocation releases it.
+                    raise NodeLockError(f"node {node} lock expired while {owner_ns}/{owner_name} still waits "
+                                        f"to be allocated", contention=True)
                 log.info("taking over node lock", node=node, previous=current)
             try:
                 await self._take(node, lock_value(namespace, name), rv, uid, extra)
@@ -263,13 +294,29 @@ class NodeLocker:
         (the API server was down then): waiting for the expiry would stop the node 5 minutes."""
         if not namespace or not name:
             return False
+        owner = await self._read_owner(namespace, name)
+        return owner is None or allocation_finished((owner.get("metadata") or {}).get("annotations"))
+
+    async def _read_owner(self, namespace: str, name: str) -> dict | None:
+        """The lock's owner pod, None when it is gone."""
         try:
-            owner = await self.client.get(pod_path(namespace, name))
+            return await self.client.get(pod_path(namespace, name))
         except KubeApiError as exc:
             if exc.not_found:
-                return True
+                return None
             raise NodeLockError(f"checking node lock owner {namespace}/{name}: {exc}", contention=False) from None
-        return allocation_finished((owner.get("metadata") or {}).get("annotations"))
+
+    async def _owner_waiting(self, node: str, namespace: str | None, name: str | None, locked_at: datetime) -> bool:
+        """Whether the owner of an expired lock still waits to be allocated: Pending, bind-phase
+        ``allocating`` and created no later than the lock (a pod created after it is another pod
+        of the same name). The books answer when they know the pod bound to the node; else the pod
+        is read (gone: not waiting)."""
+        if not namespace or not name:
+            return False
+        if self.holder is not None and (known := self.holder(node, namespace, name, locked_at)) is not None:
+            return known
+        owner = await self._read_owner(namespace, name)
+        return owner is not None and awaiting_allocation(owner, locked_at)
 
     async def release(self, node: str, namespace: str, name: str, *, extra: tuple[ExtraLock, ...] = (),
                       value: str | None = None) -> bool:

@@ -20,4 +20,6 @@ def build_family(config, switches) -> list[AscendVendor]:
     vnpus = parse_vnpus(config.section(CONFIG_SECTION.name))
     if not switches.enable_ascend:
         return []
-    return [AscendVendor(chip, hami_vnpu_core=vnpus.hami_vnpu_core) for chip in vnpus.configs]
+    names = tuple(r for chip in vnpus.configs
+                  for r in (chip.resource_name, chip.resource_memory_name, chip.resource_core_name) if r)
+    return [AscendVendor(chip, hami_vnpu_core=vnpus.hami_vnpu_core, family_resources=names) for chip in vnpus.configs]

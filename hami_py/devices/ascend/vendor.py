@@ -23,12 +23,14 @@ import structlog
 from hami_py.devices.ascend.config import VnpuConfig
 from hami_py.devices.ascend import topology
 from hami_py.devices.base import (
-    FLAG_CHOOSE, Chooser, DeviceDecodeError, DeviceInfo, DeviceSelector, PodDevices, RequestError,
+    FLAG_CHOOSE, Chooser, DeviceDecodeError, DeviceInfo, DeviceSelector, NoDevicesRegistered, PodDevices,
+    RequestError,
 )
 from hami_py.devices.codec import decode_json_devices, encode_pod_devices
+from hami_py.devices.overwrite_env import overwrite_env
 from hami_py.devices.template import (
-    MISSING, TemplateSpec, TemplateVendor, append_env, ensure_limits, lookup, request_error, resource_lists,
-    rounded_quantity, whole_number,
+    MISSING, TemplateSpec, TemplateVendor, append_env, device_count, ensure_limits, lookup, percentage, request_error,
+    resource_lists, rounded_quantity,
 )
 from hami_py.quantity import INT32_MAX, parse_exact_int
 from hami_py.reasons import ALLOCATED_CARDS_INSUFFICIENT_REQUEST, MODE_NOT_FIT, OK
@@ -73,7 +75,7 @@ class AscendVendor(TemplateVendor):
 
     gate_annotations = (NODE_HAMI_CORE_ANNOTATION,)
 
-    def __init__(self, config: VnpuConfig, *, hami_vnpu_core: bool = False):
+    def __init__(self, config: VnpuConfig, *, hami_vnpu_core: bool = False, family_resources: tuple[str, ...] = ()):
         cw = config.common_word
         super().__init__(TemplateSpec(
             vendor_key=cw,
@@ -93,6 +95,10 @@ class AscendVendor(TemplateVendor):
         ))
         self.config = config
         self.hami_vnpu_core = hami_vnpu_core
+        # Every chip kind's resource names: a container asking for any Ascend NPU keeps its
+        # ASCEND_VISIBLE_DEVICES, whichever chip's vendor looks at it (HAMi #2953).
+        self.family_resources = frozenset(family_resources) | {r for r in (
+            config.resource_name, config.resource_memory_name, config.resource_core_name) if r}
         self.runtime_annotation = f"huawei.com/{cw}"
         # 910 kinds choose among all fitting NPUs (NetworkID groups, 910C pairs) and score the
         # node by NetworkID; the others (310P) are plain first-fit.
@@ -119,7 +125,7 @@ class AscendVendor(TemplateVendor):
             return []
         devices = decode_json_devices(text)
         if not devices:
-            raise DeviceDecodeError("no device found on node")
+            raise NoDevicesRegistered("no device found on node")
         # On a node running the soft split, hami-vnpu-core enforces an NPU's cores as a percentage,
         # and upstream checks a hami-core pod's cores against 100 whatever ``devcore`` the plugin
         # registered (the only pods that ask for cores: the webhook refuses a core request
@@ -134,6 +140,11 @@ class AscendVendor(TemplateVendor):
                 raise DeviceDecodeError(
                     f'device {position}: field "customInfo.{topology.NETWORK_ID_KEY}": expected a number, got {raw}')
         return devices
+
+    def config_problems(self) -> list[str]:
+        factor = self.config.memory_factor
+        return [f"vnpus {self.config.common_word}: memoryFactor must not be negative, got {factor}"] \
+            if factor < 0 else []
 
     # -- requests --------------------------------------------------------------------------
 
@@ -157,16 +168,13 @@ class AscendVendor(TemplateVendor):
                                                       f"{INT32_MAX} MiB")
         return number * factor
 
-    def request_cores(self, container: str, limits: dict, requests: dict) -> int:
-        """Cores (percent of an NPU, hami-core only), rounded up as upstream reads them."""
+    def request_cores(self, container: str, limits: dict, requests: dict, nums: int) -> int:
+        """Cores (percent of an NPU, hami-core only): an integer in 0..100, as every family's."""
         name = self.spec.core_resource
         raw = lookup(limits, requests, name)
         if raw is MISSING:
             return 0
-        cores = rounded_quantity(container, name, raw)
-        if not 0 <= cores <= INT32_MAX:
-            raise request_error(container, name, raw, f"is out of range: must be between 0 and {INT32_MAX}")
-        return cores
+        return percentage(container, name, raw)
 
     # -- admission -------------------------------------------------------------------------
 
@@ -183,7 +191,9 @@ class AscendVendor(TemplateVendor):
     def mutate_admission(self, container: dict, pod: dict) -> bool:
         """Upstream's webhook for one container, in its order:
 
-        no count in limits → only ``ASCEND_VISIBLE_DEVICES=""`` with ``overwriteEnv``; a 910C
+        no count in limits → only ``ASCEND_VISIBLE_DEVICES=""`` with ``overwriteEnv`` (or the pod's
+        ``hami.io/overwrite-env`` annotations: devices/overwrite_env.py), unless the container asks
+        for any chip kind's NPUs; a 910C
         super-pod request of 1 becomes 2 (limits, and requests when present), other odd counts
         are refused; outside hami-core mode a core request is refused; memory (limits only) is
         kept as asked in hami-core mode, else rounded up to the smallest template holding it (or
@@ -200,12 +210,15 @@ class AscendVendor(TemplateVendor):
         limits, requests = resource_lists(container)
         count_name = self.spec.count_resource
         if not count_name or count_name not in limits:
-            if config.overwrite_env:
+            asks_ascend = any(r in self.family_resources for values in (limits, requests) for r in values)
+            if not asks_ascend and overwrite_env(pod, container, default=config.overwrite_env):
                 append_env(container, VISIBLE_DEVICES_ENV, "")
             return False
-        count = whole_number(name, count_name, limits[count_name], low=0, high=INT32_MAX)
+        count = device_count(name, count_name, limits[count_name])
         limits = ensure_limits(container)
+        units = count       # what a vNPU may not span more than one of: an NPU, a super-pod 910C's module
         if config.common_word == topology.ASCEND910C and config.super_pod:
+            units = (count + 1) // 2
             if count == 1:
                 # The smallest unit of a super-pod 910C is one module: its two NPUs.
                 log.info("Ascend910C request of 1 NPU raised to one module (2 NPUs)", container=name,
@@ -234,7 +247,9 @@ class AscendVendor(TemplateVendor):
                 memory, _ = self.trim_memory(asked)
                 if memory <= 0:
                     raise RequestError(f"{memory_name} {asked} is invalid")
-        if count > 1 and not soft and memory != config.memory_allocatable:
+        # A module's request (2 NPUs, or 1 raised to 2 above) is one unit either way, so the pod this
+        # returns, reviewed again (reinvocationPolicy: IfNeeded), is admitted as the first pass was.
+        if units > 1 and not soft and memory != config.memory_allocatable:
             raise RequestError("vNPU not supported for multiple devices")
         if memory_name:
             resources = container["resources"]

@@ -33,14 +33,16 @@ from __future__ import annotations
 import orjson
 
 from hami_py import reasons as R
-from hami_py.devices.base import FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices, RequestError
+from hami_py.devices.base import (
+    FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, NoDevicesRegistered, PodDevices, RequestError,
+)
 from hami_py.devices.codec import (
     _FieldError, _describe, _fold, _json_bool, _json_int, _json_str, decode_pod_devices, encode_pod_devices,
     parse_go_bool,
 )
 from hami_py.devices.gates import uuid_selector
 from hami_py.devices.template import (
-    TemplateSpec, TemplateVendor, request_error, resource_lists, rounded_quantity, whole_number,
+    TemplateSpec, TemplateVendor, device_count, percentage, request_error, resource_lists, rounded_quantity,
 )
 from hami_py.quantity import INT32_MAX, INT32_MIN, INT64_MAX, parse_exact_int
 
@@ -102,7 +104,7 @@ def decode_sgpu_devices(text: str) -> list[DeviceInfo]:
     if parsed is not None and type(parsed) is not list:
         raise DeviceDecodeError(f"expected a JSON array of devices, got {_describe(parsed)}")
     if not parsed:
-        raise DeviceDecodeError("no sdevice found on node")
+        raise NoDevicesRegistered("no sdevice found on node")
     out = []
     for position, obj in enumerate(parsed):
         if obj is None:
@@ -223,12 +225,12 @@ class MetaxSGPUVendor(TemplateVendor):
         if not spec.count_resource or spec.count_resource not in limits:
             return None
         name = str(container.get("name") or "")
-        nums = whole_number(name, spec.count_resource, limits[spec.count_resource], low=0, high=INT32_MAX)
+        nums = device_count(name, spec.count_resource, limits[spec.count_resource])
         if nums == 0:
             return None
         cores = 100
         if spec.core_resource and spec.core_resource in limits:
-            cores = whole_number(name, spec.core_resource, limits[spec.core_resource], low=0, high=INT32_MAX)
+            cores = percentage(name, spec.core_resource, limits[spec.core_resource])
         memreq = 0
         if spec.memory_resource and spec.memory_resource in limits:
             memreq = self.memory_mib(name, limits[spec.memory_resource])

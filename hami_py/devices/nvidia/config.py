@@ -117,3 +117,17 @@ def _validate_allowlist_entry(section: Section, entry: MigProfileAllowlistEntry)
         if not dot or len(prefix.encode()) < 2 or not prefix.endswith("g"):
             raise section.error(f"invalid MIG profile {profile!r}: expected <n>g.<memory>, e.g. 1g.18gb",
                                 "profiles", i)
+
+
+def config_problems(config: NvidiaConfig) -> list[str]:
+    """Upstream's start-up check of the section (HAMi after v2.10, #3010): the values a request
+    falls back on must be ones a request could ask for."""
+    problems = []
+    if not 0 <= config.default_cores <= 100:
+        problems.append(f"{SECTION}: defaultCores is a percentage and must be between 0 and 100, "
+                        f"got {config.default_cores}")
+    if config.default_memory < 0:
+        problems.append(f"{SECTION}: defaultMemory must not be negative, got {config.default_memory}")
+    if config.memory_factor < 0:
+        problems.append(f"{SECTION}: memoryFactor must not be negative, got {config.memory_factor}")
+    return problems

@@ -6,7 +6,9 @@ request, and which pod annotations pick or avoid GPUs. The rules follow upstream
 vendor, with one deliberate difference: a device resource that is present but malformed (a
 fractional count, a memory value that is not a whole number of MiB, negative cores) raises
 :class:`RequestError` instead of silently turning the container into one without a GPU request
-(upstream defect: the pod would be bound without devices and fail later on the node).
+(upstream defect: the pod would be bound without devices and fail later on the node). HAMi
+after v2.10 fails closed too (#2994): a count, cores or memory percentage out of range is refused
+in its words, never clamped.
 
 Capacity checks, health and NUMA grouping live in the fit code; this module only says what a
 container asks for and which devices a pod may consider at all.
@@ -15,14 +17,18 @@ from __future__ import annotations
 
 import orjson
 
-from hami_py.devices.nvidia.config import NvidiaConfig
+from hami_py.devices.nvidia.config import NvidiaConfig, config_problems
 from hami_py.devices.base import (
-    ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, DeviceVendor, NodeView, PodDevices, RequestError,
+    ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, DeviceVendor, NodeView, NoDevicesRegistered,
+    PodDevices, RequestError,
 )
 from hami_py.devices.codec import (
     decode_json_devices, decode_legacy_devices, decode_pod_devices,
     encode_pod_devices, go_quote, parse_go_bool,
 )
+from hami_py.devices.nvidia.mig_preference import preference_refusal
+from hami_py.devices.overwrite_env import overwrite_env
+from hami_py.devices.template import append_env, device_count, percentage
 from hami_py.quantity import INT32_MAX, INT64_MAX, parse_exact_int, parse_quantity_ceil
 from hami_py.devices.gates import make_selector, make_type_gate, non_blank, type_entries, uuid_entries
 
@@ -160,14 +166,6 @@ def _quote_value(raw: object) -> str:
     return go_quote(repr(raw))
 
 
-def _append_env(container: dict, name: str, value: str) -> None:
-    """Append, as upstream does: an existing variable of that name is not replaced."""
-    env = container.get("env")
-    if not isinstance(env, list):
-        env = container["env"] = []
-    env.append({"name": name, "value": value})
-
-
 class NvidiaVendor(DeviceVendor):
     """HAMi's NVIDIA vendor: vGPU sharing of memory (MiB or percent) and cores (percent)."""
 
@@ -202,6 +200,12 @@ class NvidiaVendor(DeviceVendor):
         """(memory resource, core resource, memory factor) as ResourceQuota ``limits.*`` names them."""
         return self._memory_name, self._core_name, self._memory_factor
 
+    def request_resources(self) -> tuple[str, str, str, int]:
+        return self._count_name, self._memory_name, self._core_name, self._memory_factor
+
+    def config_problems(self) -> list[str]:
+        return config_problems(self.config)
+
     def resource_names(self) -> list[str]:
         """Count, memory, memory-percentage, cores and priority names (unset ones left out)."""
         config = self.config
@@ -229,7 +233,7 @@ class NvidiaVendor(DeviceVendor):
         except DeviceDecodeError as err:
             raise DeviceDecodeError(f"{REGISTER_ANNOTATION}: {err}") from None
         if not devices:
-            raise DeviceDecodeError("no gpu found on node")
+            raise NoDevicesRegistered("no gpu found on node")
         score_text = annotations.get(PAIR_SCORE_ANNOTATION)
         if score_text is not None:
             _attach_pair_scores(devices, score_text)
@@ -240,28 +244,25 @@ class NvidiaVendor(DeviceVendor):
     def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:
         """The container's NVIDIA request, or None when it asks for no GPU.
 
-        Upstream's rules: every resource is read from limits first, then requests; no count (or
-        count 0) means no request; memory is multiplied by ``memoryFactor``; the percentage
-        starts at the 101 "unset" sentinel, is clamped to 100 and ignored when <= 0 or not a
-        whole number; with neither memory nor percentage the default memory applies, else the
-        whole card (100 %); cores default to ``defaultCores``.
+        Upstream's rules (HAMi after v2.10, which fails closed): every resource is read from
+        limits first, then requests; no count (or count 0) means no request; memory is
+        multiplied by ``memoryFactor``; the percentage starts at the 101 "unset" sentinel, must
+        be an integer in 0..100, and 0 keeps the sentinel; with neither memory nor percentage the
+        default memory applies, else the whole card (100 %); cores default to ``defaultCores``
+        and must be an integer in 0..100 (no longer clamped).
 
-        Raises RequestError for a present but malformed count, memory or cores value.
+        Raises RequestError for a present but invalid count, memory, percentage or cores value.
         """
         limits, requests = self._resource_lists(container)
         raw_count = self._lookup(limits, requests, self._count_name)
         if raw_count is _MISSING:
             return None
         name = container.get("name") or ""   # Go reads a null name as ""
-        count = self._whole(name, self._count_name, raw_count, "a whole number")
-        if count < 0:
-            raise self._error(name, self._count_name, raw_count, "must not be negative")
-        if count > INT32_MAX:
-            raise self._error(name, self._count_name, raw_count, f"is out of range (at most {INT32_MAX})")
+        count = device_count(name, self._count_name, raw_count)
         if count == 0:
             return None
         memreq = self._memory(name, limits, requests)
-        mempct = self._memory_percent(limits, requests)
+        mempct = self._memory_percent(name, limits, requests)
         if mempct == MEMORY_PERCENT_UNSET and memreq == 0:
             if self.config.default_memory != 0:
                 memreq = self.config.default_memory  # already MiB: not multiplied by the factor
@@ -301,61 +302,60 @@ class NvidiaVendor(DeviceVendor):
                               f"is out of range: must be between 0 and {self._max_memory} {unit}")
         return memory * factor
 
-    def _memory_percent(self, limits: dict, requests: dict) -> int:
+    def _memory_percent(self, container: str, limits: dict, requests: dict) -> int:
         raw = self._lookup(limits, requests, self._percent_name)
         if raw is _MISSING:
             return MEMORY_PERCENT_UNSET
-        percent = parse_exact_int(raw)
-        if percent is None or percent <= 0:
-            # Upstream ignores it; the webhook already refuses values outside 0..100, and 0
-            # would mean "no limit" to HAMi-core, so the default below applies instead.
-            return MEMORY_PERCENT_UNSET
-        return min(percent, 100)
+        # 0 would mean "no limit" to HAMi-core: the default below applies instead, as upstream.
+        return percentage(container, self._percent_name, raw) or MEMORY_PERCENT_UNSET
 
     def _cores(self, container: str, limits: dict, requests: dict) -> int:
         raw = self._lookup(limits, requests, self._core_name)
         if raw is _MISSING:
             return self.config.default_cores
-        cores = self._whole(container, self._core_name, raw, "a whole number")
-        if cores < 0:
-            raise self._error(container, self._core_name, raw, "must not be negative")
-        if cores > INT32_MAX:
-            raise self._error(container, self._core_name, raw, f"is out of range (at most {INT32_MAX})")
-        return cores  # values above 100 are clamped by the fit, as upstream does
+        return percentage(container, self._core_name, raw)
 
     # -- admission ------------------------------------------------------------------------------
+
+    def admission_refusal(self, pod_annotations: dict[str, str]) -> str | None:
+        """``nvidia.com/mig-profile-preference`` naming nothing, or a profile (or slice key) no
+        ``migProfileAllowlist`` entry has (nvidia/mig_preference.py)."""
+        return preference_refusal(pod_annotations, self.config.mig_profile_allowlist)
 
     def mutate_admission(self, container: dict, pod: dict) -> bool:
         """Upstream's admission defaults for one container, applied in place; True when the
         container asks for an NVIDIA GPU (after the defaults).
 
-        In upstream's order: refuse a memory percentage outside 0..100 (rounded up); copy the
-        ``priority`` limit into ``CUDA_TASK_PRIORITY``; set ``GPU_CORE_UTILIZATION_POLICY`` on every
-        container when ``gpuCorePolicy`` is not ``default``; add ``defaultGPUNum`` GPUs to a
-        container that limits memory, percentage or cores but not the count; give a container
-        that asks for whole cards (no memory, or 100 %) all the cores, so no other pod shares
-        them; set the configured ``runtimeClassName`` on the pod; and with ``overwriteEnv`` hide
-        every GPU from a container that asks for none (``NVIDIA_VISIBLE_DEVICES=none``).
+        In upstream's order: refuse a memory percentage or cores that are not an integer in
+        0..100 (in limits or requests); copy the ``priority`` limit into ``CUDA_TASK_PRIORITY``;
+        set ``GPU_CORE_UTILIZATION_POLICY`` on every container when ``gpuCorePolicy`` is not
+        ``default``; add ``defaultGPUNum`` GPUs to a container that limits memory, percentage or
+        cores but not the count; give a container that asks for whole cards (no memory, or
+        100 %) all the cores, so no other pod shares them; set the configured
+        ``runtimeClassName`` on the pod; and with ``overwriteEnv`` (or the pod's
+        ``hami.io/overwrite-env`` annotations: devices/overwrite_env.py) hide every GPU from a
+        container that asks for none (``NVIDIA_VISIBLE_DEVICES=none``). Idempotent: the pod it
+        returns, reviewed again, is not changed (``reinvocationPolicy: IfNeeded``).
 
-        Raises RequestError for an out-of-range percentage or a value that is no quantity.
+        Raises RequestError for an invalid percentage or cores, or a priority that is no quantity.
         """
         config = self.config
         name = container.get("name") or ""
         limits, requests = self._resource_lists(container)
-        self._check_memory_percent(name, limits, requests)
+        self._check_percentages(name, limits, requests)
         if config.resource_priority_name and config.resource_priority_name in limits:
             priority = self._rounded(name, config.resource_priority_name, limits[config.resource_priority_name])
-            _append_env(container, TASK_PRIORITY_ENV, str(priority))
+            append_env(container, TASK_PRIORITY_ENV, str(priority))
         if config.gpu_core_policy not in ("", DEFAULT_CORE_POLICY):
-            _append_env(container, CORE_POLICY_ENV, config.gpu_core_policy)
+            append_env(container, CORE_POLICY_ENV, config.gpu_core_policy)
         has_resource = self._default_gpu_count(container, limits)
-        if self._default_exclusive_cores(name, container, requests):
+        if self._default_exclusive_cores(container, requests):
             has_resource = True
         spec = pod.setdefault("spec", {})
         if has_resource and spec.get("runtimeClassName") is None and config.runtime_class_name:
             spec["runtimeClassName"] = config.runtime_class_name
-        if not has_resource and config.overwrite_env:
-            _append_env(container, VISIBLE_DEVICES_ENV, "none")
+        if not has_resource and overwrite_env(pod, container, default=config.overwrite_env):
+            append_env(container, VISIBLE_DEVICES_ENV, "none")
         return has_resource
 
     @staticmethod
@@ -369,14 +369,13 @@ class NvidiaVendor(DeviceVendor):
             raise self._error(container, resource, raw, "is not a quantity")
         return value
 
-    def _check_memory_percent(self, container: str, limits: dict, requests: dict) -> None:
-        raw = self._lookup(limits, requests, self._percent_name)
-        if raw is _MISSING:
-            return
-        percent = self._rounded(container, self._percent_name, raw)
-        if not 0 <= percent <= 100:
-            raise RequestError(f"invalid {self._percent_name} value {percent} in container {container}: "
-                               "must be an integer between 0 and 100")
+    def _check_percentages(self, container: str, limits: dict, requests: dict) -> None:
+        """Upstream's webhook (#2740, #2789): the memory percentage and the cores, in limits and
+        in requests alike, each an integer in 0..100 (``50.5`` is refused, not rounded)."""
+        for resource in (self._percent_name, self._core_name):
+            for values in (limits, requests):
+                if resource and resource in values:
+                    percentage(container, resource, values[resource])
 
     def _default_gpu_count(self, container: dict, limits: dict) -> bool:
         """Whether the count is limited, adding ``defaultGPUNum`` when only memory, percentage
@@ -391,7 +390,7 @@ class NvidiaVendor(DeviceVendor):
         container["resources"]["limits"][self._count_name] = str(self.config.default_gpu_num)
         return True
 
-    def _default_exclusive_cores(self, container_name: str, container: dict, requests: dict) -> bool:
+    def _default_exclusive_cores(self, container: dict, requests: dict) -> bool:
         """Give all cores (``gpucores: 100``) to a container asking for GPUs with neither
         cores nor a partial share of memory: a whole card should not be time-sliced."""
         limits, _ = self._resource_lists(container)
@@ -401,7 +400,7 @@ class NvidiaVendor(DeviceVendor):
             return False
         percent = self._lookup(limits, requests, self._percent_name)
         if percent is not _MISSING:
-            exclusive = self._rounded(container_name, self._percent_name, percent) == 100
+            exclusive = parse_exact_int(percent) == 100     # checked above: an integer in 0..100
         else:
             exclusive = not self._memory_name or self._lookup(limits, requests, self._memory_name) is _MISSING
         if not exclusive:

@@ -20,25 +20,32 @@ Deliberate differences from upstream (docs/COMPATIBILITY.md):
   quantities, dropped unknown fields).
 * A device request that is present but malformed (a device count of ``"1.5"``) is refused at
   admission with the reason. Upstream admits the pod, which is later bound without devices.
+* A request a family's admission refuses (a memory percentage of ``-1``) is denied (403), as
+  every other refusal; upstream answers it as a webhook fault (``Errored``, 500).
 * The quota check falls back to the review's namespace when the pod object carries none.
 * A denial for scheduler-owned annotations (HAMi's later rule, ``admit_update``) names every key
   concerned; upstream's names one (its wording is kept for one key).
+
+The UPDATE rule needs one fact from outside: whether the request's author may write Nodes (a
+SubjectAccessReview, hami_py/k8s/accessreview.py). ``review`` takes its answer as an input
+(``may_write_nodes``); ``review_asking``, the webhook's entry, asks it first when the rule needs it.
 """
 from __future__ import annotations
 
 import base64
 import copy
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Awaitable, Callable, Mapping
 
 import orjson
 import structlog
 
 from hami_py.devices.base import DeviceVendor, RequestError
+from hami_py.k8s.accessreview import Subject
 from hami_py.podshape import is_sidecar
 from hami_py.scheduling.admission.numa_alignment import numa_alignment
 from hami_py.scheduling.admission.owned_annotations import (  # noqa: F401  (GENERIC_OWNED_ANNOTATIONS: re-exported)
-    GENERIC_OWNED_ANNOTATIONS, is_service_account, owned_phrase, scheduler_owned_annotations,
+    GENERIC_OWNED_ANNOTATIONS, owned_phrase, scheduler_owned_annotations,
 )
 
 log = structlog.get_logger(__name__)
@@ -56,6 +63,14 @@ QUOTA_EXCEEDED = "exceeding resource quota"
 
 # fit_quota(namespace, vendor_key, memory MiB (memoryFactor applied), cores percent) -> fits
 FitQuota = Callable[[str, str, int, int], bool]
+# may_write_nodes(subject): the API server's answer, True or False, or a str saying why it could
+# not be had (the UPDATE rule then refuses: fail closed).
+NodeWriters = Callable[[Subject], "bool | str"]
+
+
+def no_node_writers(subject: Subject) -> bool:
+    """The UPDATE rule's answer where nobody is asked: nobody may write Nodes."""
+    return False
 
 
 def always_fits(namespace: str, vendor_key: str, memory: int, cores: int) -> bool:
@@ -101,7 +116,7 @@ class MalformedReview(ValueError):
 # ---------------------------------------------------------------------------------------------
 
 def review(body: object, *, settings: AdmissionSettings, vendors: Mapping[str, DeviceVendor],
-           fit_quota: FitQuota = always_fits) -> dict:
+           fit_quota: FitQuota = always_fits, may_write_nodes: NodeWriters = no_node_writers) -> dict:
     """Answer one decoded AdmissionReview with the response review (never raises).
 
     The answer uses the request's version (``v1`` or ``v1beta1``); a review that cannot be read
@@ -113,8 +128,8 @@ def review(body: object, *, settings: AdmissionSettings, vendors: Mapping[str, D
     try:
         version, uid, request = _read_envelope(body)
         if _optional_str(request, "operation", "request.operation") == "UPDATE":
-            verdict = admit_update(_pod_of(request, "object"), _pod_of(request, "oldObject"),
-                                   user=_username(request), settings=settings, vendors=vendors)
+            verdict = admit_update(_pod_of(request, "object"), _pod_of(request, "oldObject"), user=_subject(request),
+                                   settings=settings, vendors=vendors, may_write_nodes=may_write_nodes)
         else:   # CREATE (the only other operation the manifests register)
             verdict = admit_pod(_pod_of(request, "object"), settings=settings, vendors=vendors, fit_quota=fit_quota,
                                 request_namespace=_optional_str(request, "namespace", "request.namespace"))
@@ -124,6 +139,38 @@ def review(body: object, *, settings: AdmissionSettings, vendors: Mapping[str, D
         log.exception("admission failed unexpectedly", uid=uid)
         verdict = Verdict.error(500, f"internal error in the admission webhook: {exc}")
     return review_response(version=version, uid=uid, verdict=verdict)
+
+
+async def review_asking(body: object, *, settings: AdmissionSettings, vendors: Mapping[str, DeviceVendor],
+                        ask: Callable[[Subject], Awaitable["bool | str"]], fit_quota: FitQuota = always_fits) -> dict:
+    """``review`` as the webhook runs it: when the UPDATE rule needs to know whether the request's
+    author may write Nodes, ``ask`` is awaited for the answer first (never raises)."""
+    subject = node_write_question(body, settings=settings, vendors=vendors)
+    if subject is None:
+        return review(body, settings=settings, vendors=vendors, fit_quota=fit_quota)
+    try:
+        answer = await ask(subject)
+    except Exception as exc:  # noqa: BLE001 - a bug of ours must refuse, not open the guard
+        log.exception("asking whether a user may write nodes failed unexpectedly", user=subject.user)
+        answer = f"internal error: {exc}"
+    return review(body, settings=settings, vendors=vendors, fit_quota=fit_quota, may_write_nodes=lambda _: answer)
+
+
+def node_write_question(body: object, *, settings: AdmissionSettings,
+                        vendors: Mapping[str, DeviceVendor]) -> Subject | None:
+    """Whose right to write Nodes the answer to ``body`` depends on: an UPDATE changing a
+    scheduler-owned annotation of a pod of this scheduler; None for anything else (a malformed
+    review too: ``review`` says what is wrong with it)."""
+    try:
+        _, _, request = _read_envelope(body)
+        if _optional_str(request, "operation", "request.operation") != "UPDATE":
+            return None
+        pod, old_pod = _pod_of(request, "object"), _pod_of(request, "oldObject")
+        if not owned_changes(pod, old_pod, vendors=vendors) or not _ours(old_pod, settings):
+            return None
+        return _subject(request)
+    except MalformedReview:
+        return None
 
 
 def review_response(*, version: str, uid: str, verdict: Verdict) -> dict:
@@ -167,9 +214,18 @@ def _pod_of(request: dict, key: str) -> dict:
     return pod      # its shape is the rules' first check
 
 
-def _username(request: dict) -> str:
+def _subject(request: dict) -> Subject:
+    """The request's author as its ``userInfo`` says (name, uid, groups, extra)."""
     info = _optional_dict(request, "userInfo", "request.userInfo") or {}
-    return _optional_str(info, "username", "request.userInfo.username") or ""
+    groups = info.get("groups") or []
+    if not isinstance(groups, list) or not all(isinstance(g, str) for g in groups):
+        raise MalformedReview(f"request.userInfo.groups: expected a list of strings, got {_json_type(groups)}")
+    extra = _optional_dict(info, "extra", "request.userInfo.extra") or {}
+    for key, values in extra.items():
+        if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
+            raise MalformedReview(f"request.userInfo.extra[{key}]: expected a list of strings, got {_json_type(values)}")
+    return Subject.of(user=_optional_str(info, "username", "request.userInfo.username") or "", groups=groups,
+                      uid=_optional_str(info, "uid", "request.userInfo.uid") or "", extra=extra)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,14 +262,20 @@ def admit_pod(pod: dict, *, settings: AdmissionSettings, vendors: Mapping[str, D
     except ValueError as exc:
         log.info("admission denied", pod=where, reason=str(exc))
         return Verdict.deny(str(exc))
+    for vendor in vendors.values():     # a family's own pod annotations (a MIG profile preference)
+        if (refusal := vendor.admission_refusal(meta.get("annotations") or {})) is not None:
+            log.info("admission denied", pod=where, reason=refusal)
+            return Verdict.deny(refusal)
 
     mutated = copy.deepcopy(pod)
     mutated_spec = mutated.setdefault("spec", {})
     try:
         has_resource = _mutate_containers(mutated, vendors)
     except RequestError as exc:
-        log.info("admission refused a device request", pod=where, error=str(exc))
-        return Verdict.error(500, str(exc))
+        # An invalid request is the pod's fault, not ours: denied (403) like every other refusal,
+        # never a 500 (upstream answers Errored 500 here).
+        log.info("admission denied an invalid device request", pod=where, error=str(exc))
+        return Verdict.deny(str(exc))
     privileged = privileged_container(spec)
     if privileged is not None and has_resource:
         message = f"container {privileged} is privileged"
@@ -237,44 +299,63 @@ def admit_pod(pod: dict, *, settings: AdmissionSettings, vendors: Mapping[str, D
     return Verdict.allow(patch=patch)
 
 
-def admit_update(pod: dict, old_pod: dict, *, user: str, settings: AdmissionSettings,
-                 vendors: Mapping[str, DeviceVendor]) -> Verdict:
-    """An UPDATE of a pod: refused when it adds, changes or removes a scheduler-owned annotation
-    unless ``user`` is a ServiceAccount and the pod is this scheduler's; otherwise allowed
-    without a patch (the create rules never run on an existing pod, whose scheduler name and
-    containers the API server would not let us change anyway).
+def admit_update(pod: dict, old_pod: dict, *, user: Subject, settings: AdmissionSettings,
+                 vendors: Mapping[str, DeviceVendor], may_write_nodes: NodeWriters = no_node_writers) -> Verdict:
+    """An UPDATE of a pod: refused when it adds, changes or removes a scheduler-owned annotation,
+    unless the pod is this scheduler's and the API server says ``user`` may write Nodes
+    (``may_write_nodes``: HAMi's rule, #3074); otherwise allowed without a patch (the create
+    rules never run on an existing pod, whose scheduler name and containers the API server would
+    not let us change anyway).
 
-    Device plugins hand out devices from a pod's decision, so a person's edit of one would be
-    served outside the books and the quota. Any ServiceAccount may write, as in upstream's rule:
-    the scheduler clears a void decision, and each family's device plugin, which answers in the
-    same keys, runs under its own account, often in its vendor's namespace, so no one configured
-    account would do. Raises MalformedReview when either object does not have a Pod's shape.
+    Device plugins hand out devices from a pod's decision, so a decision written by a namespace's
+    editor would be served outside the books and the quota. Whoever may write Nodes (the
+    scheduler, each family's device plugin, an operator running the defragmenter) is trusted
+    with the whole cluster's devices already; a ServiceAccount as such is not (a namespace admin
+    can grant one pod patches). An answer that could not be had refuses (fail closed, 500).
+    Raises MalformedReview when either object does not have a Pod's shape.
     """
+    changed = owned_changes(pod, old_pod, vendors=vendors)
+    if not changed:
+        return Verdict.allow()
+    meta = old_pod.get("metadata") or {}
+    where = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
+    name = user.user or "an unauthenticated user"
+    message = f"{owned_phrase(changed)} cannot be set by {name}"
+    if not _ours(old_pod, settings):
+        # Our components act on our pods only; a write on another scheduler's pod is not theirs.
+        pod_scheduler = (old_pod.get("spec") or {}).get("schedulerName") or ""
+        log.warning("admission denied an update of scheduler-owned annotations on another scheduler's pod",
+                    pod=where, user=user.user, annotations=changed, scheduler=pod_scheduler)
+        return Verdict.deny(f"{message} on a pod of scheduler {_shown(pod_scheduler)}")
+    answer = may_write_nodes(user)
+    if answer is True:
+        log.debug("admission allowed an update of scheduler-owned annotations", pod=where, user=user.user,
+                  annotations=changed)
+        return Verdict.allow()
+    if answer is False:
+        log.warning("admission denied an update of scheduler-owned annotations", pod=where, user=user.user,
+                    annotations=changed)
+        return Verdict.deny(message)
+    log.warning("admission refused an update of scheduler-owned annotations: cannot tell whether its author "
+                "may write nodes", pod=where, user=user.user, annotations=changed, error=answer)
+    return Verdict.error(500, f"{message}: cannot tell whether {name} may write nodes ({answer})")
+
+
+def owned_changes(pod: dict, old_pod: dict, *, vendors: Mapping[str, DeviceVendor]) -> list[str]:
+    """The scheduler-owned annotations an UPDATE adds, changes or removes, sorted. Raises
+    MalformedReview when either object does not have a Pod's shape."""
     _check_pod_shape(pod)
     _check_pod_shape(old_pod)
     new = (pod.get("metadata") or {}).get("annotations") or {}
     old = (old_pod.get("metadata") or {}).get("annotations") or {}
     owned = scheduler_owned_annotations(vendors)
-    changed = sorted(k for k in new.keys() | old.keys() if k in owned and new.get(k) != old.get(k))
-    if not changed:
-        return Verdict.allow()
-    meta = old_pod.get("metadata") or {}
-    where = f"{meta.get('namespace') or ''}/{meta.get('name') or ''}"
-    pod_scheduler = (old_pod.get("spec") or {}).get("schedulerName") or ""
-    message = f"{owned_phrase(changed)} cannot be set by {user or 'an unauthenticated user'}"
-    if not is_service_account(user):
-        # People (and any other client identity) never write a decision: only HAMi's components do.
-        log.warning("admission denied an update of scheduler-owned annotations", pod=where, user=user,
-                    annotations=changed)
-        return Verdict.deny(message)
-    if settings.scheduler_name and pod_scheduler != settings.scheduler_name:
-        # Our components act on our pods only; an account rewriting another scheduler's pod is not one.
-        log.warning("admission denied an update of scheduler-owned annotations on another scheduler's pod",
-                    pod=where, user=user, annotations=changed, scheduler=pod_scheduler)
-        return Verdict.deny(f"{message} on a pod of scheduler {_shown(pod_scheduler)}")
-    log.debug("admission allowed an update of scheduler-owned annotations", pod=where, user=user,
-              annotations=changed)
-    return Verdict.allow()
+    return sorted(k for k in new.keys() | old.keys() if k in owned and new.get(k) != old.get(k))
+
+
+def _ours(old_pod: dict, settings: AdmissionSettings) -> bool:
+    # Without --scheduler-name there is no "ours" to compare with: upstream lets the rule decide.
+    scheduler = (old_pod.get("spec") or {}).get("schedulerName") or ""
+    return not settings.scheduler_name or scheduler == settings.scheduler_name
 
 
 def scheduler_applies(pod_scheduler: str, *, settings: AdmissionSettings) -> bool:

@@ -138,11 +138,13 @@ class Filterer:
         self._no_choosers = [None] * len(cache.vendor_ids)
 
     def policies(self, pod: dict, vendors=None) -> Policies:
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
         asked = self.vendors.values() if vendors is None else [self.vendors[k] for k in vendors]
         return pod_policies(annotations, default_node=self.default_node_policy,
                             default_gpu=self.default_gpu_policy,
-                            numa_bind=any(v.numa_bind(annotations) for v in asked))
+                            numa_bind=any(v.numa_bind(annotations) for v in asked),
+                            pod=f"{meta.get('namespace')}/{meta.get('name')}")
 
     def decide(self, pod: dict, node_names: list[str], request: PodRequest, *,
                reserve: bool = True) -> FilterDecision:
@@ -269,7 +271,21 @@ class Filterer:
                         counts, total = reword(counts, total)
                     text = texts[key] = R.gen_reason(counts, total)
                 failed[name] = text
+        if cache.refused_nodes and failed:
+            self._name_refusals(failed, request)
         return Evaluation(policies, query, cand_idx, chargers, best, failed, now)
+
+    def _name_refusals(self, failed: dict[str, str], request: PodRequest) -> None:
+        """A failing node whose registration of a family the pod asks for was refused
+        (NodeEntry.refused: garbled, or a device id no decision can carry) fails for that
+        reason, not for the devices missing because of it."""
+        nodes = self.cache.nodes
+        for name in self.cache.refused_nodes.intersection(failed):
+            refused = nodes[name].refused
+            asked = request.vendors
+            why = [text for key, text in refused.items() if key in asked]
+            if why:
+                failed[name] = f"registration refused: {'; '.join(why)}"
 
     def allocation_of(self, request: PodRequest,
                       fit: Evaluation) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:

@@ -3,10 +3,16 @@
 Defaults come from ``--node-scheduler-policy`` and ``--gpu-scheduler-policy``; a pod may override
 each with ``hami.io/node-scheduler-policy`` / ``hami.io/gpu-scheduler-policy``, and reweigh the
 device score with ``hami.io/device-scoring-weights`` (``slot=1,core=1,memory=3``).
+
+Policy values are trimmed, each token of a comma list too (HAMi #2854: ``" binpack "`` is
+binpack). A pod's policy annotation that names an unknown policy is ignored, with a warning, and
+the configured policy used (HAMi #2769): the pod is scheduled, not refused.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import structlog
 
 from hami_py.devices.codec import go_quote
 from hami_py.kernel_codes import (
@@ -24,6 +30,8 @@ SPREAD = "spread"
 # node policy, and a GPU policy token that chains like the others ("numa,fragmentation-aware").
 FRAGMENTATION_AWARE = "fragmentation-aware"
 NODE_POLICIES = (BINPACK, SPREAD, FRAGMENTATION_AWARE)
+
+log = structlog.get_logger(__name__)
 
 
 class PolicyError(ValueError):
@@ -86,6 +94,33 @@ def policy_tokens(name: str) -> set[str]:
     return {t.strip() for t in name.split(",")}
 
 
+def normal_gpu_policy(name: str) -> str:
+    """A GPU policy with every comma token trimmed (``" binpack , numa "`` → ``binpack,numa``)."""
+    return ",".join(t.strip() for t in name.split(","))
+
+
+def known_gpu_policy(name: str) -> bool:
+    """Every token of the (trimmed) GPU policy is one the scheduler knows."""
+    return all(t in GPU_POLICY_TOKENS for t in name.split(","))
+
+
+def _annotated(annotations: dict[str, str], key: str, default: str, normal, known, pod: str) -> str:
+    """The pod's policy annotation, trimmed, or ``default`` when it is absent, blank or names a
+    policy the scheduler does not know (then with a warning: HAMi #2769 uses the configured
+    policy rather than refusing the pod)."""
+    raw = annotations.get(key)
+    if raw is None:
+        return default
+    value = normal(raw)
+    if not value:
+        return default
+    if not known(value):
+        log.warning("unknown scheduling policy in pod annotation ignored", pod=pod, annotation=key, value=raw,
+                    using=default)
+        return default
+    return value
+
+
 def scoring_weights(annotations: dict[str, str]) -> tuple[float, float, float]:
     raw = annotations.get(WEIGHTS_ANNOTATION)
     if raw is None:
@@ -120,11 +155,15 @@ def scoring_weights(annotations: dict[str, str]) -> tuple[float, float, float]:
 
 
 def pod_policies(annotations: dict[str, str], *, default_node: str, default_gpu: str,
-                 numa_bind: bool = False) -> Policies:
+                 numa_bind: bool = False, pod: str = "") -> Policies:
     """The pod's policies; ``numa_bind`` says whether one of its device families asks for all
-    its devices on one NUMA node (each family reads its own annotation)."""
-    node_name = annotations.get(NODE_POLICY_ANNOTATION) or default_node
-    gpu_name = annotations.get(GPU_POLICY_ANNOTATION) or default_gpu
+    its devices on one NUMA node (each family reads its own annotation). ``pod`` names it in
+    the warning about an unknown policy annotation."""
+    default_node, default_gpu = default_node.strip(), normal_gpu_policy(default_gpu)
+    node_name = _annotated(annotations, NODE_POLICY_ANNOTATION, default_node, str.strip,
+                           NODE_POLICIES.__contains__, pod)
+    gpu_name = _annotated(annotations, GPU_POLICY_ANNOTATION, default_gpu, normal_gpu_policy, known_gpu_policy,
+                          pod)
     return Policies(
         node=node_policy_code(node_name),
         gpu=gpu_policy_code(gpu_name, numa_bind=numa_bind),

@@ -10,7 +10,9 @@ executor writes on each pending pod it makes room for the annotation ``hami.io/d
 and this scheduler turns it into a hold exactly like device preemption's (scheduling/eviction/holds.py):
 the pod's placement on that node with the victims uncharged is charged in the books under the
 pod's UID, next to the victims' own charges until they go. Holds are always on (no flag): the
-annotation is the executor's request, and only a user allowed to patch the pod can write it.
+annotation is the executor's request, and it is scheduler-owned: the webhook and
+manifests/admission-policy.yaml let only a user who may write Nodes set or change it (the
+executor's operator), never a pod's author.
 
 Two triggers, both synchronous with the books:
 
@@ -50,8 +52,9 @@ log = structlog.get_logger(__name__)
 
 HOLD_ANNOTATION = "hami.io/defrag-hold"
 SPENT_KEPT = 4096       # pods whose annotation was acted on, remembered (oldest forgotten first)
-# The longest a hold lasts, whatever its "until" says: the annotation is any pod patcher's to
-# write, and a hold keeps room from every other pod until its victims leave.
+# The longest a hold lasts, whatever its "until" says: a hold keeps room from every other pod
+# until its victims leave (and the guard that keeps the annotation to node writers is the
+# cluster's to deploy).
 MAX_HOLD_S = 900.0
 
 

@@ -14,7 +14,9 @@ policies and the pod's requests as flat rows of ``ROW_WIDTH`` int32 values:
 Rows are ordered by container, init containers first. The rules are upstream HAMi's generic
 device fit (hami-scheduling.md §7, §8, §9, §10) with two deliberate fixes: candidates are matched
 by vendor id, not by substring of the model name, and the per-device score includes the request
-being placed (upstream's exact-type comparison makes that term vanish for its main family).
+being placed (upstream's exact-type comparison made that term vanish for its main family until
+HAMi #2870 compared the device's vendor). The request's memory is its MiB, else its percentage of
+the device (``resolve_mem``; HAMi #3106 scores the same way).
 
 The kernel runs them in one loop for speed; here they read stage by stage, in the kernel's order:
 ``filter_nodes`` (each candidate node, then the winner), ``_fit_node`` (the pod's rows on one

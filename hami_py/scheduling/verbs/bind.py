@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 
@@ -78,12 +78,14 @@ class Binder:
         self._releasing: set[asyncio.Task] = set()   # node locks whose release failed, tried again
         self._in_flight: set[tuple[str, str]] = set()  # (pod UID, node) of the binds under way
 
-    async def bind(self, req: BindRequest) -> None:
+    async def bind(self, req: BindRequest, pod: dict | None = None) -> None:
         """Bind the pod or raise BindError with the message for the extender's ``Error``.
+        ``req`` has been checked against the live pod (scheduling/verbs/identity.py), which
+        ``pod`` is when that check had to read it.
 
         The common case, a device pod this process filtered, costs two requests: the node lock's
         compare-and-set and a Binding carrying the decision's annotations. Everything else (no
-        reservation, no UID, a pod without devices) reads the pod first."""
+        reservation, a pod without devices) reads the pod first, unless ``pod`` is given."""
         reservation = self.cache.live_reservation(req.uid, req.node) if req.uid else None
         if reservation is not None and reservation.pod is not None and reservation.annotations is not None:
             if reservation.state.bound:
@@ -92,21 +94,20 @@ class Binder:
                 return
             await self._bind_reserved(req, reservation.pod, reservation)
             return
-        try:
-            pod = await self.client.get(pod_path(req.namespace, req.name))
-        except KubeApiError as exc:
-            if exc.not_found:
-                self.cache.release_pod(req.uid)
-                raise BindError(f'pod "{req.name}" not found', reason="lookup") from None
-            raise BindError(f"get pod {req.namespace}/{req.name}: {exc}", reason="lookup") from None
-        if req.uid and (pod.get("metadata") or {}).get("uid") not in (None, req.uid):
-            self.cache.release_pod(req.uid)
-            raise BindError(f"pod {req.namespace}/{req.name} has uid {pod['metadata']['uid']}, not {req.uid}",
+        if pod is None:
+            try:
+                pod = await self.client.get(pod_path(req.namespace, req.name))
+            except KubeApiError as exc:
+                if exc.not_found:
+                    self._roll_back(req)
+                    raise BindError(f'pod "{req.name}" not found', reason="lookup") from None
+                raise BindError(f"get pod {req.namespace}/{req.name}: {exc}", reason="lookup") from None
+        live_uid = (pod.get("metadata") or {}).get("uid")
+        if live_uid not in (None, req.uid):
+            # Re-created under the name since the identity check: the old pod's reservation goes.
+            self._roll_back(req)
+            raise BindError(f"pod {req.namespace}/{req.name} has UID {live_uid}, bind request carries UID {req.uid}",
                             reason="identity")
-        if not req.uid:
-            # Upstream's ExtenderBindingArgs may come without PodUID: the pod read names it, so a
-            # rollback below still releases the pod's reservation (keyed by UID).
-            req = replace(req, uid=(pod.get("metadata") or {}).get("uid") or "")
         bound_to = (pod.get("spec") or {}).get("nodeName")
         if bound_to == req.node:
             # A repeated bind (kube-scheduler lost our answer and asked again): it happened, and
@@ -114,9 +115,9 @@ class Binder:
             log.info("pod already bound to this node", pod=f"{req.namespace}/{req.name}", node=req.node)
             return
         if bound_to:
-            message = f'pod {req.namespace}/{req.name} is already assigned to node "{bound_to}"'
+            message = f"pod {req.namespace}/{req.name} is already assigned to node {bound_to}"
             self.report(pod, req, message)
-            raise BindError(message)
+            raise BindError(message, reason="identity")
         if req.node not in self.cache.nodes:
             # The node watch does not know the node (gone, or too new to have been seen): ask.
             # The API server itself would bind a pod to a node that does not exist.
@@ -171,7 +172,7 @@ class Binder:
             if locked or (locking and isinstance(exc, NodeLockError) and exc.uncertain):
                 await self._release(req, extra, shared=shared)
             if not isinstance(exc, BindOutcomeUnknown):
-                self.cache.release_pod(req.uid)
+                self._roll_back(req)
             # Reading the node is the lock's first step: a 404 there is upstream's missing node.
             node_missing = locking and isinstance(exc, KubeApiError) and exc.not_found
             message = f"failed to get node {req.node}" if node_missing else str(exc)
@@ -233,9 +234,13 @@ class Binder:
             await self.client.get(node_path(req.node))
         except KubeApiError as exc:
             message = f"failed to get node {req.node}" if exc.not_found else f"get node {req.node}: {exc}"
-            self.cache.release_pod(req.uid)
+            self._roll_back(req)
             self.report(pod, req, message)
             raise BindError(message, reason="lookup") from None
+
+    def _roll_back(self, req: BindRequest) -> None:
+        """Roll back the reservation under the request's UID, if it is the named pod's own."""
+        self.cache.release_pod(req.uid, namespace=req.namespace, name=req.name)
 
     def report(self, pod: dict, req: BindRequest, error: str | None) -> None:
         """Tell ``on_result`` (the BindingSucceed/BindingFailed events) how the bind ended;

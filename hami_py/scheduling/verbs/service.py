@@ -14,12 +14,14 @@ from typing import Any
 import structlog
 
 from hami_py.aio import cancel_and_wait
+from hami_py.cache.pod_ledger import pod_key
 from hami_py.cache.usage import UsageCache
 from hami_py.devices.base import DeviceVendor, RequestError
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.nodelock import go_duration
 from hami_py.metrics import count_outcome
 from hami_py.scheduling.verbs.bind import BindError, Binder, BindRequest
+from hami_py.scheduling.verbs.identity import PodIdentity, Refused, require_uid
 from hami_py.scheduling.eviction.defrag_holds import DefragHolds
 from hami_py.scheduling.decision.filter import FilterDecision, Filterer
 from hami_py.scheduling.verbs.podlocks import PodBusy, PodLocks
@@ -66,6 +68,8 @@ class SchedulerService:
         self.synced = asyncio.Event()
         self.events = events
         self.pod_locks = PodLocks()   # a pod's filters and binds run one at a time
+        # Who a request is about: the live pod it names (scheduling/verbs/identity.py).
+        self.identity = PodIdentity(cache=cache, client=client)
         self.bind_answer_s = bind_answer_s
         # Binds still running after their answer, and the work filters leave for after theirs.
         self._unanswered: set[asyncio.Future] = set()
@@ -116,9 +120,7 @@ class SchedulerService:
             return filter_result(error="scheduler cache is not synced yet")
         meta = pod.get("metadata") or {}
         uid = meta.get("uid") or ""
-        if not uid or not meta.get("name"):
-            # The reservation is keyed by UID and the patch preconditioned on it: without one a
-            # reservation could never be matched to the pod's watch events, and would leak.
+        if not meta.get("name"):
             return filter_result(error=f"pod {_pod_key(pod)}: extender args pod has no metadata.name or metadata.uid")
         # Waiting here (for the sync, leadership) is cancelled with the request when its caller
         # goes away (handler cancellation, set where app.py starts the servers): a caller that
@@ -126,8 +128,17 @@ class SchedulerService:
         # earlier filter or bind: kube-scheduler's scheduling cycle waits for this answer, and
         # every other pod with it.
         try:
+            # The reservation is keyed by UID: without one it could never be matched to the
+            # pod's watch events, and would leak.
+            require_uid("filter", pod_key(pod), uid)
             async with self.pod_locks.try_hold(uid, "filter"):
+                # The live pod it names, unassigned, under that UID (a miss of the watch is read:
+                # the one wait past the sync), or nothing is reserved and nothing released.
+                await self.identity.for_filter(pod)
                 return await self._filter_live(pod, node_names, request)
+        except Refused as refused:
+            count_outcome(self.metrics, "filter", request.vendors, refused.reason)
+            return filter_result(error=str(refused))
         except PodBusy as busy:
             namespace = meta.get("namespace") or "default"
             return filter_result(error=f"pod {namespace}/{meta['name']}: its {busy.holder} is still running "
@@ -137,14 +148,6 @@ class SchedulerService:
         meta = pod.get("metadata") or {}
         uid, name = meta["uid"], meta["name"]            # both checked by filter()
         namespace = meta.get("namespace") or "default"   # as decide() reserves it
-        bound_to = self.cache.bound_node(uid) or (pod.get("spec") or {}).get("nodeName")
-        if bound_to:
-            # Its devices are in use there: a new decision would release them.
-            return filter_result(error=f"pod {namespace}/{name} is already bound to node {bound_to}")
-        if uid in self.cache.deleted:
-            # kube-scheduler's copy of a pod the watch showed deleted: a reservation for it would
-            # never be bound (its Binding's UID precondition fails) nor released by an event.
-            return filter_result(error=f"pod {namespace}/{name} with uid {uid} was deleted")
         stale = may_carry_decision(self.cache, pod, uid)   # before decide drops the charge
         try:
             # Room held for the pod (the defragmenter's, then a preemption's): its victims still
@@ -379,9 +382,15 @@ class SchedulerService:
         await self.binder.close()
 
     async def _bind(self, req: BindRequest) -> None:
+        # Who and what first: the live pod under the request's UID, not assigned elsewhere, and
+        # the node our /filter chose. A refusal binds, reserves and releases nothing.
+        try:
+            pod = await self.identity.for_bind(req.namespace, req.name, req.uid, req.node)
+        except Refused as refused:
+            raise BindError(str(refused), reason=refused.reason) from None
         if self.all_nodes is not None:
             await self.all_nodes.reserve_for_bind(req)   # the node kube-scheduler chose, fitted again
-        await self.binder.bind(req)
+        await self.binder.bind(req, pod)
 
 
 
