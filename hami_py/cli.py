@@ -1,5 +1,5 @@
 """``hami-scheduler``: upstream's scheduler flags (plus ``--webhook-bind-address``, ours), and the
-``simulate`` and ``version`` commands.
+``simulate``, ``defrag`` and ``version`` commands.
 
 A bad flag, a bad value or an unreadable file is reported in one line and exit code 2; nobody
 configuring a scheduler should have to read a traceback to find a typo.
@@ -16,7 +16,7 @@ import sys
 
 from hami_py import __version__
 from hami_py.app import Options, SchedulerApp, split_host_port
-from hami_py.cliargs import EXIT_USAGE, OneLineParser, UsageError
+from hami_py.cliargs import EXIT_USAGE, OneLineParser, UsageError, check_gpu_policy, check_node_policy
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.devices.codec import parse_go_bool
 from hami_py.devices.registry import FamilySwitches, build_vendors
@@ -25,7 +25,7 @@ from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, FILTERING_SUCCEED_MODES,
 from hami_py.http.tls import TLSConfigError
 from hami_py.k8s.leader import check_leader_options, leader_identity
 from hami_py.logs import configure_logging
-from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES, normal_gpu_policy, policy_tokens
+from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES, normal_gpu_policy
 from hami_py.scheduling.verbs.prioritize import FILTER_MODES
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|us|µs|ns|h|m|s)")
@@ -93,8 +93,28 @@ def check_refit_identity(ns: argparse.Namespace) -> None:
                          "accepts")
 
 
+# The commands main() hands over to, as --help names them above the scheduler's flags.
+COMMANDS = {
+    "simulate": "place a workload on a described cluster with the real scheduler; no cluster needed",
+    "defrag": "plan the fewest pod moves that make room for pending device pods, or free whole devices",
+    "version": "print the version",
+}
+
+
+def _help_top() -> str:
+    width = max(map(len, COMMANDS))
+    return "\n".join([
+        "commands:",
+        *(f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()),
+        "",
+        "HAMi-compatible scheduler extender for shared GPUs: without a command, it runs with the flags",
+        "below. hami-scheduler COMMAND --help shows a command's own flags.",
+    ])
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineParser(prog="hami-scheduler", description="HAMi-compatible scheduler extender for shared GPUs.")
+    p = OneLineParser(prog="hami-scheduler", usage="%(prog)s [flags]\n       %(prog)s {" + ",".join(COMMANDS)
+                      + "} [args]", description=_help_top(), formatter_class=argparse.RawDescriptionHelpFormatter)
     flag = p.add_argument
     flag("--http_bind", default="127.0.0.1:8080", type=_address,
          help="the cluster-facing listener: /webhook, /refit, /healthz, /readyz (and, without "
@@ -217,13 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         # Trimmed, each comma token too (HAMi #2854: " binpack " is binpack, not spread).
         ns.node_scheduler_policy = ns.node_scheduler_policy.strip()
         ns.gpu_scheduler_policy = normal_gpu_policy(ns.gpu_scheduler_policy)
-        if ns.node_scheduler_policy not in NODE_POLICIES:
-            raise UsageError(f"--node-scheduler-policy must be {', '.join(NODE_POLICIES[:-1])} or "
-                             f"{NODE_POLICIES[-1]}, not {ns.node_scheduler_policy!r}")
-        unknown = policy_tokens(ns.gpu_scheduler_policy) - GPU_POLICY_TOKENS
-        if unknown:
-            raise UsageError(f"--gpu-scheduler-policy {ns.gpu_scheduler_policy!r}: unknown "
-                             f"{', '.join(sorted(unknown))} (tokens: {', '.join(sorted(GPU_POLICY_TOKENS))})")
+        check_node_policy(ns.node_scheduler_policy, NODE_POLICIES)
+        check_gpu_policy(ns.gpu_scheduler_policy, GPU_POLICY_TOKENS, chain=True, first=NODE_POLICIES)
         if bool(ns.cert_file) != bool(ns.key_file):
             raise UsageError("--cert_file and --key_file must be given together")
         check_refit_identity(ns)

@@ -73,6 +73,26 @@ def test_bad_flags_and_files_are_one_line_and_exit_2(capsys, tmp_path):
     assert code == 2 and "cannot read file" in err and err.count("\n") == 1
 
 
+def test_an_unknown_policy_names_the_choices_and_a_shortened_flag_is_unknown(capsys):
+    code, out, err = run(capsys, "--gpu-scheduler-policy", "tightest")
+    assert (code, out) == (2, "")
+    assert err == ('hami-scheduler defrag: --gpu-scheduler-policy: unknown GPU policy "tightest" (choose from '
+                   "binpack, spread, fragmentation-aware, mutex, numa, topology-aware, or a comma list of them "
+                   "such as numa,binpack)\n")
+    code, _, err = run(capsys, "--gpu-scheduler-policy", "numa, binpak")
+    assert code == 2 and 'unknown GPU policy "binpak" in "numa, binpak" (choose from binpack, spread' in err, err
+    code, _, err = run(capsys, "--node-scheduler-policy", "numa")
+    assert err == ('hami-scheduler defrag: --node-scheduler-policy: unknown node policy "numa" '
+                   "(choose from binpack, spread, fragmentation-aware)\n")
+    # A chain the scheduler takes is taken here too.
+    assert run(capsys, "--gpu-scheduler-policy", "numa,binpack", "--output", "json")[0] == 0
+    # No abbreviations: --max-move is not --max-moves, and is named before the missing --cluster.
+    for args, unknown in ((["--cluster", EXAMPLE, "--max-move", "1"], "--max-move"),
+                          (["--max-move=1"], "--max-move=1")):
+        assert hami_main(["defrag", *args]) == 2
+        assert capsys.readouterr().err == f"hami-scheduler defrag: unrecognized arguments: {unknown}\n"
+
+
 def test_html_report_shows_each_touched_device_before_and_after(capsys, tmp_path):
     target = tmp_path / "plan.html"
     code, out, _ = run(capsys, "--output", "html", "--report-file", str(target))

@@ -316,7 +316,22 @@ def test_missing_file_and_bad_flags(tmp_path, capsys):
     assert cli.main(["--cluster", str(tmp_path / "nope.yaml"), "--workload", "x"]) == 2
     assert "nope.yaml: cannot read file" in capsys.readouterr().err
     assert cli.main(["--cluster", "a", "--workload", "b", "--gpu-scheduler-policy", "tight"]) == 2
-    assert "invalid choice" in capsys.readouterr().err
+    assert capsys.readouterr().err == ('hami-scheduler simulate: --gpu-scheduler-policy: unknown GPU policy "tight" '
+                                       "(choose from binpack, spread, fragmentation-aware)\n")
+    assert cli.main(["--cluster", "a", "--workload", "b", "--node-scheduler-policy", "numa"]) == 2
+    assert capsys.readouterr().err == ('hami-scheduler simulate: --node-scheduler-policy: unknown node policy "numa" '
+                                       "(choose from binpack, spread, fragmentation-aware)\n")
+
+
+@pytest.mark.parametrize("args", [["--cluster", "a", "--workload", "b", "--compare"], ["--compare"],
+                                  ["--cluster", "a", "--workload", "b", "--gpu-scheduler=binpack"]])
+def test_a_shortened_flag_is_an_unknown_flag_not_an_abbreviation(capsys, args):
+    """``--compare`` once ran as ``--compare-policies``; it is named as unknown, before the missing
+    files (or flags) are."""
+    assert cli.main(args) == 2
+    unknown = next(a for a in args if a.startswith(("--compare", "--gpu-")))
+    assert capsys.readouterr().err == f"hami-scheduler simulate: unrecognized arguments: {unknown}\n"
+    assert cli.build_parser().allow_abbrev is False
 
 
 def test_input_error_without_line():

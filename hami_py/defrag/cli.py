@@ -15,7 +15,7 @@ import sys
 
 import structlog
 
-from hami_py.cliargs import EXIT_INTERRUPTED, EXIT_USAGE, OneLineParser, UsageError
+from hami_py.cliargs import EXIT_INTERRUPTED, EXIT_USAGE, OneLineParser, UsageError, check_gpu_policy, check_node_policy
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.defrag.planner import Planner
 from hami_py.defrag.plan import Plan
@@ -27,7 +27,7 @@ from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.logs import configure_logging
 from hami_py.offline.source import InputError
 from hami_py.scheduling.eviction.defrag_holds import MAX_HOLD_S
-from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES, policy_tokens
+from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES
 
 EXIT_OK = 0
 EXIT_NOT_SATISFIED = 1
@@ -87,12 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_flags(ns: argparse.Namespace) -> None:
-    if ns.node_scheduler_policy not in NODE_POLICIES:
-        raise UsageError(f"--node-scheduler-policy must be one of {', '.join(NODE_POLICIES)}, "
-                         f"not {ns.node_scheduler_policy!r}")
-    unknown = policy_tokens(ns.gpu_scheduler_policy) - GPU_POLICY_TOKENS - set(NODE_POLICIES)
-    if unknown:
-        raise UsageError(f"--gpu-scheduler-policy {ns.gpu_scheduler_policy!r}: unknown {', '.join(sorted(unknown))}")
+    check_node_policy(ns.node_scheduler_policy, NODE_POLICIES)
+    check_gpu_policy(ns.gpu_scheduler_policy, GPU_POLICY_TOKENS, chain=True, first=NODE_POLICIES)
     if ns.free is not None and ns.namespace:
         raise UsageError("--namespace chooses pending pods: it does not go with --free")
     if ns.free is None and (ns.model is not None or ns.across_nodes):

@@ -9,7 +9,7 @@ import argparse
 import logging
 import sys
 
-from hami_py.cliargs import EXIT_INTERRUPTED, EXIT_USAGE, OneLineParser, UsageError
+from hami_py.cliargs import EXIT_INTERRUPTED, EXIT_USAGE, OneLineParser, UsageError, check_gpu_policy, check_node_policy
 from hami_py.config import ConfigError, DeviceConfig, load_device_config
 from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.logs import configure_logging
@@ -34,8 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
                 description="Place a workload on a described cluster with the real scheduler; no cluster needed.")
     p.add_argument("--cluster", required=True, help="cluster file: simulator nodes list or kubectl get nodes -o yaml")
     p.add_argument("--workload", required=True, help="workload file: simulator pods list or Pod manifests")
-    p.add_argument("--node-scheduler-policy", default="binpack", choices=POLICIES, help="default node policy")
-    p.add_argument("--gpu-scheduler-policy", default="spread", choices=POLICIES, help="default GPU policy")
+    # Checked after parsing (check_node_policy, check_gpu_policy), so the error says what to choose
+    # in the words the scheduler and defrag use.
+    policies = "{" + ",".join(POLICIES) + "}"
+    p.add_argument("--node-scheduler-policy", default="binpack", metavar=policies, help="default node policy")
+    p.add_argument("--gpu-scheduler-policy", default="spread", metavar=policies, help="default GPU policy")
     p.add_argument("--compare-policies", action="store_true",
                    help="also run every node x GPU policy pair and compare them")
     p.add_argument("--defrag-every", type=int, default=0, metavar="K",
@@ -73,6 +76,8 @@ def _fail(message: str, code: int = EXIT_USAGE) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+        check_node_policy(ns.node_scheduler_policy, POLICIES)
+        check_gpu_policy(ns.gpu_scheduler_policy, POLICIES, chain=False, first=POLICIES)
         if ns.defrag_every < 0:
             raise UsageError(f"--defrag-every must be 0 (never) or a number of arrivals, not {ns.defrag_every}")
         if ns.report_file is not None and ns.output != "html":
