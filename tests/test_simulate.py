@@ -144,7 +144,7 @@ async def test_fragmentation_is_free_memory_the_typical_request_cannot_use(tmp_p
     result = await _simulate(tmp_path, _one_gpu_cluster(gpus=3), workload)
     frag = result.summary()["fragmentation"]
     assert frag["typicalRequest"] == "1 NVIDIA device x 30720 MiB, 10% cores"
-    assert (frag["freeMiB"], frag["strandedMiB"], frag["strandedGpus"]) == (40960 + 2 * 10240, 2 * 10240, 2)
+    assert (frag["freeMiB"], frag["refusingTypicalMiB"], frag["refusingTypicalGpus"]) == (40960 + 2 * 10240, 2 * 10240, 2)
     assert frag["percent"] == 33.3
 
 
@@ -205,6 +205,26 @@ async def test_kubernetes_snapshot_and_manifests_are_accepted():
     assert states["big-train"].failed_nodes == {"gpu-node-1": "4/4 CardInsufficientMemory",
                                                 "gpu-node-2": "NodeInsufficientDevice"}
     assert result.summary()["existingPods"] == 2
+
+
+async def test_the_peak_and_the_pods_per_node_count_the_dumps_own_pods(tmp_path):
+    """A cluster dump's running pods are usage from the start (issue 36): the peak was 0 % and
+    their nodes showed no pods when the workload placed nothing."""
+    workload = _write(tmp_path, "workload.yaml", "pods:\n  - name: nowhere\n    gpumem: 1Gi\n"
+                                                 "    nodeSelector:\n      pool: none\n")
+    cluster, workload, config = _load(str(EXAMPLES / "defrag/cluster.yaml"), workload)
+    result = await run_scenario(cluster=cluster, workload=workload, scenario=Scenario("binpack", "spread"),
+                                device_config=config)
+    summary = result.summary()
+    assert summary["placed"] == 0 and summary["existingPods"] == len(cluster.existing_pods) > 0
+    assert summary["memory"]["percent"] > 0
+    assert summary["peakMemoryPercent"] == summary["memory"]["percent"]
+    expected: dict[str, int] = {}
+    for pod in cluster.existing_pods:
+        expected[pod["spec"]["nodeName"]] = expected.get(pod["spec"]["nodeName"], 0) + 1
+    rows = {row["name"]: row["pods"] for row in result.node_rows()}
+    assert rows == {node: expected.get(node, 0) for node in cluster.node_names}
+    assert {n["name"]: n["pods"] for n in result.nodes_json()} == rows
 
 
 def test_a_pod_copied_from_a_live_cluster_loses_its_whole_earlier_decision(tmp_path):
@@ -375,16 +395,33 @@ def test_table_report_of_the_small_example(capsys):
     assert "a100-0" in out and "Fragmented" in out
 
 
+async def test_progress_counts_each_pod_once_and_the_moves_apart():
+    """With --defrag-every, a moved pod's replacement is bound again: that is a re-placement, not
+    a new arrival or a new placement (issue 36)."""
+    cluster, workload, config = _load(str(EXAMPLES / "small/cluster.yaml"), str(EXAMPLES / "small/workload.yaml"))
+    calls = []
+    result = await run_scenario(cluster=cluster, workload=workload, scenario=Scenario("binpack", "spread", 5),
+                                device_config=config, progress=lambda *args: calls.append(args))
+    summary = result.summary()
+    assert result.moves > 0
+    assert all(placed + pending <= done <= total for done, total, placed, pending, _ in calls)
+    done, total, placed, pending, replaced = calls[-1]
+    assert done == total == summary["pods"] == 11
+    assert (placed, pending) == (summary["placed"], summary["pending"]) == (11, 0)
+    assert replaced == result.moves == sum(p.moved for p in result.pods)
+
+
 def test_progress_bar_draws_then_clears():
     stream = StringIO()
     bar = ProgressBar(stream=stream, enabled=True, width=10, min_interval_s=0)
     bar.start("binpack/spread")
     bar.update(3, 10, 2, 1)
-    bar.update(10, 10, 9, 1)
+    bar.update(10, 10, 9, 1, 4)
     bar.finish()
     text = stream.getvalue()
-    assert "binpack/spread [###-------] 3/10 pods, 2 placed, 1 pending" in text
-    assert "[##########] 10/10 pods" in text and text.endswith("\r")
+    assert "binpack/spread [###-------] 3/10 pods arrived, 2 placed, 1 pending" in text
+    assert "[##########] 10/10 pods arrived, 9 placed, 4 re-placed after moves, 1 pending" in text
+    assert text.endswith("\r")
     quiet = StringIO()
     ProgressBar(stream=quiet).update(1, 2, 1, 0)   # not a terminal: nothing drawn
     assert quiet.getvalue() == ""

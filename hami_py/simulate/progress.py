@@ -25,7 +25,9 @@ class ProgressBar:
         self.label = label
         self._last_draw = 0.0
 
-    def update(self, done: int, total: int, placed: int, pending: int) -> None:
+    def update(self, done: int, total: int, placed: int, pending: int, replaced: int = 0) -> None:
+        """``done`` of ``total`` pods arrived; ``placed`` of them placed (each once), ``pending``
+        waiting; ``replaced``: binds of pods placed again after the defragmenter moved them."""
         if not self.enabled:
             return
         now = time.monotonic()
@@ -34,7 +36,8 @@ class ProgressBar:
         self._last_draw = now
         filled = self.width * done // total if total else self.width
         bar = "#" * filled + "-" * (self.width - filled)
-        line = f"{self.label} [{bar}] {done}/{total} pods, {placed} placed, {pending} pending"
+        moved = f", {replaced} re-placed after moves" if replaced else ""
+        line = f"{self.label} [{bar}] {done}/{total} pods arrived, {placed} placed{moved}, {pending} pending"
         self._write("\r" + line + " " * max(0, self._drawn - len(line)))
         self._drawn = len(line)
 

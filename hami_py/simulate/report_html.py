@@ -125,7 +125,7 @@ def _cards(s: dict, *, mixed: bool = False) -> str:
         ("slots used", f"{s['slots']['percent']}%", ""),
         *in_use,
         ("fragmented", f"{f['percent']}%" if f["typicalRequest"] else "-", ""),
-        ("stranded MiB", f"{s['strandedMiB']:,}", ""),
+        ("stranded MiB at end", f"{s['strandedMiBAtEnd']:,}", ""),
         ("whole devices free", str(s["wholeDevicesFree"]), ""),
         ("pending, memory free", str(s["fragmentationFailures"]), "bad" if s["fragmentationFailures"] else ""),
         ("pods moved", str(s["moves"]), ""),
@@ -134,8 +134,8 @@ def _cards(s: dict, *, mixed: bool = False) -> str:
                    f'<div class="l">{escape(label)}</div></div>' for label, v, cls in cards)
     frag = ""
     if f["typicalRequest"]:
-        frag = (f"<div>Fragmentation: {f['strandedMiB']:,} of {f['freeMiB']:,} MiB free memory, on "
-                f"{f['strandedGpus']} {'devices' if mixed else 'GPUs'}, cannot take the typical request ({escape(f['typicalRequest'])}).</div>")
+        frag = (f"<div>Fragmentation: {f['refusingTypicalMiB']:,} of {f['freeMiB']:,} MiB free memory, on "
+                f"{f['refusingTypicalGpus']} {'devices' if mixed else 'GPUs'}, cannot take the typical request ({escape(f['typicalRequest'])}).</div>")
     return f'<div class="cards">{html}</div>{frag}'
 
 
@@ -143,7 +143,7 @@ def _comparison(results: list[ScenarioResult], *, chosen: ScenarioResult) -> str
     best = best_scenario(results)
     rows = ['<table><tr><th class="l">policies</th><th>placed</th><th>pending</th><th>nodes used</th>'
             "<th>GPUs used</th><th>memory</th><th>cores</th><th>slots</th><th>fragmented</th>"
-            "<th>pending, memory free</th><th>stranded MiB</th><th>mean stranded MiB</th><th>whole free</th>"
+            "<th>pending, memory free</th><th>stranded MiB at end</th><th>stranded MiB mean</th><th>whole free</th>"
             "<th>moves</th></tr>"]
     for x in results:
         s = x.summary()
@@ -153,7 +153,7 @@ def _comparison(results: list[ScenarioResult], *, chosen: ScenarioResult) -> str
                     f"<td>{s['gpusInUse']}</td><td>{s['memory']['percent']}%</td><td>{s['cores']['percent']}%</td>"
                     f"<td>{s['slots']['percent']}%</td>"
                     f"<td>{s['fragmentation']['percent']}%</td><td>{s['fragmentationFailures']}</td>"
-                    f"<td>{s['strandedMiB']:,}</td><td>{s['meanStrandedMiB']:,}</td><td>{s['wholeDevicesFree']}</td>"
+                    f"<td>{s['strandedMiBAtEnd']:,}</td><td>{s['strandedMiBMean']:,}</td><td>{s['wholeDevicesFree']}</td>"
                     f"<td>{s['moves']}</td></tr>")
     rows.append(f"</table><div class=\"inputs\">best: {escape(BEST_RULE)}</div>")
     return "".join(rows)

@@ -45,8 +45,8 @@ def render_table(report: Report, *, detail: bool = False) -> str:
     add(f"Slots       {sl['percent']:5.1f}%  {sl['used']:,} / {sl['total']:,}")
     devices = "devices" if r.mixed else "GPUs"
     add(_fragmentation_line(s["fragmentation"], devices=devices))
-    add(f"Stranded    {s['strandedMiB']:,} MiB on {devices} out of slots or cores "
-        f"(mean over the arrivals {s['meanStrandedMiB']:,} MiB); {s['wholeDevicesFree']} whole {devices} free")
+    add(f"Stranded    {s['strandedMiBAtEnd']:,} MiB on {devices} out of slots or cores "
+        f"(mean over the arrivals {s['strandedMiBMean']:,} MiB); {s['wholeDevicesFree']} whole {devices} free")
     add(f"Pending     {s['fragmentationFailures']} of {s['pending']} although free memory would hold them; "
         f"{s['pendingMovesCouldPlace']} that moving pods could place")
     if r.defrag_every:
@@ -86,8 +86,8 @@ def _pods_line(s: dict) -> str:
 def _fragmentation_line(f: dict, *, devices: str = "GPUs") -> str:
     if not f["typicalRequest"]:
         return "Fragmented  -"
-    return (f"Fragmented  {f['percent']:5.1f}%  of free memory ({f['strandedMiB']:,} of {f['freeMiB']:,} MiB, "
-            f"on {f['strandedGpus']} {devices}) cannot take the typical request: {f['typicalRequest']}")
+    return (f"Fragmented  {f['percent']:5.1f}%  of free memory ({f['refusingTypicalMiB']:,} of {f['freeMiB']:,} MiB, "
+            f"on {f['refusingTypicalGpus']} {devices}) cannot take the typical request: {f['typicalRequest']}")
 
 
 def _node_table(r: ScenarioResult) -> list[str]:
@@ -164,7 +164,7 @@ def comparison_table(results: list[ScenarioResult], *, chosen: ScenarioResult | 
         out.append(f"  {x.label:<{width}}  {s['placed']:>6}  {s['pending']:>7}  {s['fragmentationFailures']:>8}  "
                    f"{s['nodesInUse']:>5}  {s['gpusInUse']:>5}  {s['wholeDevicesFree']:>5}  "
                    f"{s['memory']['percent']:5.1f}%  {s['cores']['percent']:5.1f}%  {s['slots']['percent']:5.1f}%  "
-                   f"{s['fragmentation']['percent']:9.1f}%  {s['strandedMiB']:>12,}  {s['meanStrandedMiB']:>10,}"
+                   f"{s['fragmentation']['percent']:9.1f}%  {s['strandedMiBAtEnd']:>12,}  {s['strandedMiBMean']:>10,}"
                    + (f"  {s['moves']:>5}" if moves else "") + marks)
     out.append(f"  best: {BEST_RULE}")
     return out

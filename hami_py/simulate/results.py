@@ -103,8 +103,8 @@ class Fragmentation:
         return percent(self.stranded_mib, self.free_mib)
 
     def as_json(self) -> dict:
-        return {"typicalRequest": self.request, "freeMiB": self.free_mib, "strandedMiB": self.stranded_mib,
-                "strandedGpus": self.stranded_gpus, "percent": self.percent}
+        return {"typicalRequest": self.request, "freeMiB": self.free_mib,
+                "refusingTypicalMiB": self.stranded_mib, "refusingTypicalGpus": self.stranded_gpus, "percent": self.percent}
 
 
 @dataclass
@@ -116,6 +116,7 @@ class ScenarioResult:
     fragmentation: Fragmentation
     peak_memory_percent: float = 0.0
     existing_pods: int = 0
+    existing_on: dict[str, int] = field(default_factory=dict)   # the dump's running pods, per node
     elapsed_s: float = 0.0
     # Pending pods whose memory the family's free memory would hold (fragmentation failures).
     fragmentation_failures: int = 0
@@ -163,8 +164,9 @@ class ScenarioResult:
             "peakMemoryPercent": self.peak_memory_percent,
             "fragmentation": self.fragmentation.as_json(),
             "fragmentationFailures": self.fragmentation_failures,
-            "strandedMiB": sum(d.stranded_mib for d in self.devices),
-            "meanStrandedMiB": self.mean_stranded_mib,
+            # Free memory on devices out of slots or cores: at the end, and averaged over the arrivals.
+            "strandedMiBAtEnd": sum(d.stranded_mib for d in self.devices),
+            "strandedMiBMean": self.mean_stranded_mib,
             "wholeDevicesFree": sum(1 for d in self.devices if d.whole),
             "moves": self.moves, "defragRuns": self.defrag_runs, "defragEvery": self.defrag_every,
             "pendingMovesCouldPlace": self.pending_movable,
@@ -197,8 +199,9 @@ class ScenarioResult:
         return out
 
     def node_rows(self) -> list[dict]:
-        """Per node: totals over its devices, the devices themselves, and its pod count."""
-        pods_on: dict[str, int] = {}
+        """Per node: totals over its devices, the devices themselves, and its pod count (the
+        running pods of a cluster dump included)."""
+        pods_on: dict[str, int] = dict(self.existing_on)
         for pod in self.pods:
             if pod.state == "running":
                 pods_on[pod.node] = pods_on.get(pod.node, 0) + 1

@@ -47,13 +47,15 @@ class ScenarioProgress:
         self.done = [0] * scenarios
         self.placed = [0] * scenarios
         self.pending = [0] * scenarios
+        self.replaced = [0] * scenarios
         self.total = total * scenarios
         self.on_change = on_change
 
-    def update(self, index: int, done: int, placed: int, pending: int) -> None:
+    def update(self, index: int, done: int, placed: int, pending: int, replaced: int = 0) -> None:
         self.done[index], self.placed[index], self.pending[index] = done, placed, pending
+        self.replaced[index] = replaced
         if self.on_change is not None:
-            self.on_change(sum(self.done), self.total, sum(self.placed), sum(self.pending))
+            self.on_change(sum(self.done), self.total, sum(self.placed), sum(self.pending), sum(self.replaced))
 
 
 def run_scenarios(*, cluster: Cluster, workload: Workload, scenarios: list[Scenario], device_config: DeviceConfig,
@@ -85,8 +87,8 @@ async def _run_serially(*, cluster: Cluster, workload: Workload, scenarios: list
                         device_config: DeviceConfig, tracker: ScenarioProgress) -> list[ScenarioResult]:
     results = []
     for i, scenario in enumerate(scenarios):
-        def report(done: int, total: int, placed: int, pending: int, index: int = i) -> None:
-            tracker.update(index, done, placed, pending)
+        def report(done: int, total: int, placed: int, pending: int, replaced: int, index: int = i) -> None:
+            tracker.update(index, done, placed, pending, replaced)
         results.append(await run_scenario(cluster=cluster, workload=workload, scenario=scenario,
                                           device_config=device_config, progress=report))
     return results
@@ -104,11 +106,11 @@ def _worker_run(index: int, cluster: Cluster, workload: Workload, scenario: Scen
                 device_config: DeviceConfig) -> ScenarioResult:
     last = [0.0]
 
-    def report(done: int, total: int, placed: int, pending: int) -> None:
+    def report(done: int, total: int, placed: int, pending: int, replaced: int) -> None:
         now = time.monotonic()
         if done == total or now - last[0] >= 0.1:
             last[0] = now
-            _updates.put((index, done, placed, pending))
+            _updates.put((index, done, placed, pending, replaced))
 
     return asyncio.run(run_scenario(cluster=cluster, workload=workload, scenario=scenario,
                                     device_config=device_config, progress=report))
@@ -123,8 +125,7 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
     try:
         for node in cluster.nodes:
             api.create("nodes", node)
-        for pod in cluster.existing_pods:
-            api.create("pods", pod)
+        existing_uids = [api.create("pods", pod)["metadata"]["uid"] for pod in cluster.existing_pods]
         options = embedded_options(node_scheduler_policy=scenario.node_policy,
                                    gpu_scheduler_policy=scenario.gpu_policy, metrics_bind_address="",
                                    enable_ascend=EVERY_FAMILY.enable_ascend,
@@ -132,6 +133,10 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
         async with running_scheduler(api, options=options, device_config=device_config) as app:
             await wait_for(lambda: all(n in app.cache.nodes for n in cluster.node_names), timeout=WAIT_S,
                            what="the scheduler to register every node")
+            # The dump's own pods are usage from the start: the peak and the per-node pod counts
+            # include them.
+            await wait_for(lambda: all(uid in app.cache.pods for uid in existing_uids), timeout=WAIT_S,
+                           what="the scheduler to book the pods already running")
             run = ScenarioRun(api=api, app=app, cluster=cluster, progress=progress,
                               defragment=defragmenting.defragment, defrag_every=scenario.defrag_every)
             try:
@@ -147,11 +152,21 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
                                     fragmentation_failures=fragmentation_failures(run),
                                     pending_movable=pending_movable, moves=run.moves,
                                     defrag_runs=run.defrag_runs, defrag_every=scenario.defrag_every,
-                                    existing_pods=len(cluster.existing_pods))
+                                    existing_pods=len(cluster.existing_pods),
+                                    existing_on=existing_pods_per_node(cluster))
     finally:
         await api.stop()
     result.elapsed_s = time.perf_counter() - started
     return result
+
+
+def existing_pods_per_node(cluster: Cluster) -> dict[str, int]:
+    """How many of the dump's own running pods each node holds."""
+    out: dict[str, int] = {}
+    for pod in cluster.existing_pods:
+        node = pod["spec"]["nodeName"]
+        out[node] = out.get(node, 0) + 1
+    return out
 
 
 def device_states(app: SchedulerApp, node_names: list[str]) -> list[DeviceState]:

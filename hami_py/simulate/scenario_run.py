@@ -35,7 +35,9 @@ from hami_py.simulate.workload import Arrival, Workload
 WAIT_S = 60.0
 EPOCH = 1_767_225_600       # 2026-01-01T00:00:00Z: arrival 0 of every simulation
 
-ProgressFn = Callable[[int, int, int, int], None]   # (arrived, total, placed, pending)
+# (arrived, total, placed, pending, re-placed): placed counts each workload pod's first placement
+# once; re-placed counts the binds of pods placed again after the defragmenter moved them.
+ProgressFn = Callable[[int, int, int, int, int], None]
 # Plans for the pending pods and carries the plan's moves out at an arrival; the number moved.
 Defragmenter = Callable[["ScenarioRun", int], Awaitable[int]]
 
@@ -70,7 +72,9 @@ class ScenarioRun:
         self.outcomes: list[PodOutcome] = []
         self.pending: list[PodOutcome] = []
         self.expiries: dict[int, list[PodOutcome]] = {}
-        self.binds = 0
+        self.binds = 0           # every bind, re-placements of moved pods included
+        self.placed = 0          # workload pods placed (the first time)
+        self.replaced = 0        # binds of moved pods' replacements
         self._counted: list[bool] | None = None    # devices that count towards peak usage
         self.peak_memory_percent = 0.0
         self.defrag_every = defrag_every
@@ -88,6 +92,7 @@ class ScenarioRun:
 
     async def play(self, workload: Workload) -> None:
         self.arrivals = arrivals = workload.arrivals()
+        self._sample_usage()     # the pods already running (a cluster dump's) count towards the peak
         for arrival in arrivals:
             self.step = arrival.step
             await self._expire(arrival.step)
@@ -102,11 +107,13 @@ class ScenarioRun:
                 self.moves += await self.defragment(self, arrival.step)
             self._sample_stranded()
             if self.progress is not None:
-                self.progress(arrival.step + 1, len(arrivals), self.binds, len(self.pending))
+                self.progress(arrival.step + 1, len(arrivals), self.placed, len(self.pending), self.replaced)
         if self.defrag_every and self.pending and arrivals:
             # Once more after the last arrival: no pod is left pending that moves could place.
             self.defrag_runs += 1
             self.moves += await self.defragment(self, arrivals[-1].step)
+            if self.progress is not None:
+                self.progress(len(arrivals), len(arrivals), self.placed, len(self.pending), self.replaced)
         await self.allocations_done()
 
     def _manifest(self, pod: dict, template: str) -> dict:
@@ -187,6 +194,10 @@ class ScenarioRun:
             self._still_pending(outcome, f"bind to {node} failed: {bound['Error']}", None)
             return
         self.binds += 1
+        if outcome.moved:        # replace() counts the move before the replacement's attempt
+            self.replaced += 1
+        else:
+            self.placed += 1
         self._sample_usage()     # the peak can only rise with a bind
         outcome.node, outcome.placed_at = node, step
         outcome.reason, outcome.failed_nodes = "", None
