@@ -74,19 +74,21 @@ def node_locked(api, node: str) -> bool:
 
 async def test_a_filter_of_a_pod_the_api_server_does_not_have_reserves_nothing(api, app, extender):
     """A hand-made pod, and a deleted one the watch's bounded memory of deletes has let go: the
-    watch does not show either, so the pod is read, found missing, and nothing is reserved."""
+    watch shows neither, so the filter decides without a read (kube-scheduler waits for its
+    answer) and the read after the answer finds the pod missing: the reservation is released
+    before any bind of it can run (the bind waits for that read under the pod's lock)."""
     names = await one_gpu_nodes(api, app, "n1")
     ghost = forged(gpu_pod("ghost", gpumem=10000), uid="made-up-uid", resourceVersion="1")
-    assert (await extender.filter(ghost, names)) == {
-        "Nodes": None, "NodeNames": None, "FailedNodes": None, "FailedAndUnresolvableNodes": None,
-        "Error": "pod default/ghost does not exist"}
+    assert (await extender.filter(ghost, names))["NodeNames"] == names
+    assert await extender.bind(ghost, "n1") == {"Error": 'pod "ghost" not found'}
+    assert "made-up-uid" not in app.cache.pods and used_mem(app, "n1") == 0
     gone = await created(api, app, "gone")
     api.delete("pods", "gone", namespace="default")
     await wait_until(lambda: uid_of(gone) in app.cache.deleted, "the delete seen")
     assert (await extender.filter(gone, names))["Error"] == f"pod default/gone with uid {uid_of(gone)} was deleted"
     app.cache.deleted.clear()            # as after DELETED_UIDS_KEPT later deletes
-    assert (await extender.filter(gone, names))["Error"] == "pod default/gone does not exist"
-    assert not app.cache.pods and used_mem(app, "n1") == 0
+    assert (await extender.filter(gone, names))["NodeNames"] == names
+    await wait_until(lambda: not app.cache.pods and used_mem(app, "n1") == 0, "the reservation released")
     await wait_books_balance(api, app)
 
 
@@ -133,7 +135,10 @@ async def test_the_common_filter_reads_no_pod_and_a_miss_of_the_watch_reads_it_o
     app.cache.live_pods.forget(uid_of(late))     # kube-scheduler's watch ahead of ours
     mark = len(api.requests)
     assert (await extender.filter(late, names))["NodeNames"] == names
-    assert reads_of(api, "late", mark) == 1
+    # Read once, after the answer; the pod is the live one, so its reservation stays and binds.
+    await wait_until(lambda: reads_of(api, "late", mark) == 1, "the read after the answer")
+    assert await extender.bind(late, "n1") == {"Error": ""}
+    assert reads_of(api, "late", mark) == 2      # the bind (which may await) reads on its own miss
     await wait_books_balance(api, app)
 
 
@@ -298,6 +303,7 @@ async def test_a_refusal_about_a_missing_pod_is_counted_as_a_lookup_failure(api,
     lookup failure (one about another pod's UID, an identity failure: the tests above)."""
     await one_gpu_nodes(api, app, "n1")
     ghost = forged(gpu_pod("ghost", gpumem=1000), uid="u-ghost")
-    assert (await extender.filter(ghost, ["n1"]))["Error"] == "pod default/ghost does not exist"
+    assert (await extender.filter(ghost, ["n1"]))["NodeNames"] == ["n1"]     # confirmed after the answer
+    await wait_until(lambda: "u-ghost" not in app.cache.pods, "the reservation released")
     failures = series(await scrape(app), "hami_scheduler_allocation_failures_total")
     assert failures == {labels(phase="filter", device_type="NVIDIA", failure_reason="lookup"): 1.0}

@@ -40,6 +40,7 @@ class LivePods:
 
     def __init__(self) -> None:
         self.by_uid: dict[str, LivePod] = {}
+        self.by_name: dict[tuple[str, str], str] = {}     # (namespace, name) → the UID living under it
 
     def __len__(self) -> int:
         return len(self.by_uid)
@@ -61,15 +62,22 @@ class LivePods:
         neither name nor node (a UID's name never changes): the record is updated in place."""
         live = self.by_uid.get(uid)
         if live is None:
-            self.by_uid[uid] = live_pod_of(pod)
+            live = self.by_uid[uid] = live_pod_of(pod)
+            self.by_name[(live.namespace, live.name)] = uid
             return
         node = (pod.get("spec") or {}).get("nodeName") or ""
         if node != live.node:
             live.node = intern(node)
         live.resource_version = str((pod.get("metadata") or {}).get("resourceVersion") or "")
 
+    def uid_named(self, namespace: str, name: str) -> str | None:
+        """The UID of the live pod of that name, if the watch shows one."""
+        return self.by_name.get((namespace, name))
+
     def forget(self, uid: str) -> None:
-        self.by_uid.pop(uid, None)
+        live = self.by_uid.pop(uid, None)
+        if live is not None and self.by_name.get((live.namespace, live.name)) == uid:
+            del self.by_name[(live.namespace, live.name)]
 
     def drop_missing(self, listed: Iterable[str]) -> list[str]:
         """A relist listed these UIDs: the pods indexed before it that it lacks were deleted while
@@ -77,5 +85,5 @@ class LivePods:
         listed = listed if isinstance(listed, (set, frozenset)) else set(listed)
         gone = [uid for uid in self.by_uid if uid not in listed]
         for uid in gone:
-            del self.by_uid[uid]
+            self.forget(uid)
         return gone

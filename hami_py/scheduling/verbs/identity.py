@@ -13,15 +13,24 @@ before anything is reserved, bound or released:
   Binder answers with success);
 * a bind names the node this scheduler's /filter placed the pod on.
 
-The live pod is the pod watch's (``cache.live_pods``, four facts per pod), so the common case asks
-the API server nothing; a pod the watch has not shown yet, or shown under another UID, is read.
+The live pod is the pod watch's (``cache.live_pods``, four facts per pod and its name's UID), so
+a /filter asks the API server nothing: kube-scheduler's scheduling cycle waits for its answer, and
+every other pod with it. A pod the watch has shown under neither the UID nor the name (its watch
+event still in flight) is decided as usual and confirmed after the answer (``confirm_filtered``,
+one read under the pod's lock, which its /bind waits for): a reservation for a pod the API server
+does not have, or has under another UID, is released then. A /bind may await, and reads the pod
+on a miss.
 """
 from __future__ import annotations
+
+import structlog
 
 from hami_py.cache.live_pods import LivePod, live_pod_of
 from hami_py.cache.pod_ledger import pod_key
 from hami_py.cache.usage import UsageCache
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
+
+log = structlog.get_logger(__name__)
 
 
 class Refused(Exception):
@@ -67,24 +76,57 @@ class PodIdentity:
         by our own Binding the watch has not shown yet."""
         return live.node or self.cache.bound_node(uid) or ""
 
-    async def for_filter(self, pod: dict) -> None:
-        """Raise Refused unless the request's pod is a live, unassigned pod under its UID."""
+    def for_filter(self, pod: dict) -> bool:
+        """Raise Refused unless the request's pod is, as the watch shows it, a live unassigned pod
+        under its UID. False when the watch shows neither the UID nor the name: the decision is
+        then to be confirmed after the answer (``confirm_filtered``). Synchronous: no read."""
         meta = pod.get("metadata") or {}
         key, uid = pod_key(pod), meta.get("uid") or ""
         namespace, name = key.split("/", 1)
         require_uid("filter", key, uid)
         if uid in self.cache.deleted:
-            # kube-scheduler's copy of a pod the watch showed deleted: known without a read.
+            # kube-scheduler's copy of a pod the watch showed deleted.
             raise Refused(f"pod {key} with uid {uid} was deleted", reason="lookup")
-        live, live_uid, _ = await self.live(namespace, name, uid)
+        live_pods = self.cache.live_pods
+        live = live_pods.named(uid, namespace, name)
         if live is None:
-            raise Refused(f"pod {key} does not exist", reason="lookup")
-        if live_uid != uid:
-            raise Refused(f"pod {key} has UID {live_uid}, filter request carries UID {uid}")
+            live_uid = live_pods.uid_named(namespace, name)
+            if live_uid is not None:
+                raise Refused(f"pod {key} has UID {live_uid}, filter request carries UID {uid}")
+            if uid in live_pods:
+                # Another pod's UID: a decision under it would replace that pod's charge.
+                raise Refused(f"pod {key} does not carry its own UID: {uid} is another pod's")
+            return False
         node = self._assigned(live, uid)
         if node:
             # Its devices are in use there: a new decision would release them.
             raise Refused(f"pod {key} is already assigned to node {node}")
+        return True
+
+    async def confirm_filtered(self, *, client: KubeClient, namespace: str, name: str, uid: str,
+                               on_refused) -> None:
+        """After the answer to a /filter the watch could not vouch for: read the pod, and release
+        what the filter reserved or held under ``uid`` unless the API server has that pod, under
+        that UID, unassigned (or assigned by our own bind meanwhile). A failed read releases too:
+        kube-scheduler filters the pod again, and a reservation nothing would end is never kept.
+        ``on_refused(Refused)`` is told why (the outcome counters)."""
+        key = f"{namespace}/{name}"
+        try:
+            pod = await client.get(pod_path(namespace, name))
+        except KubeApiError as exc:
+            refused = Refused(f"pod {key} does not exist" if exc.not_found else f"get pod {key}: {exc}",
+                              reason="lookup")
+        else:
+            live, live_uid = live_pod_of(pod), (pod.get("metadata") or {}).get("uid") or ""
+            if live_uid != uid:
+                refused = Refused(f"pod {key} has UID {live_uid}, filter request carries UID {uid}")
+            elif live.node and live.node != self.cache.bound_node(uid):
+                refused = Refused(f"pod {key} is already assigned to node {live.node}")
+            else:
+                return
+        if self.cache.release_pod(uid, namespace=namespace, name=name) is not None:
+            log.info("reservation released: the filtered pod is not the live one", pod=key, reason=str(refused))
+        on_refused(refused)
 
     async def for_bind(self, namespace: str, name: str, uid: str, node: str) -> dict | None:
         """Raise Refused unless the bind names a live pod under its UID, not assigned to another

@@ -132,10 +132,14 @@ class SchedulerService:
             # pod's watch events, and would leak.
             require_uid("filter", pod_key(pod), uid)
             async with self.pod_locks.try_hold(uid, "filter"):
-                # The live pod it names, unassigned, under that UID (a miss of the watch is read:
-                # the one wait past the sync), or nothing is reserved and nothing released.
-                await self.identity.for_filter(pod)
-                return await self._filter_live(pod, node_names, request)
+                # The live pod it names, unassigned, under that UID, as the watch shows it, or
+                # nothing is reserved and nothing released; a pod the watch has not shown yet is
+                # read after the answer (its bind waits for that under the pod's lock).
+                seen = self.identity.for_filter(pod)
+                answer = await self._filter_live(pod, node_names, request)
+                if not seen and uid in self.cache.pods:    # a reservation or a hold to confirm
+                    self._confirm_after_answer(pod, request)
+                return answer
         except Refused as refused:
             count_outcome(self.metrics, "filter", request.vendors, refused.reason)
             return filter_result(error=str(refused))
@@ -249,6 +253,14 @@ class SchedulerService:
             meta = pod["metadata"]
             self._follow_up(meta["uid"], _pod_key(pod), what, work)
         return failed
+
+    def _confirm_after_answer(self, pod: dict, request) -> None:
+        """The read a filter the watch could not vouch for leaves for after its answer."""
+        meta = pod["metadata"]
+        refused = lambda r: count_outcome(self.metrics, "filter", request.vendors, r.reason)  # noqa: E731
+        self._follow_up(meta["uid"], _pod_key(pod), "confirmation", [self.identity.confirm_filtered(
+            client=self.background_client, namespace=meta.get("namespace") or "default", name=meta["name"],
+            uid=meta["uid"], on_refused=refused)])
 
     def _follow_up(self, uid: str, pod_key: str, what: str, work: list) -> None:
         """Work a filter leaves for after its answer (a stale decision's cleanup, a preemption's
