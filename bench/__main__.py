@@ -13,7 +13,7 @@
                                           the profile lands in bench/profiles/ and its top functions
                                           are printed
 
-Scenarios: kernel, and the clusters of the plan (full: n100, n1000, p0, p40000, n5000, budget,
+Scenarios: kernel, gang (bench/gangs.py: one /filter planning a whole gang), and the clusters of the plan (full: n100, n1000, p0, p40000, n5000, budget,
 contention, mixed; quick: a small n100 with every phase, and a small mixed). ``mixed`` is two
 clusters of the same size, all NVIDIA and then 50 % NVIDIA / 30 % Ascend 910B3 / 20 % Kunlun, with
 /filter measured on each (a stream of every family's pods on the mixed one) and the ratio; it is
@@ -37,6 +37,7 @@ import aiohttp
 import orjson
 
 from bench import report
+from bench.gangs import gang_bench
 from bench.kernel import kernel_bench
 from bench.plans import PLANS, Plan
 from bench.procs import REPO_ROOT, BenchError
@@ -52,7 +53,7 @@ def _say(text: str) -> None:
 
 
 def scenario_names(plan: Plan) -> list[str]:
-    return ["kernel", *(c.name for c in plan.clusters)]
+    return ["kernel", "gang", *(c.name for c in plan.clusters)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -84,9 +85,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     phases = tuple(x.strip() for x in args.phases.split(",") if x.strip())
     if bad := [x for x in phases if x not in PHASES]:
         p.error(f"unknown phase {', '.join(bad)}; known: {', '.join(PHASES)}")
-    if args.profile and args.profile == "kernel":
-        p.error("the kernel scenario runs in this process: profile it with py-spy record -- python -m bench "
-                "--only kernel")
+    if args.profile in ("kernel", "gang"):
+        p.error(f"the {args.profile} scenario runs in this process: profile it with py-spy record -- "
+                f"python -m bench --only {args.profile}")
     args.plan, args.phases = plan, phases
     args.scheduler_env_map = {}
     for item in args.scheduler_env:
@@ -107,6 +108,11 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict:
         for shape in plan.kernel_shapes:
             _say(f"[kernel] N={shape.nodes} P={shape.pods}")
             results["kernel"].append(kernel_bench(shape, min_seconds=plan.kernel_seconds))
+    if "gang" in args.selected:
+        for shape in plan.gang_shapes:
+            _say(f"[gang] {plan.gang_members} members, N={shape.nodes} P={shape.pods}")
+            results.setdefault("gangs", []).append(gang_bench(shape, members=plan.gang_members,
+                                                              rounds=plan.gang_rounds))
     profiler = None
     connector = aiohttp.TCPConnector(limit=64)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=120)) as session:

@@ -77,6 +77,10 @@ class Plan:
     kernel_shapes: tuple[ClusterShape, ...]
     kernel_seconds: float
     clusters: tuple[ClusterPlan, ...]
+    # The gang scenario (bench/gangs.py): a gang of ``gang_members`` planned on each shape.
+    gang_shapes: tuple[ClusterShape, ...] = ()
+    gang_members: int = 64
+    gang_rounds: int = 5
 
 
 def _sweep(samples: int, pods: int, *, limit: float, rounds: int) -> tuple[ClusterPlan, ...]:
@@ -96,6 +100,7 @@ FULL = Plan(
     name="full",
     kernel_shapes=(ClusterShape(100, 800), ClusterShape(1000, 8000), ClusterShape(5000, 40000)),
     kernel_seconds=1.0,
+    gang_shapes=(ClusterShape(1000, 8000),),   # issue 34: a gang of 64 at 1 000 nodes
     clusters=_sweep(1000, 500, limit=40.0, rounds=3) + (
         ClusterPlan("n5000", ClusterShape(5000, 40000, probe_nodes=16), 1000, 500,
                     EventsPlan(burst_pods=10_000, load_rate=20_000, load_seconds=10.0, idle_probes=20,
@@ -136,6 +141,7 @@ QUICK = Plan(
     name="quick",
     kernel_shapes=(ClusterShape(100, 800), ClusterShape(1000, 8000)),
     kernel_seconds=0.2,
+    gang_shapes=(ClusterShape(100, 800),), gang_members=16, gang_rounds=2,
     clusters=(
         ClusterPlan("n100", ClusterShape(100, 800, probe_nodes=4), 100, 50,
                     EventsPlan(burst_pods=1000, load_rate=20_000, load_seconds=1.5, idle_probes=5,

@@ -340,6 +340,12 @@ def render_tables(results: dict) -> list[str]:
                 "decision with the Cython kernel)", ""]
         out += _table(["N", "P", "Cython µs", "Python µs", "speedup", "decide() µs", "same answer", "target"], rows)
         out.append("")
+    rows = [[f"{g['nodes']:,}", f"{g['pods']:,}", str(g["members"]), _num(g["plan_ms"]), _num(g["max_ms"]),
+             _num(g["per_member_us"])] for g in results.get("gangs", [])]
+    if rows:
+        out += ["**a gang planned** (one /filter reserving every member, in process; docs/GANGS.md)", ""]
+        out += _table(["N", "P", "members", "plan ms (median)", "slowest ms", "µs per member"], rows)
+        out.append("")
     return out
 
 

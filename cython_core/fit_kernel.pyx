@@ -39,6 +39,7 @@ CODES = {
     "ORDER_CHAIN": ORDER_CHAIN, "KEY_BINPACK": KEY_BINPACK, "KEY_SPREAD": KEY_SPREAD, "KEY_NUMA": KEY_NUMA,
     "KEY_FRAG": KEY_FRAG, "CHAIN_BASE": CHAIN_BASE,
     "MAX_TOPOLOGY_COMBOS": MAX_TOPOLOGY_COMBOS,
+    "MIG_SEARCH_BUDGET": MIG_SEARCH_BUDGET, "MAX_MIG_INSTANCES": MAX_MIG_INSTANCES,
     "FLAG_EXCLUSIVE": FLAG_EXCLUSIVE, "FLAG_EQUAL_SHARE": FLAG_EQUAL_SHARE, "FLAG_CHOOSE": FLAG_CHOOSE,
     "FLAG_CHARGE": FLAG_CHARGE,
 }
@@ -57,12 +58,12 @@ cdef enum:
     L_Q_INIT_CORES = 9
     L_Q_APP_MEM = 10
     L_Q_APP_CORES = 11
-    L_PICK_OCC = 12
-    L_PICKED_MEM = 13
-    L_COLS = 14
+    L_PICKED_MEM = 12
+    L_COLS = 13
 
 # "No quota" (hami_py.cache.quota.UNLIMITED); any other value, negative too, is the headroom.
 cdef long long UNLIMITED = -(1LL << 62)
+cdef int UNRANKED = 1 << 30     # reference_fit._UNRANKED
 QUOTA_UNLIMITED = UNLIMITED   # checked against the cache's constant by tests/test_kernel.py
 
 
@@ -177,22 +178,104 @@ cdef inline int pair(const int[:] pair_score, int poff, Py_ssize_t n, int a, int
     return pair_score[poff + a * n + b]
 
 
-cdef inline void mig_select(Py_ssize_t j, long long occupied, long long mem,
-                            const int[:] mig_prof_off, const int[:] mig_prof_len, const int[:] prof_mem,
-                            const int[:] prof_place_off, const int[:] prof_place_len,
-                            const long long[:] place_mask, int *out_p, int *out_q) noexcept nogil:
-    """reference_fit.mig_select."""
-    cdef int p, q
-    out_p[0] = -1
-    out_q[0] = -1
-    for p in range(mig_prof_off[j], mig_prof_off[j] + mig_prof_len[j]):
+cdef inline int popcount64(long long x) noexcept nogil:
+    cdef unsigned long long u = <unsigned long long> x
+    cdef int c = 0
+    while u:
+        u &= u - 1
+        c += 1
+    return c
+
+
+cdef inline int rank_key(const int[:] prof_rank, int p) noexcept nogil:
+    """reference_fit._profile_order's sort key: a named profile's rank, else after all of them."""
+    if p < prof_rank.shape[0] and prof_rank[p] > 0:
+        return prof_rank[p]
+    return UNRANKED
+
+
+cdef int mig_search(const long long *cmask, const int *csize, Py_ssize_t ncand, Py_ssize_t start, long long occ,
+                    int depth, int want, int *chosen, int *best, int *best_len, int *budget) noexcept nogil:
+    """reference_fit.mig_plan's search: 1 to stop (``want`` reached or the budget spent)."""
+    cdef Py_ssize_t i, t
+    cdef long long union_
+    cdef int smallest, bound
+    if depth > best_len[0]:
+        for t in range(depth):
+            best[t] = chosen[t]
+        best_len[0] = depth
+    if depth >= want:
+        return 1
+    for i in range(start, ncand):
+        if cmask[i] & occ:
+            continue
+        # reference_fit._mig_bound: free slices the candidates from i cover, over their smallest size.
+        union_ = 0
+        smallest = MAX_MIG_INSTANCES + 1
+        for t in range(i, ncand):
+            if not (cmask[t] & occ):
+                union_ |= cmask[t]
+                if csize[t] < smallest:
+                    smallest = csize[t]
+        bound = popcount64(union_) // smallest if union_ else 0
+        if depth + bound <= best_len[0]:
+            return 0
+        if budget[0] <= 0:
+            return 1
+        budget[0] -= 1
+        chosen[depth] = <int> i
+        if mig_search(cmask, csize, ncand, i + 1, occ | cmask[i], depth + 1, want, chosen, best, best_len, budget):
+            return 1
+    return 0
+
+
+cdef int mig_plan(Py_ssize_t j, long long occupied, long long mem, int want,
+                  const int[:] mig_prof_off, const int[:] mig_prof_len, const int[:] prof_mem,
+                  const int[:] prof_place_off, const int[:] prof_place_len, const long long[:] place_mask,
+                  const int[:] prof_rank, int *mig_i, long long *cmask, int *plan_prof,
+                  int *plan_place) noexcept nogil:
+    """reference_fit.mig_plan: the plan's length, its instances in ``plan_prof``/``plan_place``.
+    ``mig_i`` holds the int scratch (profile order, candidates, their sizes, the search's paths)
+    and ``cmask`` the candidates' masks, sized by the filter for the profile table."""
+    cdef Py_ssize_t first = mig_prof_off[j], nprof = mig_prof_len[j], a, b, q, ncand = 0
+    cdef Py_ssize_t ntable = prof_mem.shape[0] + 1, nplace = place_mask.shape[0] + 1
+    cdef int *porder = mig_i
+    cdef int *cprof = porder + ntable
+    cdef int *cplace = cprof + nplace
+    cdef int *csize = cplace + nplace
+    cdef int *chosen = csize + nplace
+    cdef int *best = chosen + MAX_MIG_INSTANCES
+    cdef int tmp, p, best_len = 0, budget = MIG_SEARCH_BUDGET
+    for a in range(nprof):
+        porder[a] = <int> (first + a)
+    if prof_rank.shape[0] > 0:
+        for a in range(1, nprof):   # insertion sort, stable: by rank, then the table's order
+            tmp = porder[a]
+            b = a - 1
+            while b >= 0 and rank_key(prof_rank, tmp) < rank_key(prof_rank, porder[b]):
+                porder[b + 1] = porder[b]
+                b -= 1
+            porder[b + 1] = tmp
+    for a in range(nprof):
+        p = porder[a]
         if prof_mem[p] < mem:
             continue
         for q in range(prof_place_off[p], prof_place_off[p] + prof_place_len[p]):
             if not (place_mask[q] & occupied):
-                out_p[0] = p
-                out_q[0] = q
-                return
+                cprof[ncand] = p
+                cplace[ncand] = <int> q
+                cmask[ncand] = place_mask[q]
+                csize[ncand] = popcount64(place_mask[q])
+                ncand += 1
+    if ncand == 0:
+        return 0
+    if want > MAX_MIG_INSTANCES:
+        want = MAX_MIG_INSTANCES
+    mig_search(cmask, csize, ncand, 0, occupied, 0, want, chosen, best, &best_len, &budget)
+    for a in range(best_len):
+        plan_prof[a] = cprof[best[a]]
+        plan_place[a] = cplace[best[a]]
+    return best_len
 
 
 cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, int *picked_prof, int *picked_place,
@@ -373,6 +456,7 @@ def filter_nodes(table, query):
     cdef int[:] out_prof = query.out_prof
     cdef int[:] out_place = query.out_place
     cdef int[:] out_slots = query.out_slots
+    cdef const int[:] prof_rank = query.prof_rank
 
     cdef Py_ssize_t n_rows = rows.shape[0] // ROW_WIDTH
     cdef Py_ssize_t n_cand = candidates.shape[0]
@@ -423,7 +507,6 @@ def filter_nodes(table, query):
     cdef long long *q_init_cores = lscratch + L_Q_INIT_CORES * max_len
     cdef long long *q_app_mem = lscratch + L_Q_APP_MEM * max_len
     cdef long long *q_app_cores = lscratch + L_Q_APP_CORES * max_len
-    cdef long long *pick_occ = lscratch + L_PICK_OCC * max_len
     cdef long long *picked_mem = lscratch + L_PICKED_MEM * max_len   # pick_cap long (the tail)
     cdef int *cand = iscratch                                         # max_len
     cdef int *picked = iscratch + max_len                             # pick_cap each from here
@@ -431,6 +514,20 @@ def filter_nodes(table, query):
     cdef int *picked_place = picked_prof + pick_cap
     cdef int *combo = picked_place + pick_cap
     cdef int *best_combo = combo + pick_cap
+    # MIG plans (mig_plan's scratch): only when the cluster has registered a MIG profile table.
+    cdef int *mig_i = NULL
+    cdef long long *mig_l = NULL
+    cdef int *plan_prof = NULL
+    cdef int *plan_place = NULL
+    if prof_mem.shape[0] > 0:
+        mig_i = <int *> malloc((prof_mem.shape[0] + 1 + 3 * (place_mask.shape[0] + 1) + 4 * MAX_MIG_INSTANCES)
+                               * sizeof(int))
+        mig_l = <long long *> malloc((place_mask.shape[0] + 1) * sizeof(long long))
+        if mig_i == NULL or mig_l == NULL:
+            free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem); free(mig_i); free(mig_l)
+            raise MemoryError()
+        plan_prof = mig_i + prof_mem.shape[0] + 1 + 3 * (place_mask.shape[0] + 1) + 2 * MAX_MIG_INSTANCES
+        plan_place = plan_prof + MAX_MIG_INSTANCES
     cdef int *ch_dev = ch_row + chosen_cap
     cdef int *ch_cores = ch_dev + chosen_cap
     cdef int *ch_prof = ch_cores + chosen_cap
@@ -445,6 +542,8 @@ def filter_nodes(table, query):
     cdef double node_score, best_score = 0.0, sc, tmp_s, delta
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
     cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused, slots
+    cdef int plan_len = 0, plan_pos = 0
+    cdef Py_ssize_t plan_k
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
     cdef bint mixed, first
     cdef bint better, any_mig, revisit, free_cores, exclusive, equal_share, choosing, collect_all
@@ -582,8 +681,7 @@ def filter_nodes(table, query):
                     score[k + 1] = tmp_s
                     fcost[k + 1] = tmp_f
                 memset(counts, 0, sizeof(counts))
-                for k in range(n):
-                    pick_occ[k] = 0
+                plan_k = -1
                 npicked = 0
                 need = nums
                 prev_numa = -1
@@ -608,8 +706,7 @@ def filter_nodes(table, query):
                         if npicked > 0 and not collect_all:
                             counts[NUMA_NOT_FIT] += <int> npicked
                         npicked = 0
-                        for kk in range(n):
-                            pick_occ[kk] = 0
+                        plan_k = -1
                         need = nums
                         prev_numa = numa[j]
                     if m != 0:
@@ -674,12 +771,18 @@ def filter_nodes(table, query):
                     prof = -1
                     place = -1
                     if dev_mig[j]:
-                        mig_select(j, s_mig[k] | pick_occ[k], mem, mig_prof_off, mig_prof_len, prof_mem,
-                                   prof_place_off, prof_place_len, place_mask, &prof, &place)
-                        if prof < 0:
+                        if plan_k != k:   # first arrival: plan the instances still needed here together
+                            plan_len = mig_plan(j, s_mig[k], mem, nums if collect_all else need, mig_prof_off,
+                                                mig_prof_len, prof_mem, prof_place_off, prof_place_len,
+                                                place_mask, prof_rank, mig_i, mig_l, plan_prof, plan_place)
+                            plan_k = k
+                            plan_pos = 0
+                        if plan_pos == plan_len:
                             counts[CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
                             continue
-                        pick_occ[k] |= place_mask[place]
+                        prof = plan_prof[plan_pos]
+                        place = plan_place[plan_pos]
+                        plan_pos += 1
                         revisit = True
                     picked[npicked] = <int> k
                     picked_mem[npicked] = mem
@@ -815,7 +918,7 @@ def filter_nodes(table, query):
                     out_prof[i] = ch_prof[i]
                     out_place[i] = ch_place[i]
                     out_slots[i] = ch_slots[i]
-    free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem)
+    free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem); free(mig_i); free(mig_l)
     if errors:
         raise errors[0]
     return best

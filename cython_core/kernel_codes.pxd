@@ -66,6 +66,11 @@ cdef enum:
     # Device combinations weighed for one topology-aware pick.
     MAX_TOPOLOGY_COMBOS = 20000
 
+    # MIG: placements one GPU's joint plan may try (upstream's migSearchBudget, HAMi #2855), and
+    # the instances one plan holds at most (a slice mask has 64 bits).
+    MIG_SEARCH_BUDGET = 4096
+    MAX_MIG_INSTANCES = 64
+
     # Per-vendor rule flags (query.vendor_flags; DeviceVendor.kernel_flags).
     FLAG_EXCLUSIVE = 1     # a device already hosting a task takes no other
     FLAG_EQUAL_SHARE = 2   # a shared device takes only tasks of the memory size it already hosts

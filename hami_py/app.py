@@ -28,6 +28,7 @@ from hami_py.http.webhook import webhook_route
 from hami_py.k8s.budget import DEFAULT_BURST, DEFAULT_QPS, log_budget
 from hami_py.k8s.client import KubeClient
 from hami_py.k8s.event_parking import DEFAULT_WINDOW_S, UNBOUND
+from hami_py.k8s.family_upkeep import upkeep as family_upkeep
 from hami_py.k8s.events import (
     ALLOCATION_DECODE_FAILED, DEFAULT_MAX_AGE_S, DEFAULT_QUEUE_SIZE, NODE_LOCK_STUCK, REGISTRATION_REFUSED, WARNING,
     EventRecorder,
@@ -44,6 +45,7 @@ from hami_py.scheduling.admission.rules import AdmissionSettings
 from hami_py.scheduling.verbs.bind import Binder
 from hami_py.scheduling.decision.filter import Filterer
 from hami_py.scheduling.eviction.preempting import Preemptor
+from hami_py.scheduling.gangs.watch import podgroup_informer
 from hami_py.scheduling.verbs.refit import RefitEndpoint, Refitter
 from hami_py.scheduling.verbs.service import SchedulerService
 
@@ -181,6 +183,8 @@ class SchedulerApp:
         self.metrics_url = ""
         self.profiling_url = ""
         self._sync_task: asyncio.Task | None = None
+        self._family_tasks: list[asyncio.Task] = []     # DeviceVendor.background, while serving
+        self._upkeep_wake = asyncio.Event()             # set on winning leadership (k8s/family_upkeep.py)
         self.device_plugin = None  # set by the embedded harness when it simulates one
         # Admission quota pre-check: fit_quota(namespace, vendor_key, memory_mib, cores) -> bool,
         # answered by the ResourceQuota book the quota watch keeps.
@@ -225,6 +229,8 @@ class SchedulerApp:
         self.requeue = RequeueNudger(background, enabled=lambda: self.service.synced.is_set(),
                                      metrics=self.metrics)
         self.service.defrag_holds.on_waiting = self.requeue.refused   # a held pod retried once its victims go
+        gangs = self.service.gangs   # a gang just planned wakes its parked members; a refused one waits as any
+        gangs.on_planned, gangs.on_waiting, gangs.on_event = self._wake, self.requeue.refused, self.events.on_pod
         self.leadership = build_leadership(
             leader_elect=o.leader_elect, client=self.client, namespace=o.leader_elect_resource_namespace,
             name=o.leader_elect_resource_name, identity=self.identity, on_change=self._on_leadership)
@@ -242,10 +248,20 @@ class SchedulerApp:
             Informer(client=self.client, path="/api/v1/resourcequotas", on_event=self._on_quota_event,
                      on_relist=lambda items, rv: self.cache.quota.replace(items)),
         ]
+        podgroups = await podgroup_informer(self.client, gangs.book)   # None: no CRD, PodGroup gangs off
+        if podgroups is not None:
+            self.informers.append(podgroups)
         for informer in self.informers:
             informer.start()
         self.leadership.start()
         self._sync_task = asyncio.create_task(self._mark_synced())
+        # The families' own upkeep (a pool's servers polled for busy cards), until stop().
+        self._family_tasks = [asyncio.create_task(job) for vendor in self.vendors.values()
+                              for job in vendor.background(self.cache)]
+        # ... and what they need written through the API server, by the leader (remote GPUs' session stubs).
+        self._family_tasks += [asyncio.create_task(job) for job in family_upkeep(
+            vendors=self.vendors, client=background, leading=lambda: self.leadership.is_leader,
+            namespace=o.pod_namespace or os.environ.get("POD_NAMESPACE", ""), wake=self._upkeep_wake)]
 
         # The webhook's UPDATE rule asks the API server who may write Nodes (SubjectAccessReviews,
         # kept a few seconds) on a bucket of its own: a burst of binds never holds its answer back.
@@ -338,6 +354,8 @@ class SchedulerApp:
 
     def _on_leadership(self, leading: bool) -> None:
         self.keeper.leadership_changed(leading)
+        if leading:
+            self._upkeep_wake.set()
         self._update_serving()
         if not leading and self.service is not None:
             # Our unbound decisions live only here (/filter writes nothing): the new leader cannot
@@ -345,6 +363,7 @@ class SchedulerApp:
             if self.service.preemptor is not None:
                 self.service.preemptor.release_all()   # held room: the new leader knows nothing of it
             self.service.defrag_holds.release_all()   # the new leader takes them from the annotations
+            self.service.gangs.release_all()          # the new leader plans the gangs again
             released = self.cache.release_unbound_reservations()
             if released:
                 log.info("leadership lost: unbound reservations released", reservations=released)
@@ -365,14 +384,20 @@ class SchedulerApp:
         def begin() -> None:
             self.cache.begin_pod_relist()
             self.keeper.replace_pods([])
+            self.service.gangs.begin_relist()
 
         def page(pods: list[dict]) -> None:
             self.cache.relist_pods_page(pods)
             for pod in pods:
                 self.keeper.observe_pod("ADDED", pod)
                 self.service.binder.labels.observe_pod("ADDED", pod)
+                self.service.gangs.observe("ADDED", pod)
 
-        return PagedRelist(begin=begin, page=page, finish=self.cache.finish_pod_relist)
+        def finish(rv: int | None) -> None:
+            self.cache.finish_pod_relist(rv)
+            self.service.gangs.finish_relist()
+
+        return PagedRelist(begin=begin, page=page, finish=finish)
 
     def _on_node_event(self, kind: str, node: dict) -> None:
         self._node_events_counter.inc()
@@ -418,6 +443,11 @@ class SchedulerApp:
         if what == "filter_failed":
             self.requeue.refused()
 
+    def _wake(self, nodes: list[str]) -> None:
+        """A gang was planned: one node annotation wakes its members kube-scheduler parked."""
+        if nodes:
+            self.requeue.wake(nodes[0])
+
     def _on_pod_event(self, kind: str, pod: dict) -> None:
         self._pod_events_counter.inc()
         uid = (pod.get("metadata") or {}).get("uid")
@@ -425,6 +455,7 @@ class SchedulerApp:
         self.cache.on_pod_event(kind, pod)
         # After the books: a hold is charged next to the victims as the books have them now.
         self.service.defrag_holds.observe(kind, pod)
+        self.service.gangs.observe(kind, pod)
         if charged is not None and charged.state.bound and uid not in self.cache.pods:
             self.requeue.freed(charged.node)     # a bound pod's devices released
         if kind == "DELETED" and uid:
@@ -449,6 +480,9 @@ class SchedulerApp:
 
     async def stop(self) -> None:
         await cancel_and_wait(self._sync_task)
+        for task in self._family_tasks:
+            await cancel_and_wait(task)
+        self._family_tasks = []
         for informer in self.informers:
             await informer.stop()
         if self.keeper is not None:

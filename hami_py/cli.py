@@ -172,6 +172,15 @@ def build_parser() -> argparse.ArgumentParser:
     flag("--leader-elect-resource-namespace", default="")
     flag("--legacy-metrics", default=False, type=_bool, nargs="?", const=True)
     flag("--device-config-file", default="", help="device configuration YAML (upstream's schema)")
+    # Upstream's Hygon resource-name flags (v2.10's --dcu-*, its successor's --hcu-*): accepted,
+    # and, as upstream, without effect: upstream overwrites them with the device config's hygon
+    # section at start-up, so a chart or script passing them gets exactly what it got there.
+    for generation, word, default in (("hcu", "count", "hygon.com/hcunum"), ("hcu", "memory", "hygon.com/hcumem"),
+                                      ("hcu", "cores", "hygon.com/hcucores"), ("dcu", "count", "hygon.com/dcunum"),
+                                      ("dcu", "memory", "hygon.com/dcumem"), ("dcu", "cores", "hygon.com/dcucores")):
+        flag(f"--{generation}-{'name' if word == 'count' else word}", default=default,
+             help=f"upstream's {generation.upper()} {word} resource name; accepted without effect, as upstream: "
+                  "the device config's hygon section names the Hygon resources (docs/devices/hygon.md)")
     flag("--enable-ascend", default=False, type=_bool, nargs="?", const=True,
          help="schedule the Ascend NPUs of the device config's vnpus section")
     flag("--enable-iluvatar", default=False, type=_bool, nargs="?", const=True,

@@ -136,6 +136,8 @@ def _parse(text: str, source: str, declared: dict[str, ConfigSection] | None) ->
         data = {}
     if not isinstance(data, dict):
         raise doc.error((), f"expected a mapping of vendor sections, got {kind_of(data)}")
+    if data.get("kind") == "ConfigMap" and "data" in data:
+        raise ConfigError(_configmap_refusal(source, data))
     if declared is None:
         return DeviceConfig(sections={name: value for name, value in data.items() if value is not None}, document=doc)
     config = DeviceConfig(sections=_read_sections(doc, data, declared), document=doc)
@@ -143,6 +145,19 @@ def _parse(text: str, source: str, declared: dict[str, ConfigSection] | None) ->
     if not any(declared[name].is_set(section) for name, section in config.sections.items()):
         raise ConfigError(f"{source}: all configurations are empty")
     return config
+
+
+def _configmap_refusal(source: str, data: dict) -> str:
+    """A ConfigMap given where its content is expected (manifests/device-config.yaml is one):
+    say which of its keys is the device config, and how to get it as a file."""
+    meta = data.get("metadata") if isinstance(data.get("metadata"), dict) else {}
+    keys = sorted(str(k) for k in (data.get("data") or {})) if isinstance(data.get("data"), dict) else []
+    key = next((k for k in keys if k == "device-config.yaml"), keys[0] if keys else "device-config.yaml")
+    name = f"{meta.get('namespace') or 'default'}/{meta.get('name') or '?'}"
+    return (f"{source}: this is a Kubernetes ConfigMap ({name}), not a device config file: the device config "
+            f"is the text under its data key {key!r}, which the Deployment mounts as a file. Save that text to a "
+            f"file and pass it, or leave --device-config-file out to use the embedded default (HAMi's chart "
+            f"defaults, the same as manifests/device-config.yaml's)")
 
 
 # libyaml's loader when PyYAML has it (its wheels do): the chart's default config is parsed at every

@@ -33,6 +33,8 @@ KEY_FRAG = CODES["KEY_FRAG"]            # fragmentation-aware: kernel_frag.frag_
 CHAIN_BASE = CODES["CHAIN_BASE"]
 
 MAX_TOPOLOGY_COMBOS = CODES["MAX_TOPOLOGY_COMBOS"]   # device combinations weighed for one topology-aware pick
+MIG_SEARCH_BUDGET = CODES["MIG_SEARCH_BUDGET"]       # placements one MIG GPU's joint plan may try
+MAX_MIG_INSTANCES = CODES["MAX_MIG_INSTANCES"]       # instances one MIG plan holds at most
 
 # Per-vendor rules (query.vendor_flags, from DeviceVendor.kernel_flags; devices.base says what each means).
 FLAG_EXCLUSIVE = CODES["FLAG_EXCLUSIVE"]
@@ -44,5 +46,6 @@ __all__ = [
     "ROW_WIDTH", "ROW_CONTAINER", "ROW_IS_INIT", "ROW_VENDOR", "ROW_NUMS", "ROW_MEMREQ", "ROW_MEMPCT", "ROW_CORESREQ",
     "MEMPCT_UNSET", "POLICY_BINPACK", "POLICY_SPREAD", "POLICY_FRAG", "ORDER_BINPACK", "ORDER_SPREAD", "ORDER_MUTEX",
     "ORDER_CHAIN", "KEY_BINPACK", "KEY_SPREAD", "KEY_NUMA", "KEY_FRAG", "CHAIN_BASE", "MAX_TOPOLOGY_COMBOS",
+    "MIG_SEARCH_BUDGET", "MAX_MIG_INSTANCES",
     "FLAG_EXCLUSIVE", "FLAG_EQUAL_SHARE", "FLAG_CHOOSE", "FLAG_CHARGE",
 ]

@@ -82,6 +82,16 @@ class Metrics:
             "annotation), by outcome: held (taken), placed (the pod decided on its held node), expired, "
             "dropped (malformed, not fitting, node not offered, pod bound or deleted, annotation removed).",
             ["outcome"], registry=self.registry)
+        self.gangs = Counter(
+            "hami_gangs",
+            "Gang plans (hami_py/scheduling/gangs/), by outcome: planned (every member reserved at once), "
+            "placed (every planned member bound), timed_out (a planned member not bound within the gang's "
+            "timeout: the plan given back), given_back (a planned member gone, refused its node or lost its "
+            "reservation; leadership lost).",
+            ["outcome"], registry=self.registry)
+        self.gangs_waiting = Gauge(
+            "hami_gangs_waiting", "Gangs whose members were last refused because too few members exist or fit.",
+            registry=self.registry)
         # HAMi's allocation outcomes (its #3088), with its names and labels: phase (filter, bind),
         # device_type (the family's vendor key), failure_reason (one of OUTCOME_REASONS).
         outcome_labels = ["phase", "device_type", "failure_reason"]
@@ -104,8 +114,8 @@ class Metrics:
             "hami_scheduler_is_leader", "1 while this scheduler replica is the leader (serves /filter and "
             "/bind; always 1 without --leader-elect), else 0.", registry=self.registry)
         self.cache_synced = Gauge(
-            "hami_scheduler_cache_synced", "1 once the first lists of nodes, pods and resource quotas are in "
-            "the scheduler's books (watched since), else 0.", registry=self.registry)
+            "hami_scheduler_cache_synced", "1 once the first lists of nodes, pods and resource quotas (and "
+            "PodGroups, when watched) are in the scheduler's books (watched since), else 0.", registry=self.registry)
         self.build_info = Gauge(
             "hami_build_info", "Build of this scheduler, as labels; the value is always 1.",
             list(BUILD_INFO), registry=self.registry)

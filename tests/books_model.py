@@ -23,7 +23,12 @@ from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.scheduling.decision.filter import Filterer
 from hami_py.scheduling.decision.requests import parse_pod_requests
 
-VENDORS = build_vendors(DeviceConfig.default(), FamilySwitches(enable_ascend=True, enable_iluvatar=True))
+_CONFIG = DeviceConfig.default()
+# Remote GPUs are off in the chart's config; on here, so that their charges (on a server node, for
+# a pod placed on another) are checked too, and every family's books run beside a pooled family.
+_CONFIG.sections["remotegpu"] = {"resourceCountName": "nvidia.com/remote-gpu",
+                                 "resourceMemoryName": "nvidia.com/remote-gpu-memory"}
+VENDORS = build_vendors(_CONFIG, FamilySwitches(enable_ascend=True, enable_iluvatar=True))
 
 
 def books_pod(name: str, containers: list[dict], *, init: list[dict] | None = None,

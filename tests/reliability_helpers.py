@@ -257,8 +257,10 @@ class LoopCluster:
     private event loop, so synchronous hypothesis tests (stateful machines, ``@given``) can drive
     a real cluster over HTTP with ``cluster.run(coroutine)``."""
 
-    def __init__(self, *, options=None, history_limit: int = 10000, device_plugin: bool = True):
+    def __init__(self, *, options=None, history_limit: int = 10000, device_plugin: bool = True,
+                 podgroups: bool = False):
         self.options = options or embedded_options()
+        self.podgroups = podgroups     # the API server serves scheduler-plugins' PodGroup CRD
         self.history_limit = history_limit
         self.device_plugin = device_plugin
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -283,7 +285,7 @@ class LoopCluster:
 
     async def _start(self) -> None:
         self._stack = AsyncExitStack()
-        self.api = FakeApiServer(history_limit=self.history_limit)
+        self.api = FakeApiServer(history_limit=self.history_limit, podgroups=self.podgroups)
         await self.api.start()
         self._stack.push_async_callback(self.api.stop)
         self._stack.push_async_callback(self._stop_scheduler)

@@ -184,3 +184,15 @@ def test_the_cpu_meter_sees_a_window_shorter_than_a_clock_tick():
         pass
     used = process_cpu_seconds(os.getpid()) - before
     assert 0 < used < 1, used
+
+
+def test_the_gang_scenario_plans_a_whole_gang_and_reports_it():
+    """bench/gangs.py: one /filter reserving every member of a gang (issue 34), timed in process."""
+    from bench.gangs import gang_bench
+    result = gang_bench(QUICK.gang_shapes[0], members=QUICK.gang_members, rounds=QUICK.gang_rounds)
+    assert result["members"] == QUICK.gang_members and result["rounds"] == QUICK.gang_rounds
+    assert all(_positive(result[k]) for k in ("plan_ms", "max_ms", "per_member_us")), result
+    results = {"command": "test", "plan": "quick", "machine": report.machine(), "clusters": [], "kernel": [],
+               "gangs": [result]}
+    table = "\n".join(report.render_tables(results))
+    assert "**a gang planned**" in table and "nan" not in table.lower()

@@ -8,22 +8,30 @@ set: every combination of ``devices.ascend.enabled`` and ``devices.iluvatar.enab
 webhook off, a node label selector with legacy metrics. The chart runs the command
 ``scheduler``; the rest is the arguments. No Helm, and nothing copied from the chart's files: only the rendered command lines.
 
-Two chart generations: v2.10's (4707fb02), and the newest the code index holds (after HAMi
-#2882, which adds the device plugin's ServiceAccount for /refit and moves the listener to 9443,
-and #3039, which adds ``--extender-bind`` on loopback; the final template of #3039 was read from
-its review only, so the newest list is also given without ``--extender-bind``, as #2882 left it).
+Two chart generations: v2.10's (4707fb02), and the newest the code index holds (HAMi's main
+branch up to 2026-10-11: #2882 adds the device plugin's ServiceAccount for /refit and moves the
+listener to ``scheduler.service.httpTargetPort`` 9443 (#2208); #3039 adds ``--extender-bind`` on
+loopback at ``scheduler.extenderPort`` 9444; #2905 passes ``scheduler.kubeQPS``, ``kubeBurst`` and
+``kubeTimeout`` and #2944 ``scheduler.nodeLockRetryTimeout`` only when set (their defaults are
+"", keeping the binary's); ``scheduler.nodeLockExpire`` stays an environment variable,
+``HAMI_NODELOCK_EXPIRE``, which upstream's own flag default overrides and we ignore alike). The
+final Deployment template of these was read from the reviews, digests and the chart's values
+documentation only, so the newest list is also given without ``--extender-bind``, as #2882 left
+it. The newest chart's device ConfigMap with default values is ``tests/fixtures/newest-chart-
+device-config.yaml`` (rendered by hand the same way); its managedResources are written down below.
 """
 from __future__ import annotations
 
 import dataclasses
 from importlib import resources
+from pathlib import Path
 
 import aiohttp
 import pytest
 
 from hami_py.cli import build_parser, options_from_args
 from hami_py.config import DeviceConfig, load_device_config
-from hami_py.devices.registry import FamilySwitches, build_vendors
+from hami_py.devices.registry import FamilySwitches, build_vendors, managed_resource_names
 from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 
@@ -73,10 +81,15 @@ _EXTENDER = ["--extender-bind=127.0.0.1:9444"]
 _DEVICE_PLUGIN = ["--device-plugin-namespace=hami-system", "--device-plugin-service-account=hami-device-plugin"]
 
 
-def _newest(*, webhook: bool = True, extender: bool = True, ascend: bool = False, iluvatar: bool = False) -> list[str]:
+def _newest(*, webhook: bool = True, extender: bool = True, ascend: bool = False, iluvatar: bool = False,
+            client: tuple[str, str, str] = ("", "", ""), retry: str = "", extra: tuple[str, ...] = ()) -> list[str]:
+    """``client`` is (scheduler.kubeQPS, kubeBurst, kubeTimeout), ``retry`` scheduler.nodeLockRetryTimeout:
+    each passed only when not empty, as the template does; ``extra`` is added to extraArgs."""
     argv = (_NEWEST_TLS if webhook else ["--http_bind=0.0.0.0:9443"]) + _EXTENDER * extender + _COMMON
     argv += _DEVICE_PLUGIN + ["--enable-ascend=true"] * ascend + ["--enable-iluvatar=true"] * iluvatar
-    return argv + _EXTRA_ARGS
+    argv += [f"--{flag}={value}" for flag, value in zip(("kube-qps", "kube-burst", "kube-timeout"), client) if value]
+    argv += [f"--node-lock-retry-timeout={retry}"] * bool(retry)
+    return argv + _EXTRA_ARGS + list(extra)
 
 
 NEWEST_RENDERINGS = {
@@ -84,6 +97,12 @@ NEWEST_RENDERINGS = {
     "newest-ascend+iluvatar": _newest(ascend=True, iluvatar=True),
     "newest-no-webhook": _newest(webhook=False),
     "newest-before-extender-bind": _newest(extender=False),
+    "newest-kube-client": _newest(client=("50", "100", "30")),
+    "newest-fractional-qps": _newest(client=("7.5", "", "")),
+    "newest-node-lock-retry": _newest(retry="45s"),
+    "newest-node-lock-retry-off": _newest(retry="0"),
+    # scheduler.profilingBindAddress is only read with --profiling, given through extraArgs
+    "newest-profiling": _newest(extra=("--profiling=true", "--profiling-bind-address=127.0.0.1:6060")),
 }
 CHART_RENDERINGS.update(NEWEST_RENDERINGS)
 CHART_DEFAULT = CHART_RENDERINGS["default"]
@@ -108,6 +127,13 @@ def test_every_argument_the_chart_renders_is_accepted(argv):
         assert not options.extender_bind and not options.device_plugin_namespace
     if "--legacy-metrics=true" in argv:
         assert options.legacy_metrics and options.node_label_selector == {"gpu": "on", "zone": "a"}
+    # What the newest chart passes only when its values are set takes effect; unset, ours stay.
+    given = dict(a.split("=", 1) if "=" in a else (a, "true") for a in argv if a.startswith("--"))
+    assert (options.kube_qps, options.kube_burst, options.kube_timeout) == (
+        (50.0, 100, 30) if "--kube-burst" in given else (7.5, 15, 0) if "--kube-qps" in given else (600.0, 1200, 0))
+    assert options.node_lock_retry_timeout_s == {"45s": 45.0, "0": 0.0}.get(given.get("--node-lock-retry-timeout"), 28.0)
+    assert options.profiling == ("--profiling" in given)
+    assert options.profiling_bind_address == "127.0.0.1:6060"
 
 
 def test_the_switches_bring_in_the_families_they_gate():
@@ -120,13 +146,26 @@ def test_the_switches_bring_in_the_families_they_gate():
     assert not any(key.startswith("Ascend") or key in ("MR-V100", "MR-V50", "BI-V150", "BI-V100") for key in without)
 
 
+NEWEST_DEVICE_CONFIG = Path(__file__).parent / "fixtures" / "newest-chart-device-config.yaml"
+
+
+def v2_10_device_config() -> str:
+    """The v2.10 chart's device ConfigMap: hami-py's packaged default with the Hygon names v2.10
+    rendered (``hygon.com/dcu*``); nothing else in it changed in a way v2.10's scheduler read."""
+    text = resources.files("hami_py.data").joinpath("device-config.yaml").read_text()
+    assert text.count("hygon.com/hcu") == 3
+    return text.replace("hygon.com/hcu", "hygon.com/dcu")
+
+
 @pytest.mark.parametrize("argv", CHART_RENDERINGS.values(), ids=CHART_RENDERINGS.keys())
 async def test_the_scheduler_starts_and_serves_with_each_rendered_command(api, tmp_path, argv):
     """Each rendered command, with only what this machine cannot have replaced: local ports
     instead of 443/80/9395, no TLS files, no leader election lease (no chart namespace here),
-    and the device ConfigMap's file (the chart's default rendering) at a temporary path."""
+    and the device ConfigMap's file of the same chart generation (its default rendering) at a
+    temporary path."""
+    newest = argv in NEWEST_RENDERINGS.values()
     config_file = tmp_path / "device-config.yaml"
-    config_file.write_bytes(resources.files("hami_py.data").joinpath("device-config.yaml").read_bytes())
+    config_file.write_text(NEWEST_DEVICE_CONFIG.read_text() if newest else v2_10_device_config())
     options = options_from_args(build_parser().parse_args(argv))
     local = embedded_options()
     options = dataclasses.replace(options, http_bind=local.http_bind, metrics_bind_address=local.metrics_bind_address,
@@ -139,6 +178,9 @@ async def test_the_scheduler_starts_and_serves_with_each_rendered_command(api, t
                                  device_plugin=False) as app:
         assert app.ready
         assert set(app.vendors) == set(expected)
+        # Both Hygon generations are served under either chart's ConfigMap (docs/devices/hygon.md).
+        assert (app.vendors["HCU"].count_resource_name, app.vendors["DCU"].count_resource_name) == (
+            "hygon.com/hcunum", "hygon.com/dcunum")
         extender = ExtenderClient(app.url)
         try:
             status, body = await extender.post("filter", b"{}")
@@ -159,3 +201,50 @@ def test_the_charts_command_is_installed():
     from importlib.metadata import entry_points
     scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
     assert scripts.get("scheduler") == "hami_py.cli:main" == scripts.get("hami-scheduler")
+
+
+# The newest chart's extender managedResources with its default values, as its _helpers.tpl builds
+# them (#3124, #3152): NVIDIA's five names, Cambricon's count, Hygon's three, Metax's count and
+# sGPU names, Mthreads' and AWS Neuron's and AMD's customresources, Enflame's, Kunlun's, Vastai's
+# and Biren's standard names from their resource fields (their customresources default to []);
+# Ascend's and Iluvatar's customresources only with devices.<vendor>.enabled; remote GPUs off.
+CHART_MANAGED = [
+    "nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores", "nvidia.com/gpumem-percentage",
+    "nvidia.com/priority", "cambricon.com/vmlu", "hygon.com/hcunum", "hygon.com/hcumem", "hygon.com/hcucores",
+    "metax-tech.com/gpu", "metax-tech.com/sgpu", "metax-tech.com/vcore", "metax-tech.com/vmemory",
+    "mthreads.com/vgpu", "enflame.com/drs-gcu", "enflame.com/gcu-memory", "enflame.com/gcu-core", "enflame.com/gcu",
+    "kunlunxin.com/xpu", "kunlunxin.com/vxpu", "kunlunxin.com/vxpu-memory",
+    "aws.amazon.com/neuron", "aws.amazon.com/neuroncore", "vastaitech.com/va", "birentech.com/gpu",
+    "amd.com/gpu", "amd.com/gpumem", "amd.com/gpucores",
+]
+CHART_ASCEND = [f"huawei.com/{chip}{suffix}" for chip in ("Ascend910A", "Ascend910B2", "Ascend910B3", "Ascend910B4",
+                                                           "Ascend910B4-1", "Ascend310P", "Ascend910C")
+                for suffix in ("", "-memory", "-core")]
+CHART_ILUVATAR = [f"iluvatar.ai/{chip}{suffix}" for chip in ("BI-V100", "BI-V150", "MR-V100", "MR-V50")
+                  for suffix in ("-vgpu", ".vCore", ".vMem")]
+# What hami-py manages beyond the chart's list: the memory and core names of families the chart
+# lists by their count alone (a container asking them asks the count too, so kube-scheduler sends
+# it anyway), and the DCU generation served beside the HCU one. The newest chart does not list
+# the DCU names: a cluster still running DCU plugins under it adds them to the extender's
+# managedResources (docs/devices/hygon.md), as hami-py's own manifests do.
+HAMI_PY_ALSO = {"cambricon.com/mlu.smlu.vmemory", "cambricon.com/mlu.smlu.vcore", "mthreads.com/sgpu-memory",
+                "mthreads.com/sgpu-core", "hygon.com/dcunum", "hygon.com/dcumem", "hygon.com/dcucores"}
+
+
+@pytest.mark.parametrize("ascend,iluvatar", [(False, False), (True, True)], ids=["default", "ascend+iluvatar"])
+def test_the_newest_charts_device_config_loads_and_its_managed_resources_are_ours(ascend, iluvatar):
+    """hami-py reads the newest chart's default device ConfigMap as it is (keys it has no use for,
+    such as nvidia.adoptExistingMIGInstances or vnpus.vnpuDeviceSplitCount, are read or ignored,
+    never refused), and every resource the chart sends to the extender is one hami-py manages."""
+    config = load_device_config(NEWEST_DEVICE_CONFIG)
+    vendors = build_vendors(config, FamilySwitches(enable_ascend=ascend, enable_iluvatar=iluvatar))
+    ours = managed_resource_names(vendors)
+    chart = CHART_MANAGED + CHART_ASCEND * ascend + CHART_ILUVATAR * iluvatar
+    assert len(set(chart)) == len(chart)
+    assert sorted(set(chart) - set(ours)) == []          # nothing the chart sends us is unknown to us
+    assert set(ours) - set(chart) == HAMI_PY_ALSO
+    # the values #3152 made explicit are the ones hami-py runs with
+    assert config.sections["hygon"] == {"resourceCountName": "hygon.com/hcunum", "resourceMemoryName": "hygon.com/hcumem",
+                                        "resourceCoreName": "hygon.com/hcucores", "memoryFactor": 1}
+    assert config.sections["metax"]["resourceCountName"] == "metax-tech.com/gpu" and "Metax-GPU" in vendors
+    assert vendors["AMD"].resource_names()[:3] == ["amd.com/gpu", "amd.com/gpumem", "amd.com/gpucores"]

@@ -70,8 +70,8 @@ def test_chart_default_sections():
     others = DeviceConfig.default().sections
     assert set(others) == {"nvidia", "cambricon", "hygon", "metax", "enflame", "mthreads", "iluvatars", "kunlun",
                            "awsneuron", "amd", "vastai", "biren", "vnpus"}
-    assert others["hygon"] == {"resourceCountName": "hygon.com/dcunum", "resourceMemoryName": "hygon.com/dcumem",
-                               "resourceCoreName": "hygon.com/dcucores", "memoryFactor": 1}
+    assert others["hygon"] == {"resourceCountName": "hygon.com/hcunum", "resourceMemoryName": "hygon.com/hcumem",
+                               "resourceCoreName": "hygon.com/hcucores", "memoryFactor": 1}
     assert [c["commonWord"] for c in others["vnpus"]["configs"]] == [
         "Ascend910A", "Ascend910B2", "Ascend910B3", "Ascend910B4-1", "Ascend910B4", "Ascend310P", "Ascend910C"]
     assert [i["commonWord"] for i in others["iluvatars"]] == ["MR-V100", "MR-V50", "BI-V150", "BI-V100"]
@@ -82,7 +82,8 @@ def test_every_family_declares_its_section_once():
     file reader through the registry: the chart's sections are exactly the families'."""
     names = [section.name for section in config_sections()]
     assert len(names) == len(set(names))
-    assert set(names) == set(DeviceConfig.default().sections)
+    # remote GPUs are off in HAMi's chart (devices.remotegpu.enabled: false): no default section
+    assert set(names) - {"remotegpu"} == set(DeviceConfig.default().sections)
 
 
 def test_reading_a_file_needs_the_families_declarations_and_the_chart_default_does_not():
@@ -191,7 +192,7 @@ BOTH_CLAIM = 'NVIDIA and {} both claim resource "{}"; a container requesting it 
       "a container requesting it would be allocated devices by both"]),
     (NV + "  defaultCores: 150\n  defaultMemory: -5\nhygon:\n  resourceCountName: nvidia.com/gpu\n  memoryFactor: -1\n",
      [CORES_150, "nvidia: defaultMemory must not be negative, got -5", "hygon: memoryFactor must not be negative, got -1",
-      BOTH_CLAIM.format("DCU", "nvidia.com/gpu")]),
+      BOTH_CLAIM.format("HCU", "nvidia.com/gpu")]),    # the section's names are the HCU generation's
 ])
 def test_unusable_values_stop_the_scheduler_naming_every_problem(tmp_path, text, problems):
     assert error_of(tmp_path, text) == "invalid device configuration: " + "; ".join(problems)
@@ -325,3 +326,16 @@ def test_section_readers():
 def test_a_plugin_only_key_set_to_zero_is_a_configuration(tmp_path):
     """The device plugin's keys are pointers upstream: present at all, the section is not empty."""
     assert nvidia_config(load_device_config(write(tmp_path, "nvidia:\n  deviceSplitCount: 0\n"))).device_split_count == 0
+
+
+def test_a_configmap_given_as_the_device_config_says_which_key_holds_it():
+    """manifests/device-config.yaml is the ConfigMap the Deployment mounts; passed as the file
+    itself (as a user trying the scheduler locally would), the error says what it is and what to
+    do, not upstream's "all configurations are empty" (issue 36)."""
+    shipped = Path(__file__).resolve().parent.parent / "manifests" / "device-config.yaml"
+    with pytest.raises(ConfigError) as caught:
+        load_device_config(shipped)
+    message = str(caught.value)
+    assert "is a Kubernetes ConfigMap (hami-system/hami-scheduler-device)" in message
+    assert "data key 'device-config.yaml'" in message and "--device-config-file out" in message
+    assert "empty" not in message

@@ -271,6 +271,7 @@ def test_all_families_example_places_a_pod_of_every_family(capsys):
         keys = {d["vendor"] for d in pod["devices"]}
         assert len(keys) == 1, pod
         placed_families.add(vendors[keys.pop()].__class__.__module__.split(".")[2])
-    every_family = {build.__module__.split(".")[2] for build in _families()}
+    # Remote GPUs are off in the chart's config (the simulator's): tests/test_family_remotegpu.py.
+    every_family = {build.__module__.split(".")[2] for build in _families()} - {"remotegpu"}
     assert len(every_family) == 13
     assert placed_families == every_family, f"no pod placed for {sorted(every_family - placed_families)}"

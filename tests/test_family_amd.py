@@ -16,7 +16,8 @@ from hami_py.fakeapi.families import BY_KEY
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from tests.conftest import (
     container as ctr,
-    assert_books_balance, bind_placed, decision_annotations, device_pod, place, register_nodes, wait_until,
+    assert_books_balance, bind_placed, create_quota, decision_annotations, device_pod, place, register_nodes,
+    wait_until,
 )
 from tests.test_webhook import admit, container, make_pod
 
@@ -117,7 +118,8 @@ def test_config_and_resource_names():
     assert AMDConfig.from_section(Section.of("amd", {"resourceCountName": "amd.com/gpu"})) == \
         AMDConfig("amd.com/gpu", "", "")
     assert AMD.resource_names() == [COUNT, MEM, CORES]
-    assert AMD.quota_resources() == ("", "", 1)
+    # HAMi after v2.10 (#3180): a namespace quota on the memory holds; cores are CUs, not checked.
+    assert AMD.quota_resources() == (MEM, "", 1)
     assert amd.build_family(DeviceConfig(sections={}), None)[0].resource_names() == []
 
 
@@ -306,4 +308,203 @@ async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, e
     assert result["FailedNodes"] == {"a1": "1/1 CardInsufficientCore"}
     _, result = await place(api, extender, device_pod("small", {COUNT: "1", MEM: "1024", CORES: "10"}), names)
     assert result["NodeNames"] == ["a1"], result
+    assert_books_balance(app)
+
+
+# -- HAMi after v2.10: memory percentage, NUMA binding, quota, runtime class, priority, allocatable ---
+
+PCT = "amd.com/gpumem-percentage"
+
+
+def configured(**extra):
+    section = {"resourceCountName": COUNT, "resourceMemoryName": MEM, "resourceCoreName": CORES,
+               "resourceMemoryPercentageName": PCT, **extra}
+    return build_vendors(DeviceConfig(sections={"amd": section}))["AMD"]
+
+
+def test_config_reads_the_new_keys_and_the_chart_names_the_percentage():
+    config = AMDConfig.from_section(Section.of("amd", {
+        "resourceCountName": COUNT, "resourceMemoryPercentageName": PCT, "runtimeClassName": "amd",
+        "resourcePriorityName": "amd.com/priority"}))
+    assert (config.resource_memory_percentage_name, config.runtime_class_name, config.resource_priority_name) == (
+        PCT, "amd", "amd.com/priority")
+    assert AMD.config.resource_memory_percentage_name == PCT
+    assert (AMD.config.runtime_class_name, AMD.config.resource_priority_name) == ("", "")
+
+
+def test_the_memory_percentage_is_read_from_limits_else_requests():
+    assert AMD.container_request(ctr({COUNT: "1", PCT: "25"}), pod_annotations={}) == \
+        ContainerRequest("AMD", 1, 0, 25, 100)
+    assert AMD.container_request(ctr({COUNT: "2"}, {PCT: "40"}), pod_annotations={}) == \
+        ContainerRequest("AMD", 2, 0, 40, 100)
+    # gpumem wins; 0 is no share: the whole device.
+    assert AMD.container_request(ctr({COUNT: "1", MEM: "1024", PCT: "25"}), pod_annotations={}) == \
+        ContainerRequest("AMD", 1, 1024, 0, 100)
+    assert AMD.container_request(ctr({COUNT: "1", PCT: "0"}), pod_annotations={}) == \
+        ContainerRequest("AMD", 1, 0, 100, 100)
+    assert amd.AMDAsk(1, 0, 100, 25).device_memory(16384) == 4096
+    assert amd.AMDAsk(1, 0, 100, 1).device_memory(50) == 1          # at least 1 MiB
+    assert amd.AMDAsk(1, 0, 100, 100).device_memory(16384) == 16384
+    assert amd.AMDAsk(1, 2048, 100, 0).device_memory(16384) == 2048
+
+
+@pytest.mark.parametrize("bad", ["101", "-1", "1500m", "half"])
+def test_a_bad_memory_percentage_is_refused_at_the_webhook_and_the_filter(bad):
+    message = f"invalid {PCT} value {bad} in container main: must be an integer between 0 and 100"
+    with pytest.raises(RequestError) as err:
+        AMD.container_request(ctr({COUNT: "1", PCT: bad}), pod_annotations={})
+    assert str(err.value) == message
+    for limits in ({COUNT: "1", PCT: bad}, {PCT: bad}):
+        with pytest.raises(RequestError) as err:
+            AMD.mutate_admission(ctr(limits), {})
+        assert str(err.value) == message
+    response, _ = admit(make_pod(container(limits={PCT: bad})))
+    assert not response["allowed"] and response["status"]["message"] == message
+
+
+def test_a_percentage_alone_is_given_one_device_at_the_webhook():
+    c = ctr({PCT: "50"})
+    assert AMD.mutate_admission(c, {}) is True and c["resources"]["limits"] == {PCT: "50", COUNT: "1"}
+    c = ctr(requests={PCT: "50"})
+    assert AMD.mutate_admission(c, {}) is True and c["resources"]["limits"] == {COUNT: "1"}
+    assert AMD.container_request(c, pod_annotations={}) == ContainerRequest("AMD", 1, 0, 50, 100)
+    c = ctr({COUNT: "2", PCT: "50"})
+    assert AMD.mutate_admission(c, {}) is True and c["resources"]["limits"][COUNT] == "2"     # kept
+    response, patched = admit(make_pod(container(limits={PCT: "30"})))
+    assert response["allowed"] and patched["spec"]["containers"][0]["resources"]["limits"] == {PCT: "30", COUNT: "1"}
+
+
+def test_the_runtime_class_is_set_on_a_pod_asking_amd_that_names_none():
+    vendor = configured(runtimeClassName="amd-hami")
+    response, patched = admit(make_pod(container(limits={COUNT: "1"})), vendors={"AMD": vendor})
+    assert response["allowed"] and patched["spec"]["runtimeClassName"] == "amd-hami"
+    response, patched = admit(make_pod(container(limits={PCT: "10"})), vendors={"AMD": vendor})
+    assert patched["spec"]["runtimeClassName"] == "amd-hami"
+    response, patched = admit(make_pod(container(limits={COUNT: "1"}), runtimeClassName="kata"),
+                              vendors={"AMD": vendor})
+    assert patched["spec"]["runtimeClassName"] == "kata"      # the pod's own wins
+    pod = {"spec": {}}
+    assert vendor.mutate_admission(ctr({"cpu": "1"}), pod) is False and pod == {"spec": {}}
+    response, patched = admit(make_pod(container(limits={COUNT: "1"})))      # the chart sets none
+    assert "runtimeClassName" not in patched["spec"]
+
+
+def test_the_priority_resource_becomes_amd_task_priority():
+    vendor = configured(resourcePriorityName="amd.com/priority")
+    c = ctr({COUNT: "1", "amd.com/priority": "1"})
+    c["env"] = [{"name": "KEEP", "value": "x"},
+                {"name": "AMD_TASK_PRIORITY", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    assert vendor.mutate_admission(c, {}) is True
+    assert c["env"] == [{"name": "KEEP", "value": "x"}, {"name": "AMD_TASK_PRIORITY", "value": "1"}]
+    c = ctr({"amd.com/priority": "0"})
+    assert vendor.mutate_admission(c, {}) is False                 # a priority alone asks no device
+    assert c["env"] == [{"name": "AMD_TASK_PRIORITY", "value": "0"}]
+    for bad in ("-1", "1500m", "3000000000"):
+        c = ctr({COUNT: "1", "amd.com/priority": bad})
+        with pytest.raises(RequestError) as err:
+            vendor.mutate_admission(c, {})
+        assert str(err.value) == (f"invalid amd.com/priority value {bad} in container main: must be an integer "
+                                  "between 0 and 2147483647")
+        assert "env" not in c
+    c = ctr({COUNT: "1", "amd.com/priority": "1"})
+    assert AMD.mutate_admission(c, {}) is True and "env" not in c  # not configured: ignored
+
+
+def test_health_follows_the_allocatable_count():
+    text = UPSTREAM_JSON
+    healthy = NodeView.of({REGISTER: text}, name="a1", capacity={COUNT: "1"}, allocatable={COUNT: "1"})
+    assert len(AMD.parse_node_devices(healthy)) == 1
+    # kubelet keeps a failed GPU in capacity and drops it from allocatable (#3194).
+    for allocatable in ({COUNT: "0"}, {"cpu": "8"}):
+        node = NodeView.of({REGISTER: text}, name="a1", capacity={COUNT: "1"}, allocatable=allocatable)
+        assert AMD.parse_node_devices(node) == []
+        assert AMD.registration_inputs(node) != AMD.registration_inputs(healthy)
+    assert AMD.numa_bind({"amd.com/numa-bind": "true"}) is False      # applied by AMD's chooser instead
+    assert amd.numa_bound({"amd.com/numa-bind": "true"}) and amd.numa_bound({"amd.com/numa-bind": "1"})
+    assert not amd.numa_bound({"amd.com/numa-bind": "yes"}) and not amd.numa_bound({})
+
+
+async def test_a_memory_percentage_books_that_share_of_each_device(api, app, extender):
+    names = await register_nodes(api, app, amd_node("a1"))
+    pod, result = await place(api, extender, device_pod("quarter", {COUNT: "1", PCT: "25", CORES: "10"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    assert decision_annotations(api, app, "quarter")["hami.io/amd-devices-allocated"].split(",")[2] == "49152"
+    await bind_placed(api, app, extender, pod, result)
+    assert usage(app, "a1") == [(1, 49152, 30)]
+    _, result = await place(api, extender, device_pod("most", {COUNT: "1", PCT: "80", CORES: "10"}), names)
+    assert result["FailedNodes"] == {"a1": "1/1 CardInsufficientMemory"}       # 75 % left
+    assert_books_balance(app)
+
+
+def occupy(api, node: str, device_id: str, name: str):
+    """An upstream-placed pod holding all of a device's memory."""
+    pod = device_pod(name, {COUNT: "1"}, annotations={
+        "hami.io/vgpu-node": node, "hami.io/amd-devices-allocated": f"{device_id},AMD-MI300X,196608,10:;"})
+    pod["spec"]["nodeName"] = node
+    api.create("pods", pod)
+
+
+def numa_of(api, app, name, node):
+    by_id = {d["id"]: d.get("numa", 0) for d in registered(node)}     # omitted when 0, as Go writes it
+    text = decision_annotations(api, app, name)["hami.io/amd-devices-allocated"]
+    return [by_id[entry.split(",")[0]] for entry in text.rstrip(";").split(":") if entry]
+
+
+@pytest.mark.parametrize("policy", ["spread", "binpack"])
+async def test_numa_bind_keeps_a_containers_gpus_on_one_numa_node(api, app, extender, policy):
+    """Four GPUs, two a NUMA node; GPU 2 (NUMA 1) is full. A two-GPU pod asking numa-bind gets GPUs
+    0 and 1 under either policy, whichever NUMA node is walked first; without it, spread takes GPU 3
+    and one of NUMA 0."""
+    node = amd_node("a1", devices=4)
+    ids = [d["id"] for d in registered(node)]
+    assert [d.get("numa", 0) for d in registered(node)] == [0, 0, 1, 1]
+    names = await register_nodes(api, app, node)
+    occupy(api, "a1", ids[2], "full")
+    await wait_until(lambda: usage(app, "a1")[2][1] == 196608, "GPU 2 charged")
+    asked = {COUNT: "2", MEM: "1024", CORES: "10"}
+    bind = {"amd.com/numa-bind": "true", "hami.io/gpu-scheduler-policy": policy}
+    _, result = await place(api, extender, device_pod("bound", asked, annotations=bind), names)
+    assert result["NodeNames"] == ["a1"], result
+    assert numa_of(api, app, "bound", node) == [0, 0]
+    if policy == "spread":
+        _, result = await place(api, extender, device_pod("loose", asked), names)
+        assert result["NodeNames"] == ["a1"], result
+        assert sorted(numa_of(api, app, "loose", node)) == [0, 1]
+    assert_books_balance(app)
+
+
+async def test_numa_bind_refuses_a_node_with_no_numa_node_holding_all_the_gpus(api, app, extender):
+    node = amd_node("a1", devices=4)
+    ids = [d["id"] for d in registered(node)]
+    names = await register_nodes(api, app, node)
+    occupy(api, "a1", ids[0], "full0")
+    occupy(api, "a1", ids[2], "full2")
+    await wait_until(lambda: [u[1] for u in usage(app, "a1")] == [196608, 0, 196608, 0], "GPUs 0 and 2 charged")
+    asked = {COUNT: "2", MEM: "1024", CORES: "10"}
+    _, result = await place(api, extender, device_pod("bound", asked, annotations={"amd.com/numa-bind": "t"}), names)
+    assert result["NodeNames"] is None and "NumaNotFit" in result["FailedNodes"]["a1"], result
+    _, result = await place(api, extender, device_pod("loose", asked, annotations={"amd.com/numa-bind": "no"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    assert_books_balance(app)
+
+
+async def test_namespace_quota_on_amd_memory_holds_device_by_device(api, app, extender):
+    """Two models on one node; the quota (70000 MiB) holds half of the MI210 (32768) but not half
+    of the MI300X (98304): the MI300X, which spread would try first, is passed over."""
+    entries = [{"id": "GPU-big", "index": 0, "count": 4, "devmem": 196608, "devcore": 304, "type": "AMD-MI300X",
+                "health": True},
+               {"id": "GPU-small", "index": 1, "count": 4, "devmem": 65536, "devcore": 104, "type": "AMD-MI210",
+                "health": True}]
+    names = await register_nodes(api, app, amd_node("a1", register=orjson.dumps(entries).decode()))
+    await create_quota(api, app, {f"limits.{MEM}": "70000"}, namespace="default")
+    _, result = await place(api, extender, device_pod("half", {COUNT: "1", PCT: "50", CORES: "10"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    assert decision_annotations(api, app, "half")["hami.io/amd-devices-allocated"].startswith("GPU-small,")
+    # 32768 used: another half of the MI210 is 65536 > 70000 in all; a fixed 30000 MiB still fits.
+    _, result = await place(api, extender, device_pod("again", {COUNT: "1", PCT: "50", CORES: "10"}), names)
+    assert result["NodeNames"] is None and "ResourceQuotaNotFit" in result["FailedNodes"]["a1"], result
+    _, result = await place(api, extender, device_pod("fixed", {COUNT: "1", MEM: "30000", CORES: "10"}), names)
+    assert result["NodeNames"] == ["a1"], result
+    _, result = await place(api, extender, device_pod("more", {COUNT: "1", MEM: "8000", CORES: "10"}), names)
+    assert result["FailedNodes"] == {"a1": "2/2 ResourceQuotaNotFit"}, result
     assert_books_balance(app)

@@ -51,7 +51,7 @@ def vendor(cw: str = "Ascend910B3", **changes) -> AscendVendor:
     chip = next(c for c in config.configs if c.common_word == cw)
     for key, value in changes.items():
         setattr(chip, key, value)
-    return AscendVendor(chip, hami_vnpu_core=config.hami_vnpu_core)
+    return AscendVendor(chip, mode=config.mode, enpu_policy=config.enpu_policy)
 
 
 def npu_uuid(node: str, cw: str, index: int) -> str:
@@ -150,7 +150,8 @@ def test_vendor_names_and_annotation_keys_follow_the_common_word():
     assert v.to_allocate_annotation == "hami.io/Ascend910B3-devices-to-allocate"
     assert v.allocated_annotation == "hami.io/Ascend910B3-devices-allocated"
     assert v.uses_node_lock and v.extra_lock_annotation is None
-    assert v.gate_annotations == ("hami-vnpu-core",)
+    assert v.gate_annotations == ("hami-vnpu-core", "hami.io/enpu")
+    assert v.pod_marks == ("huawei.com/vnpu-mode", "huawei.com/enpu-policy")
     assert v.decision_annotations() == ("hami.io/Ascend910B3-devices-to-allocate",
                                         "hami.io/Ascend910B3-devices-allocated",
                                         "huawei.com/Ascend910B3", "predicate-time")
@@ -394,11 +395,34 @@ def test_soft_mode_keeps_memory_and_allows_cores():
     assert mutate(vendor(), {"huawei.com/Ascend910B3": "2", "huawei.com/Ascend910B3-memory": "10000"}, soft=True)[0]
 
 
-def test_cores_outside_hami_core_mode_are_refused():
+def test_cores_in_template_mode_are_refused_and_make_a_mode_less_pod_hami_core():
+    """HAMi #2975: a core request is refused only in template mode; a pod naming no mode becomes a
+    hami-core one (the webhook writes the mode) and keeps its memory as asked."""
+    def with_mode(mode: str | None, limits: dict, requests: dict | None = None):
+        resources = {"limits": dict(limits), **({"requests": dict(requests)} if requests else {})}
+        ctr = {"name": "main", "resources": resources}
+        pod = {"metadata": {"name": "p", "annotations": {} if mode is None else {"huawei.com/vnpu-mode": mode}},
+               "spec": {"containers": [ctr]}}
+        return vendor().mutate_admission(ctr, pod), ctr, pod
+
     with pytest.raises(RequestError) as err:
-        mutate(vendor(), {"huawei.com/Ascend910B3": "1"}, {"huawei.com/Ascend910B3-core": "20"})
+        with_mode("template", {"huawei.com/Ascend910B3": "1"}, {"huawei.com/Ascend910B3-core": "20"})
     assert str(err.value) == "huawei.com/Ascend910B3-core is only supported in hami-core (soft split) mode"
-    assert mutate(vendor(), {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-core": "0"})[0]
+    asks, ctr, pod = with_mode(None, {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "10000"},
+                               {"huawei.com/Ascend910B3-core": "20"})
+    assert asks and pod["metadata"]["annotations"] == {"huawei.com/vnpu-mode": "hami-core"}
+    assert ctr["resources"]["limits"]["huawei.com/Ascend910B3-memory"] == "10000"     # not rounded: soft
+    # A mode no rule knows is not overwritten: refused, naming it, and nothing changed.
+    limits = {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-core": "20"}
+    with pytest.raises(RequestError) as err:
+        with_mode("hami_core", limits)
+    assert str(err.value) == ('huawei.com/vnpu-mode "hami_core" takes no huawei.com/Ascend910B3-core: cores are only '
+                              "supported in hami-core (soft split) or enpu mode")
+    # Zero cores ask for nothing: the pod stays a template one, memory rounded.
+    asks, ctr, pod = with_mode(None, {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-core": "0",
+                                      "huawei.com/Ascend910B3-memory": "10000"})
+    assert asks and pod["metadata"]["annotations"] == {}
+    assert ctr["resources"]["limits"]["huawei.com/Ascend910B3-memory"] == "16384"
 
 
 def test_several_npus_with_a_template_each_are_refused():
@@ -487,7 +511,7 @@ def test_uuid_gates_use_the_common_word_keys():
 ])
 def test_hami_core_pods_need_a_node_that_supports_it(global_flag, node_value, fits):
     v = vendor()
-    v.hami_vnpu_core = global_flag
+    v.mode = "hami-core" if global_flag else "template"
     (dev,) = v.parse_node_devices(view(npu_node("n1", {"Ascend910B3": 1})))
     node_annotations = {} if node_value is None else {"hami-vnpu-core": node_value}
     soft = {"huawei.com/vnpu-mode": "hami-core"}
@@ -659,6 +683,8 @@ async def test_hami_core_pod_goes_only_to_nodes_running_the_soft_split(api, app,
 
 async def test_global_hami_vnpu_core_applies_where_the_node_says_nothing(api):
     config = DeviceConfig.default()
+    # The deprecated switch, which counts only while hamiVnpuMode is empty (the chart writes template).
+    config.sections["vnpus"]["hamiVnpuMode"] = ""
     config.sections["vnpus"]["hamiVnpuCore"] = True
     legacy = npu_node("legacy", {"Ascend910B3": 2})
     del legacy["metadata"]["annotations"]["hami-vnpu-core"]

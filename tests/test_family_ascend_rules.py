@@ -74,6 +74,20 @@ def test_choose_follows_upstreams_branches():
     assert topology.choose("Ascend910B3", [1], 2, index_of=index_of, network_of=networks, topology=True) is None
 
 
+def test_910c_pairs_only_behind_the_super_pod_gate():
+    """HAMi #2853: without superPod a 910C request is counted NPU by NPU (an odd one fits)."""
+    index_of = list(range(8))
+    networks = [0] * 8
+    assert topology.choose("Ascend910C", [7, 5, 4, 3], 3, index_of=index_of, network_of=networks,
+                           topology=False, pairs=False) == [7, 5, 4]
+    assert topology.choose("Ascend910C", [7, 5, 4, 3], 3, index_of=index_of, network_of=networks,
+                           topology=False, pairs=True) is None
+    assert topology.choose("Ascend910C", [7, 5, 4, 3], 2, index_of=index_of, network_of=networks,
+                           topology=False, pairs=True) == [4, 5]      # module 2 (NPUs 4, 5)
+    assert topology.choose("Ascend910C", [7, 5, 4, 3], 2, index_of=index_of, network_of=networks,
+                           topology=True, pairs=False) == [7, 5]
+
+
 def test_score_is_upstreams_network_concentration_for_910_kinds_only():
     networks = [0, 0, 0, 0, 1, 1, 1, 1, None]
     assert topology.score("Ascend910B3", [0, 1, 2, 3], networks) == 10.0
@@ -140,14 +154,22 @@ def _cache_with(*nodes: dict) -> tuple[UsageCache, dict]:
 def test_chooser_groups_by_network_and_scores_the_node():
     cache, vendors = _cache_with(npu_node("ascend-1", {"Ascend910B3": 8}))
     v = vendors["Ascend910B3"]
-    assert v.kernel_flags & FLAG_CHOOSE and not vendors["Ascend310P"].kernel_flags & FLAG_CHOOSE
-    assert vendors["Ascend310P"].chooser(cache, ChoiceAsk({})) is None
+    assert v.kernel_flags & FLAG_CHOOSE and vendors["Ascend310P"].kernel_flags & FLAG_CHOOSE
     choose = v.chooser(cache, ChoiceAsk({}))
     node = cache.node_index_of["ascend-1"]
     assert choose(node, [1, 2, 3, 4, 5, 6, 7], 4) == ([4, 5, 6, 7], 10.0)
     assert choose(node, [2, 3, 4, 5, 6], 4) == ([4, 5, 6, 2], 7.5)
     assert choose(node, [6, 1], 1) == ([6], 10.0)
     assert choose(node, [6, 1], 3) == ALLOCATED_CARDS_INSUFFICIENT_REQUEST
+
+
+def test_310p_chooser_is_first_fit_and_scores_nothing():
+    """Every kind chooses (the mode rules are per NPU); a 310P has no NetworkID term, as upstream."""
+    cache, vendors = _cache_with(npu_node("edge-1", {"Ascend310P": 4}))
+    choose = vendors["Ascend310P"].chooser(cache, ChoiceAsk({}))
+    node = cache.node_index_of["edge-1"]
+    assert choose(node, [3, 0, 1], 2) == ([3, 0], 0.0)
+    assert choose(node, [2], 1) == ([2], 0.0)
 
 
 def test_chooser_without_network_ids_is_first_fit_and_scores_nothing():

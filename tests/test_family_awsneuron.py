@@ -6,7 +6,7 @@ import pytest
 
 from hami_py.config import ConfigError, DeviceConfig, Section
 from hami_py.devices import awsneuron
-from hami_py.devices.awsneuron import AWSNeuronConfig, choose_window, core_mask
+from hami_py.devices.awsneuron import AWSNeuronConfig, allocate_core_mask, choose_window, split_cores
 from hami_py.devices.base import (
     FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, ContainerRequest, DeviceDecodeError, NodeView, RequestError,
 )
@@ -27,7 +27,8 @@ COUNT, CORE = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore"
 
 def view(devices, cores, *, instance="inf2.xlarge", name="n1"):
     labels = {"node.kubernetes.io/instance-type": instance} if instance is not None else {}
-    return NodeView.of({}, name=name, labels=labels, capacity={COUNT: devices, CORE: cores})
+    capacity = {COUNT: devices} if cores is None else {COUNT: devices, CORE: cores}
+    return NodeView.of({}, name=name, labels=labels, capacity=capacity)
 
 
 # -- inventory ----------------------------------------------------------------------------------------
@@ -39,9 +40,13 @@ def test_devices_and_their_core_masks_come_from_the_capacity_and_the_instance_ty
         ("test-AWSNeuron-0", 0, 2, 0, 3, "AWSNeuron", True, {"AWSNodeType": "inf2"})
     devices = NEURON.parse_node_devices(view("12", "24", instance="inf2.48xlarge"))
     assert [d.id for d in devices][-1] == "n1-AWSNeuron-11" and {d.devcore for d in devices} == {3}
-    # Cores per device are the node's own (upstream keeps the first node's for every node).
+    # Cores per device are the node's own (upstream v2.10 kept the first node's for every node):
+    # an Inferentia1 device has 4, all addressable (HAMi v2.11, #3082).
     [one] = NEURON.parse_node_devices(view("1", "4", instance="inf1.xlarge"))
     assert (one.count, one.devcore) == (4, 15)
+    # More than 4 cores a device: 4 addressable (the mask), every core a slot.
+    [big] = NEURON.parse_node_devices(view("1", "8", instance="trn2.48xlarge"))
+    assert (big.count, big.devcore) == (8, 15)
     # No instance-type label: an empty type (aligned windows only).
     assert NEURON.parse_node_devices(view("1", "2", instance=None))[0].custom == {"AWSNodeType": ""}
     assert NEURON.parse_node_devices(view("0", "0")) == []
@@ -53,8 +58,12 @@ def test_devices_and_their_core_masks_come_from_the_capacity_and_the_instance_ty
 @pytest.mark.parametrize("devices, cores, message", [
     ("two", "4", "aws.amazon.com/neuron 'two' is not a whole number of devices"),
     ("2", "x", "aws.amazon.com/neuroncore 'x' is not a whole number of cores"),
-    ("2", "1", "aws.amazon.com/neuroncore '1' over aws.amazon.com/neuron '2' gives 0 cores a device: "
-               "must be between 1 and 30"),
+    # HAMi v2.11's words (09-19): cores per device are derived per node and must divide evenly.
+    ("2", "1", "aws.amazon.com/neuroncore capacity 1 is not divisible by aws.amazon.com/neuron capacity 2"),
+    ("4", "10", "aws.amazon.com/neuroncore capacity 10 is not divisible by aws.amazon.com/neuron capacity 4"),
+    ("2", "0", "aws.amazon.com/neuroncore '0' must be a positive number of cores"),
+    ("2", None, "aws.amazon.com/neuroncore is missing: aws.amazon.com/neuron '2' needs its cores"),
+    ("1", str(2**31), "cores per AWS Neuron device 2147483648 exceeds the maximum of 2147483647"),
     ("5000", "10000", "aws.amazon.com/neuron '5000' is out of range: must be between 0 and 1024"),
 ])
 def test_a_garbled_capacity_is_refused_precisely(devices, cores, message):
@@ -65,25 +74,30 @@ def test_a_garbled_capacity_is_refused_precisely(devices, cores, message):
 
 # -- requests and webhook ------------------------------------------------------------------------------
 
-def test_requests_are_devices_or_cores_as_upstream_splits_them():
+def test_requests_are_devices_or_cores_spread_two_a_device():
     assert NEURON.container_request(ctr({COUNT: "1"}, {COUNT: "1"}), pod_annotations={}) == \
         ContainerRequest("AWSNeuron", 1, 0, 0, 2)
     assert NEURON.container_request(ctr(requests={COUNT: "2"}), pod_annotations={}).nums == 2
-    for cores, nums, each in (("1", 1, 1), ("2", 1, 2), ("6", 3, 2)):
+    # Odd core counts are no longer refused (HAMi v2.11 dropped splitCoreRequest): the last
+    # device gets what is left.
+    for cores, nums, each in (("1", 1, 1), ("2", 1, 2), ("3", 2, 2), ("6", 3, 2), ("7", 4, 2)):
         assert NEURON.container_request(ctr({CORE: cores}), pod_annotations={}) == \
             ContainerRequest("AWSNeuron", nums, 0, 0, each)
+    assert [split_cores(k) for k in (1, 2, 3, 4, 5)] == [(1,), (2,), (2, 1), (2, 2), (2, 2, 1)]
     assert NEURON.container_request(ctr({"cpu": "1"}), pod_annotations={}) is None
     # The count wins over cores, as upstream reads them.
     assert NEURON.container_request(ctr({COUNT: "1", CORE: "1"}), pod_annotations={}).coresreq == 2
 
 
 @pytest.mark.parametrize("limits, message", [
-    ({CORE: "3"}, 'aws.amazon.com/neuroncore "3" must be 1 or a multiple of 2, got 3'),
     ({CORE: "0"}, 'aws.amazon.com/neuroncore "0" must be greater than 0'),
     ({CORE: "-2"}, 'aws.amazon.com/neuroncore "-2" must be greater than 0'),
     ({COUNT: "1.5"}, 'aws.amazon.com/neuron "1.5" must be an integer'),
     ({COUNT: str(2**31)}, 'aws.amazon.com/neuron "2147483648" must not exceed 2147483647'),
-    ({CORE: str(2**32)}, 'aws.amazon.com/neuroncore "4294967296" must not exceed 4294967294'),
+    # Up to 4 cores a device now (#3082): 4 x MaxInt32 cores, which need more devices than a
+    # request may name.
+    ({CORE: str(2**33)}, 'aws.amazon.com/neuroncore "8589934592" must not exceed 8589934588'),
+    ({CORE: str(2**32)}, 'aws.amazon.com/neuroncore "4294967296" needs 2147483648 devices, more than 2147483647'),
 ])
 def test_a_malformed_request_is_refused_naming_container_and_value(limits, message):
     with pytest.raises(RequestError) as err:
@@ -96,18 +110,18 @@ def test_the_webhook_validates_with_upstreams_messages():
     assert NEURON.mutate_admission(ctr(requests={COUNT: "2"}), {}) is True
     assert NEURON.mutate_admission(ctr({CORE: "2"}), {}) is True
     assert NEURON.mutate_admission(ctr({}), {}) is False
+    assert NEURON.mutate_admission(ctr({CORE: "3"}), {}) is True
     for limits, message in (({COUNT: str(2**31)}, "aws.amazon.com/neuron must not exceed 2147483647"),
-                            ({CORE: "3"}, "aws.amazon.com/neuroncore must be 1 or a multiple of 2, got 3"),
                             ({CORE: "0"}, "aws.amazon.com/neuroncore must be greater than 0"),
-                            ({CORE: str(2**32)}, "aws.amazon.com/neuroncore must not exceed 4294967294")):
+                            ({CORE: str(2**33)}, "aws.amazon.com/neuroncore must not exceed 8589934588")):
         with pytest.raises(RequestError) as err:
             NEURON.mutate_admission(ctr(requests=limits), {})
         assert str(err.value) == message
     response, patched = admit(make_pod(container(limits={CORE: "1"})))
     assert response["allowed"] and patched["spec"]["schedulerName"] == "hami-scheduler"
-    response, _ = admit(make_pod(container(limits={CORE: "3"})))
+    response, _ = admit(make_pod(container(limits={CORE: "0"})))
     assert not response["allowed"]
-    assert response["status"]["message"] == "aws.amazon.com/neuroncore must be 1 or a multiple of 2, got 3"
+    assert response["status"]["message"] == "aws.amazon.com/neuroncore must be greater than 0"
 
 
 def test_config_section_and_quota_names():
@@ -122,9 +136,17 @@ def test_config_section_and_quota_names():
 
 # -- the rules ------------------------------------------------------------------------------------------
 
-def test_core_masks_group_cores_on_one_device():
-    assert core_mask(0, 2) == 3 and core_mask(0, 1) == 1
-    assert core_mask(1, 1) == 2 and core_mask(2, 1) == 1
+def test_core_masks_are_the_lowest_contiguous_free_run():
+    # Two-core devices (mask 3): upstream's old rule, unchanged.
+    assert allocate_core_mask(0, 3, 2) == 3 and allocate_core_mask(0, 3, 1) == 1
+    assert allocate_core_mask(1, 3, 1) == 2 and allocate_core_mask(2, 3, 1) == 1
+    assert allocate_core_mask(1, 3, 2) is None and allocate_core_mask(3, 3, 1) is None
+    # Four-core devices (Inferentia1, mask 15): any contiguous run, never scattered cores.
+    assert allocate_core_mask(0, 15, 4) == 15 and allocate_core_mask(0, 15, 3) == 7
+    assert allocate_core_mask(1, 15, 2) == 6 and allocate_core_mask(1, 15, 3) == 14
+    assert allocate_core_mask(0b0101, 15, 2) is None          # cores 1 and 3 free, not adjacent
+    assert allocate_core_mask(0b0101, 15, 1) == 2
+    assert allocate_core_mask(0, 15, 5) is None and allocate_core_mask(0, 15, 0) is None
 
 
 def test_device_windows_follow_the_instance_type():
@@ -153,6 +175,12 @@ def test_annotations_are_upstreams():
     assert (out["AWS_NEURON_IDS"], out["NEURON_RESOURCE_TYPE"]) == ("0,1", CORE)
     out = NEURON.encode_allocation([[dev("d", 3, 2, False)], [], [dev("e", 1, 1, False)]], node="n1")
     assert out["AWS_NEURON_IDS"] == "7,2"            # accumulated over the containers
+    # Four cores a device (inf1): every bit of the mask is a core index, 4 x the device index up.
+    four = ContainerDevice("f", "AWSNeuron", 0, 0b1110, custom={"index": 2, "coresPerDevice": 4, "countInLimits": False})
+    assert NEURON.encode_allocation([[four]], node="n1")["AWS_NEURON_IDS"] == "9,10,11"
+    # Data without the node's geometry is read with upstream's old 2 cores a device.
+    old = ContainerDevice("g", "AWSNeuron", 0, 2, custom={"index": 3, "countInLimits": False})
+    assert NEURON.encode_allocation([[old]], node="n1")["AWS_NEURON_IDS"] == "7"
     assert out["hami.io/aws-neuron-devices-allocated"] == "d,AWSNeuron,0,2:;;e,AWSNeuron,0,1:;"
     assert set(out) <= set(NEURON.decision_annotations())
     assert NEURON.decode_allocation(out)[0][0] == ContainerDevice("d", "AWSNeuron", 0, 2)
@@ -317,11 +345,11 @@ async def test_two_containers_of_one_pod_take_the_two_cores_of_one_device(api, a
 
 
 async def test_a_garbled_capacity_is_refused_while_the_nodes_gpus_work(api, app, extender):
-    node = neuron_node("mixed", devices=2, gpus=2, **{"aws.amazon.com/neuroncore": "1"})
+    node = neuron_node("mixed", devices=2, gpus=2, **{"aws.amazon.com/neuroncore": "3"})
     names = await register_nodes(api, app, node)
     assert app.cache.nodes["mixed"].decode_error == (
-        "aws.amazon.com/neuron capacity: aws.amazon.com/neuroncore '1' over aws.amazon.com/neuron '2' gives "
-        "0 cores a device: must be between 1 and 30")
+        "aws.amazon.com/neuron capacity: aws.amazon.com/neuroncore capacity 3 is not divisible by "
+        "aws.amazon.com/neuron capacity 2")
     _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000, gpucores=10), names)
     assert result["NodeNames"] == ["mixed"], result
     _, result = await place(api, extender, device_pod("n", {CORE: "1"}), names)
@@ -331,10 +359,9 @@ async def test_a_garbled_capacity_is_refused_while_the_nodes_gpus_work(api, app,
 
 async def test_a_malformed_request_is_refused_at_filter(api, app, extender):
     names = await register_nodes(api, app, neuron_node("n1", devices=2))
-    _, result = await place(api, extender, device_pod("odd", {CORE: "3"}), names)
+    _, result = await place(api, extender, device_pod("half", {CORE: "1.5"}), names)
     assert result["NodeNames"] is None
-    assert result["Error"] == \
-        'pod default/odd: container "main": aws.amazon.com/neuroncore "3" must be 1 or a multiple of 2, got 3'
+    assert result["Error"] == 'pod default/half: container "main": aws.amazon.com/neuroncore "1.5" must be an integer'
 
 
 async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, extender):
@@ -377,3 +404,90 @@ async def test_a_device_count_in_requests_only_is_annotated_with_core_indexes(ap
     ann = decision_annotations(api, app, "req")
     assert (ann["AWS_NEURON_IDS"], ann["NEURON_RESOURCE_TYPE"]) == ("2,3", CORE)
     assert ann["hami.io/aws-neuron-devices-allocated"] == "n1-AWSNeuron-1,AWSNeuron,0,3:;"
+
+
+async def test_an_odd_core_request_takes_the_rest_on_its_last_device(api, app, extender):
+    """3 cores on inf2 (2 a device): two unused devices, both cores of the first and core 0 of the
+    second, as HAMi v2.11 places them (v2.10 refused an odd count above 2)."""
+    names = await register_nodes(api, app, neuron_node("i1", model="inf2", devices=2))
+    _, result = await place(api, extender, device_pod("three", {CORE: "3"}), names)
+    assert result["NodeNames"] == ["i1"], result
+    ann = decision_annotations(api, app, "three")
+    assert ann["hami.io/aws-neuron-devices-allocated"] == \
+        "i1-AWSNeuron-0,AWSNeuron,0,3:i1-AWSNeuron-1,AWSNeuron,0,1:;"
+    assert (ann["AWS_NEURON_IDS"], ann["NEURON_RESOURCE_TYPE"]) == ("0,1,2", CORE)
+    assert usage(app, "i1") == [(1, 3), (1, 1)]
+    assert_books_balance(app)
+
+
+def inf1_node(name, devices):
+    """An Inferentia1 node: 4 NeuronCores a device."""
+    node = neuron_node(name, model="inf2", devices=devices, **{"aws.amazon.com/neuroncore": str(4 * devices)})
+    node["metadata"]["labels"]["node.kubernetes.io/instance-type"] = "inf1.6xlarge"
+    return node
+
+
+async def test_inferentia1_devices_give_contiguous_runs_of_up_to_four_cores(api, app, extender):
+    """#3082: an inf1 device's 4 cores are all given (v2.10 addressed 2), one contiguous run a
+    container, the lowest free; scattered free cores do not make a run."""
+    names = await register_nodes(api, app, inf1_node("f1", devices=1))
+    assert [(d.count, d.devcore) for d in app.cache.nodes["f1"].devices] == [(4, 15)]
+    for name, cores, ids in (("a", "1", "0"), ("b", "2", "1,2"), ("c", "1", "3")):
+        _, result = await place(api, extender, device_pod(name, {CORE: cores}), names)
+        assert result["NodeNames"] == ["f1"], result
+        assert decision_annotations(api, app, name)["AWS_NEURON_IDS"] == ids
+    assert usage(app, "f1") == [(3, 15)]
+    _, result = await place(api, extender, device_pod("full", {CORE: "1"}), names)
+    assert result["FailedNodes"] == {"f1": "1/1 CardInsufficientCore"}
+    # b leaves: cores 1-2 free again; a 2-core pod gets them back, a 3-core one does not fit.
+    api.delete("pods", "b", namespace="default")
+    await wait_until(lambda: usage(app, "f1") == [(2, 9)], "b's cores released")
+    _, result = await place(api, extender, device_pod("three", {CORE: "2"}), names)
+    assert result["NodeNames"] == ["f1"], result
+    assert decision_annotations(api, app, "three")["AWS_NEURON_IDS"] == "1,2"
+    assert_books_balance(app)
+
+
+async def test_scattered_free_cores_of_an_inferentia1_device_are_no_run(api, app, extender):
+    names = await register_nodes(api, app, inf1_node("f1", devices=1))
+    for name in "abcd":
+        _, result = await place(api, extender, device_pod(name, {CORE: "1"}), names)
+        assert result["NodeNames"] == ["f1"], result
+    for name in "ac":
+        api.delete("pods", name, namespace="default")
+    await wait_until(lambda: usage(app, "f1") == [(2, 10)], "cores 0 and 2 released")
+    # Cores 0 and 2 are free, not adjacent: the device's free cores add up, no run of 2 does.
+    _, result = await place(api, extender, device_pod("pair", {CORE: "2"}), names)
+    assert result["FailedNodes"] == {"f1": "1/1 CardInsufficientCore"}
+    _, result = await place(api, extender, device_pod("one", {CORE: "1"}), names)
+    assert result["NodeNames"] == ["f1"], result
+    assert decision_annotations(api, app, "one")["AWS_NEURON_IDS"] == "0"
+    assert_books_balance(app)
+
+
+async def test_a_whole_inferentia1_device_is_its_four_cores(api, app, extender):
+    names = await register_nodes(api, app, inf1_node("f1", devices=2))
+    _, result = await place(api, extender, device_pod(
+        "w", {COUNT: "1"}, annotations={"aws.amazon.com/use-neuron-uuid": "f1-AWSNeuron-0"}), names)
+    assert result["NodeNames"] == ["f1"], result
+    ann = decision_annotations(api, app, "w")
+    assert (ann["hami.io/aws-neuron-devices-allocated"], ann["AWS_NEURON_IDS"]) == ("f1-AWSNeuron-0,AWSNeuron,0,15:;", "0")
+    # A count in requests only is annotated with the device's core indexes: 4 a device.
+    pod = device_pod("req", {}, annotations={"aws.amazon.com/use-neuron-uuid": "f1-AWSNeuron-1"})
+    pod["spec"]["containers"][0]["resources"] = {"requests": {COUNT: "1"}}
+    _, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["f1"], result
+    assert decision_annotations(api, app, "req")["AWS_NEURON_IDS"] == "4,5,6,7"
+    assert_books_balance(app)
+
+
+async def test_a_core_request_over_two_is_spread_two_a_device_on_inferentia1_too(api, app, extender):
+    """The deliberate difference (docs/devices/awsneuron.md): the device count of a core request
+    may not depend on the node here, so 4 cores are 2 devices of 2 on inf1 as on inf2 (HAMi v2.11
+    gives one inf1 device all 4)."""
+    names = await register_nodes(api, app, inf1_node("f1", devices=2))
+    _, result = await place(api, extender, device_pod("four", {CORE: "4"}), names)
+    assert result["NodeNames"] == ["f1"], result
+    assert decision_annotations(api, app, "four")["AWS_NEURON_IDS"] == "0,1,4,5"
+    assert usage(app, "f1") == [(1, 3), (1, 3)]
+    assert_books_balance(app)

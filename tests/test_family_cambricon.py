@@ -18,7 +18,7 @@ from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.embedded import embedded_options, running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
-from hami_py.reasons import CARD_UUID_MISMATCH, OK
+from hami_py.reasons import CARD_TYPE_MISMATCH, CARD_UUID_MISMATCH, OK
 from tests.conftest import container as any_container, decision_annotations, assert_books_balance, create_quota, place, register_nodes, wait_until
 from tests.test_webhook import admit, container, make_pod
 
@@ -37,18 +37,19 @@ def vendor() -> CambriconVendor:
     return build_family(DeviceConfig.default(), FamilySwitches())[0]
 
 
-def view(capacity: dict, name: str = "n1") -> NodeView:
-    return NodeView.of(name=name, capacity=capacity)
+def view(capacity: dict, name: str = "n1", labels: dict | None = None) -> NodeView:
+    return NodeView.of(name=name, capacity=capacity, labels=labels)
 
 
 def ctr(limits=None, requests=None, name="main", env=None) -> dict:
     return any_container(limits, requests, name, image="mlu:latest", env=env)
 
 def mlu_node(name: str, *, cores: str = "200", memory: str = "100", annotations: dict | None = None,
-             extra_capacity: dict | None = None) -> dict:
+             extra_capacity: dict | None = None, model: str | None = None) -> dict:
     capacity = {COUNT: "20", CORES: cores, MEMORY: memory, "cpu": "64", **(extra_capacity or {})}
+    labels = {"kubernetes.io/hostname": name, **({"Model": model} if model is not None else {})}
     return {"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}, "annotations": annotations or {}},
+            "metadata": {"name": name, "labels": labels, "annotations": annotations or {}},
             "status": {"capacity": capacity, "allocatable": dict(capacity)}}
 
 
@@ -110,7 +111,21 @@ def test_inventory_is_decoded_again_only_when_the_two_capacities_change():
     assert v.registration_inputs(view({**base, "cpu": "32", COUNT: "10", "nvidia.com/gpu": "8"})) == inputs
     assert v.registration_inputs(view({**base, CORES: "300"})) != inputs
     assert v.registration_inputs(view({**base, MEMORY: "96"})) != inputs
+    assert v.registration_inputs(view(base, labels={"Model": "MLU370-X4"})) != inputs
+    assert v.registration_inputs(view(base, labels={"mlu": "on"})) == inputs
     assert v.registration_source() == f"node capacity {CORES}/{MEMORY}"
+
+
+@pytest.mark.parametrize("label, model", [
+    ("MLU370-X4", "MLU370-X4"), ("  MLU590 ", "MLU590"), ("mlu370-s4", "mlu370-s4"),
+    (None, "MLU"), ("", "MLU"), ("   ", "MLU"), ("A100", "MLU"),
+])
+def test_the_cards_type_is_the_nodes_mlu_model_label(label, model):
+    """HAMi after v2.10 (#2780): the ``Model`` label Cambricon's plugin publishes names the cards'
+    model when it names an MLU; otherwise they stay ``MLU``."""
+    labels = {} if label is None else {"Model": label}
+    devices = vendor().parse_node_devices(view({CORES: "200", MEMORY: "100"}, labels=labels))
+    assert [d.type for d in devices] == [model, model]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,8 +180,26 @@ def test_uuid_annotations_pick_and_avoid_cards():
     assert (use(d0), use(d1)) == (CARD_UUID_MISMATCH, OK)
     avoid = v.device_selector({"cambricon.com/nouse-gpuuuid": " n1-cambricon-mlu-1 , x"}, {})
     assert (avoid(d0), avoid(d1)) == (OK, CARD_UUID_MISMATCH)
-    # upstream defines the type annotations but never reads them
-    assert v.device_selector({"cambricon.com/use-mlutype": "MLU590"}, {}) is None
+    assert v.device_selector({"cambricon.com/use-mlutype": " "}, {}) is None     # blank: no constraint
+
+
+def test_model_annotations_pick_and_avoid_models_by_substring():
+    """#2780: ``cambricon.com/use-mlutype`` admits only the listed models, ``nouse-mlutype`` refuses
+    them, matched upper-cased by substring; a node without a model label (type ``MLU``) passes a
+    constraint only when ``MLU`` itself contains an entry."""
+    v = vendor()
+    mlu370 = v.parse_node_devices(view({CORES: "100", MEMORY: "100"}, labels={"Model": "MLU370-X4"}))[0]
+    mlu590 = v.parse_node_devices(view({CORES: "100", MEMORY: "100"}, labels={"Model": "MLU590"}))[0]
+    unknown = v.parse_node_devices(view({CORES: "100", MEMORY: "100"}))[0]
+    use = v.device_selector({"cambricon.com/use-mlutype": "mlu370, MLU580"}, {})
+    assert (use(mlu370), use(mlu590), use(unknown)) == (OK, CARD_TYPE_MISMATCH, CARD_TYPE_MISMATCH)
+    avoid = v.device_selector({"cambricon.com/nouse-mlutype": "MLU370"}, {})
+    assert (avoid(mlu370), avoid(mlu590), avoid(unknown)) == (CARD_TYPE_MISMATCH, OK, OK)
+    generic = v.device_selector({"cambricon.com/use-mlutype": "MLU"}, {})
+    assert (generic(mlu370), generic(mlu590), generic(unknown)) == (OK, OK, OK)
+    both = v.device_selector({"cambricon.com/use-mlutype": "MLU590",
+                              "cambricon.com/use-gpuuuid": "n1-cambricon-mlu-0"}, {})
+    assert (both(mlu370), both(mlu590)) == (CARD_TYPE_MISMATCH, OK)
 
 
 def test_quota_is_checked_with_factor_256_and_the_dsmlu_lock_is_the_familys_own():
@@ -412,3 +445,28 @@ async def test_admission_over_http_then_schedule(api, app, extender):
 def test_registry_builds_mlu_from_the_chart_defaults():
     vendors = build_vendors(DeviceConfig.default())
     assert isinstance(vendors["MLU"], CambriconVendor)
+
+
+async def test_pods_pick_and_avoid_mlu_models_end_to_end(api, app, extender):
+    """#2780 end to end: two nodes of different models; the type annotations choose the node, the
+    allocation still names the family (``MLU``), and relabelling a node changes its cards' type."""
+    names = await register_nodes(api, app, mlu_node("m370", model="MLU370-X4"), mlu_node("m590", model="MLU590"))
+    _, result = await place(api, extender, pod("p", ctr(limits={COUNT: "1", MEMORY: "1"}),
+                                               annotations={"cambricon.com/use-mlutype": "MLU590"}), names)
+    assert result["NodeNames"] == ["m590"], result
+    assert ",MLU,256,100:;" in decision_annotations(api, app, "p")[ALLOCATED]
+    _, result = await place(api, extender, pod("q", ctr(limits={COUNT: "1", MEMORY: "1"}),
+                                               annotations={"cambricon.com/nouse-mlutype": "mlu590"}), names)
+    assert result["NodeNames"] == ["m370"], result
+    _, result = await place(api, extender, pod("none", ctr(limits={COUNT: "1"}),
+                                               annotations={"cambricon.com/use-mlutype": "MLU580"}), names)
+    assert result["FailedNodes"] == {"m370": "2/2 CardTypeMismatch", "m590": "2/2 CardTypeMismatch"}
+    # The plugin relabels the node: its cards take the new model at once.
+    node = api.get("nodes", "m370")
+    node["metadata"]["labels"]["Model"] = "MLU590-M9"
+    api.update("nodes", node)
+    await wait_until(lambda: {d.type for d in app.cache.nodes["m370"].devices} == {"MLU590-M9"}, "relabelled")
+    _, result = await place(api, extender, pod("r", ctr(limits={COUNT: "1", MEMORY: "1"}),
+                                               annotations={"cambricon.com/use-mlutype": "MLU590-M9"}), names)
+    assert result["NodeNames"] == ["m370"], result
+    assert_books_balance(app)

@@ -328,8 +328,9 @@ async def test_a_card_too_full_is_refused_for_its_memory_and_a_missing_profile_r
         _, result = await place(api, extender, gcu_pod(f"s{i}", {"enflame.com/drs-gcu": "1"}), names)
         assert result["NodeNames"] == ["e1"], result
     assert usage(app, "e1") == (4, 4 * 6144, 4 * 17)
-    # 3 more slices (20 GB) do not fit: a slot is left, the memory is not, and upstream says so
-    # (its Fit tests one free slot, then memory); the slices are checked after memory and cores.
+    # 3 more slices (20 GB) do not fit: 2 slices and 16 GB are left. The kernel tests the slices
+    # after memory and cores (v2.10's order, which said memory); HAMi since #2877 tests them first
+    # and says CardTimeSlicingExhausted (docs/devices/enflame.md).
     _, result = await place(api, extender, gcu_pod("big", {"enflame.com/drs-gcu": "3"}), names)
     assert result["FailedNodes"] == {"e1": "1/1 CardInsufficientMemory"}
     _, result = await place(api, extender, gcu_pod("two", {"enflame.com/drs-gcu": "2"}), names)

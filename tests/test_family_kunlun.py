@@ -99,6 +99,19 @@ def test_bubble_score_as_upstream(prev, cur, want):
     assert bubble_score(prev, cur) == want
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 7), max_size=8, unique=True), st.lists(st.integers(0, 7), max_size=8, unique=True),
+       st.randoms(use_true_random=False))
+def test_bubble_score_reads_the_cards_in_any_order(prev, cur, rnd):
+    """HAMi after v2.10 (#2924) made ``calcscore`` really sort its card lists (v2.10's sort
+    compared positions, not cards); the count is by group, so the order never mattered: the
+    score of shuffled lists is the score of sorted ones."""
+    shuffled_prev, shuffled_cur = list(prev), list(cur)
+    rnd.shuffle(shuffled_prev)
+    rnd.shuffle(shuffled_cur)
+    assert bubble_score(shuffled_prev, shuffled_cur) == bubble_score(sorted(prev), sorted(cur))
+
+
 # -- the topology against a brute-force statement of the same rule --------------------------------
 
 def reference(free: set[int], nums: int):

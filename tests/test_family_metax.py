@@ -339,8 +339,8 @@ async def test_a_gpu_pod_is_filtered_bound_and_annotated(api, app, extender):
 
 
 async def test_a_pod_of_several_metax_gpu_containers_fits_each_on_its_own_cards(api, app, extender):
-    """Upstream's rule makes such a pod unschedulable (docs/COMPATIBILITY.md): here each
-    container gets cards of its own, and the books charge each."""
+    """Each container gets cards of its own, and the books charge each: HAMi after v2.10 (#2837
+    removed customFilterRule; v2.10's rule made such a pod unschedulable)."""
     names = await register_nodes(api, app, GPU_MODEL.node("m1", devices=4))
     pod = device_pod("multi", {"metax-tech.com/gpu": "1"})
     pod["spec"]["containers"].append({"name": "side", "image": "x", "resources": {"limits": {"metax-tech.com/gpu": "2"}}})

@@ -10,6 +10,8 @@ from hami_py.devices.base import FLAG_CHOOSE, ContainerDevice, ContainerRequest,
 from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.mthreads import MthreadsConfig, same_device_chooser
 from hami_py.devices.registry import build_vendors, managed_resource_names
+from hami_py.embedded import running_scheduler
+from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.fakeapi.families import find_device_model
 from hami_py.fakeapi.objects import gpu_node, gpu_pod
 from hami_py.reasons import CARD_NOT_FOUND_CUSTOM_FILTER_RULE, CARD_UUID_MISMATCH, OK
@@ -148,11 +150,15 @@ def test_webhook_refuses_other_memory_sizes_with_the_legal_ones(memory):
 
 
 def test_webhook_sizes_a_multi_gpu_container_and_annotates_the_pod():
+    """HAMi after v2.10 (#2988): 16 cores a GPU, and no fixed memory any more (each GPU is charged
+    the whole card of the node chosen, whatever its size); memory written by the user stays."""
     pod = {"metadata": {"name": "p"}}
-    c = ctr({COUNT: "3", MEMORY: "5", CORES: "1"})
+    c = ctr({COUNT: "3", CORES: "1"})
     assert MT.mutate_admission(c, pod) is True
-    assert c["resources"]["limits"] == {COUNT: "3", MEMORY: "288", CORES: "48"}
+    assert c["resources"]["limits"] == {COUNT: "3", CORES: "48"}
     assert pod["metadata"]["annotations"] == {"mthreads.com/request-gpu-num": "3"}
+    c = ctr({COUNT: "2", MEMORY: "192"})
+    assert MT.mutate_admission(c, pod) is True and c["resources"]["limits"] == {COUNT: "2", MEMORY: "192", CORES: "32"}
 
 
 @pytest.mark.parametrize("count", ["0", "-1"])
@@ -165,7 +171,7 @@ def test_webhook_refuses_a_count_below_one(count):
 def test_webhook_review_patches_defaults_and_the_annotation_and_refuses_illegal_sizes():
     response, patched = admit(make_pod(container(limits={COUNT: "2"})))
     assert response["allowed"] and patched["spec"]["schedulerName"] == "hami-scheduler"
-    assert patched["spec"]["containers"][0]["resources"]["limits"] == {COUNT: "2", CORES: "32", MEMORY: "192"}
+    assert patched["spec"]["containers"][0]["resources"]["limits"] == {COUNT: "2", CORES: "32"}
     assert patched["metadata"]["annotations"]["mthreads.com/request-gpu-num"] == "2"
     response, _ = admit(make_pod(container(limits={COUNT: "1", MEMORY: "7"})))
     assert not response["allowed"] and response["status"]["code"] == 403     # denied, never a 500
@@ -362,12 +368,13 @@ def test_the_webhook_denies_a_pod_over_its_namespace_quota():
 
     def fit_quota(namespace, vendor, memory, cores):
         asked.append((namespace, vendor, memory, cores))
-        return memory <= 16384
+        return memory <= 16384 and cores <= 16
 
+    # Two whole GPUs: their memory is the chosen node's (the filter checks it), their cores 2 x 16.
     response, _ = admit(make_pod(container(limits={COUNT: "2"})), fit_quota=fit_quota)
-    assert not response["allowed"] and asked == [("team-a", "Mthreads", 2 * 96 * 512, 32)]
-    response, _ = admit(make_pod(container(limits={COUNT: "1", MEMORY: "32"})), fit_quota=fit_quota)
-    assert response["allowed"]
+    assert not response["allowed"] and asked == [("team-a", "Mthreads", 0, 32)]
+    response, _ = admit(make_pod(container(limits={COUNT: "1", MEMORY: "32", CORES: "4"})), fit_quota=fit_quota)
+    assert response["allowed"] and asked[-1] == ("team-a", "Mthreads", 32 * 512, 4)
 
 
 async def test_app_containers_need_not_share_the_init_containers_gpu(api, app, extender):
@@ -391,3 +398,164 @@ async def test_app_containers_need_not_share_the_init_containers_gpu(api, app, e
     assert [[d.uuid for d in s] for s in slots] == [["m1-mthreads-0"], ["m1-mthreads-1"]]
     await bind_placed(api, app, extender, pod, result)
     assert_books_balance(app)
+
+
+# -- HAMi after v2.10 (#2988): card sizes, whole cards beside slices, physical card ids ---------------
+
+def mt_vendor(memory_per_card):
+    return build_vendors(DeviceConfig(sections={"mthreads": {
+        "resourceCountName": COUNT, "resourceMemoryName": MEMORY, "resourceCoreName": CORES,
+        "memoryPerCard": memory_per_card}}))["Mthreads"]
+
+
+def test_memory_per_card_is_a_list_a_scalar_is_wrapped_and_bad_sizes_stop_the_scheduler():
+    read = lambda value: MthreadsConfig.from_section(Section.of("mthreads", {"memoryPerCard": value}))  # noqa: E731
+    assert MthreadsConfig().memory_per_card == read(None).memory_per_card == read([]).memory_per_card == (96,)
+    assert read(160).memory_per_card == (160,) and read([96, 160]).memory_per_card == (96, 160)
+    assert MT.config.memory_per_card == (96,)       # the chart's default
+    with pytest.raises(ConfigError) as err:
+        read(["lots"])
+    assert str(err.value) == 'device config: mthreads.memoryPerCard[0]: expected an integer, got string "lots"'
+    with pytest.raises(ConfigError) as err:
+        mt_vendor([96, 0])
+    assert "mthreads: memoryPerCard 0 is out of range: a card's memory in 512 MiB units must be between 1 and " \
+        "4194303" in str(err.value)
+
+
+def test_the_legal_memory_sizes_are_the_union_over_the_card_sizes():
+    assert mthreads.legal_memory([96]) == (2, 4, 8, 16, 32, 64, 96)
+    assert mthreads.legal_memory([96, 160]) == (2, 4, 8, 16, 32, 64, 96, 128, 160)
+    mixed = mt_vendor([96, 160])
+    for memory in ("96", "128", "160"):
+        assert mixed.mutate_admission(ctr({COUNT: "1", MEMORY: memory}), {}) is True
+    with pytest.raises(RequestError) as err:
+        mixed.mutate_admission(ctr({COUNT: "1", MEMORY: "100"}), {})
+    assert str(err.value).endswith("valid values are [2, 4, 8, 16, 32, 64, 96, 128, 160]")
+    with pytest.raises(RequestError):
+        MT.mutate_admission(ctr({COUNT: "1", MEMORY: "128"}), {})      # no S5000 configured
+
+
+def test_one_gpu_without_memory_gets_the_card_size_only_when_one_is_configured():
+    c = ctr({COUNT: "1"})
+    assert mt_vendor(160).mutate_admission(c, {})
+    assert c["resources"]["limits"] == {COUNT: "1", CORES: "16", MEMORY: "160"}
+    c = ctr({COUNT: "1"})
+    assert mt_vendor([96, 160]).mutate_admission(c, {}) and c["resources"]["limits"] == {COUNT: "1", CORES: "16"}
+    request = mt_vendor([96, 160]).container_request(c, pod_annotations={})
+    assert (request.memreq, request.mempct) == (0, 100)     # the whole card of the node chosen
+
+
+@pytest.mark.parametrize("limits, requests", [
+    ({"mthreads.com/gpu": "1", COUNT: "1"}, None),
+    ({"mthreads.com/gpu": "1"}, {MEMORY: "8"}),            # split over limits and requests
+    ({CORES: "4"}, {"mthreads.com/gpu": "1"}),
+])
+def test_the_webhook_refuses_a_whole_card_beside_sgpu_slices(limits, requests):
+    with pytest.raises(RequestError) as err:
+        MT.mutate_admission(ctr(limits, requests), {})
+    assert str(err.value) == ('container "main": cannot mix mthreads.com/gpu (whole card, delivered outside HAMi) '
+                              'with mthreads.com/vgpu/mthreads.com/sgpu-memory/mthreads.com/sgpu-core (sGPU slices) '
+                              'in the same container')
+    response, _ = admit(make_pod(container(limits=limits, requests=requests)))
+    assert not response["allowed"] and response["status"]["code"] == 403
+    assert response["status"]["message"] == str(err.value)
+
+
+def test_a_whole_card_alone_or_in_another_container_is_not_refused():
+    assert MT.mutate_admission(ctr({"mthreads.com/gpu": "2"}), {}) is False
+    response, patched = admit(make_pod(container("whole", limits={"mthreads.com/gpu": "1"}),
+                                       container("sliced", limits={COUNT: "1", MEMORY: "8"})))
+    assert response["allowed"] and patched["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def labelled(label, cores="48", memory="288"):
+    node = view(cores=cores, memory=memory)
+    return NodeView.of({}, name="m1", capacity=node.capacity, labels={"mthreads.com/sgpu.cores": label})
+
+
+def test_card_ids_come_from_the_sgpu_cores_label():
+    devices = MT.parse_node_devices(labelled("0-2-3"))
+    assert [(d.id, d.index, d.devmem) for d in devices] == [
+        ("m1-mthreads-0", 0, 49152), ("m1-mthreads-2", 2, 49152), ("m1-mthreads-3", 3, 49152)]
+    assert [d.index for d in MT.parse_node_devices(labelled("1,3", cores="32"))] == [1, 3]
+    assert [d.index for d in MT.parse_node_devices(labelled("", cores="32"))] == [0, 1]     # no label: 0..N-1
+    # The label is part of the inputs: a rebinding is decoded again.
+    assert MT.registration_inputs(labelled("0-1", cores="32")) != MT.registration_inputs(labelled("2-3", cores="32"))
+
+
+@pytest.mark.parametrize("label, cores, message", [
+    ("0-2", "48", 'sgpu capacity mismatch on m1: label mthreads.com/sgpu.cores "0-2" lists 2 cards (32 cores) but '
+                  'mthreads.com/sgpu-core capacity is 48'),
+    ("0-1-2", "0", 'sgpu capacity mismatch on m1: label mthreads.com/sgpu.cores "0-1-2" lists 3 cards (48 cores) but '
+                   'mthreads.com/sgpu-core capacity is 0'),
+    ("0-x-3", "48", 'label mthreads.com/sgpu.cores "0-x-3": card id "x" is not a whole number between 0 and '
+                    '2147483647'),
+    ("1-1-3", "48", 'label mthreads.com/sgpu.cores "1-1-3": card 1 is listed twice'),
+])
+def test_a_label_that_does_not_match_the_capacity_is_refused_precisely(label, cores, message):
+    with pytest.raises(DeviceDecodeError) as err:
+        MT.parse_node_devices(labelled(label, cores=cores))
+    assert str(err.value) == message
+
+
+async def test_the_plugin_is_told_the_physical_card_ids_of_the_label(api, app, extender):
+    node = mt_node("m1", gpus=2)
+    node["metadata"]["labels"]["mthreads.com/sgpu.cores"] = "1-3"
+    names = await register_nodes(api, app, node)
+    assert [d["id"] for d in app.cache.device_usage("m1")] == ["m1-mthreads-1", "m1-mthreads-3"]
+    pod, result = await place(api, extender, device_pod("both", {COUNT: "2", CORES: "32"}), names)
+    assert result["NodeNames"] == ["m1"], result
+    ann = decision_annotations(api, app, "both")
+    assert sorted(ann["mthreads.com/gpu-index"].split(",")) == ["1", "3"]
+    [given] = decode_pod_devices(ann["hami.io/mthreads-vgpu-devices-allocated"])
+    assert {(d.usedmem, d.usedcores) for d in given} == {(49152, 16)}    # whole cards: no memory was asked
+    await bind_placed(api, app, extender, pod, result)
+    assert_books_balance(app)
+
+
+async def test_a_node_whose_label_disagrees_with_its_capacity_serves_no_sgpu(api, app, extender):
+    node = mt_node("m1", gpus=2, with_nvidia=1)
+    node["metadata"]["labels"]["mthreads.com/sgpu.cores"] = "0-1-2"
+    names = await register_nodes(api, app, node)
+    assert app.cache.nodes["m1"].decode_error == (
+        'mthreads.com/sgpu-core capacity: sgpu capacity mismatch on m1: label mthreads.com/sgpu.cores "0-1-2" lists '
+        '3 cards (48 cores) but mthreads.com/sgpu-core capacity is 32')
+    _, result = await place(api, extender, device_pod("s", {COUNT: "1", MEMORY: "8", CORES: "4"}), names)
+    assert result["NodeNames"] is None
+    _, result = await place(api, extender, gpu_pod("gpu", gpumem=1000, gpucores=10), names)
+    assert result["NodeNames"] == ["m1"], result
+    assert_books_balance(app)
+
+
+async def test_a_mixed_s4000_and_s5000_cluster_admits_either_size_and_places_it_on_a_card_that_holds_it(api):
+    """``memoryPerCard: [96, 160]``: the webhook admits 128 units (legal on an S5000 only) and the
+    filter finds the card that holds it; a one-GPU pod without memory gets the whole card of the
+    node it lands on."""
+    config = DeviceConfig.default()
+    config.sections["mthreads"]["memoryPerCard"] = [96, 160]
+    s5000 = find_device_model("S5000")
+    async with running_scheduler(api, device_config=config) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            names = await register_nodes(api, app, S4000.node("s4", devices=1), s5000.node("s5", devices=1))
+            assert [d["totalmem"] for n in names for d in app.cache.device_usage(n)] == [49152, 81920]
+            response, patched = admit(make_pod(container(limits={COUNT: "1", MEMORY: "128", CORES: "8"}),
+                                               namespace="default"), vendors=app.vendors)
+            assert response["allowed"], response
+            for name, nodes in (("big", names), ("big-on-s4", ["s4"])):
+                patched["metadata"]["name"] = name
+                _, result = await place(api, extender, patched, nodes)
+            assert result["FailedNodes"] == {"s4": "1/1 CardInsufficientMemory"}, result
+            assert decision_annotations(api, app, "big")["mthreads.com/predicate-node"] == "s5"
+            response, patched = admit(make_pod(container(limits={COUNT: "1"}), namespace="default"),
+                                      vendors=app.vendors)
+            assert patched["spec"]["containers"][0]["resources"]["limits"] == {COUNT: "1", CORES: "16"}
+            patched["metadata"]["name"] = "whole"
+            _, result = await place(api, extender, patched, ["s4"])
+            assert result["NodeNames"] == ["s4"], result
+            allocated = decision_annotations(api, app, "whole")["hami.io/mthreads-vgpu-devices-allocated"]
+            [[dev]] = decode_pod_devices(allocated)
+            assert (dev.usedmem, dev.usedcores) == (49152, 16)
+            assert_books_balance(app)
+        finally:
+            await extender.close()

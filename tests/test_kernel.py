@@ -26,6 +26,7 @@ from hami_py import reasons as R
 from hami_py.cache import quota
 from hami_py.devices import base
 from hami_py.scheduling.kernel import reference as kernel_ref
+from hami_py.scheduling.kernel import reference_fit
 from hami_py.scheduling.kernel.fit_query import TABLE_COLUMNS, FitQuery
 from hami_py.scheduling.kernel.reference import (
     CHAIN_BASE as B, FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_FRAG, KEY_NUMA,
@@ -42,6 +43,9 @@ MIG_CATALOG = {
     "2g.10gb": (9856, 28, 2, [0, 2, 4], 2),
     "3g.20gb": (19968, 42, 4, [4, 0], 4),
     "7g.40gb": (40192, 100, 8, [0], 8),
+    # Not a real profile: overlapping placements, odd starts tried first, so that taking them in
+    # order holds three instances where the even starts hold four (a joint plan's case).
+    "2g.12gb": (12000, 28, 2, [1, 3, 5, 0, 2, 4, 6], 2),
 }
 
 
@@ -116,6 +120,10 @@ def clusters(draw):
             mig["prof_place_off"].append(len(mig["place_mask"]))
             mig["prof_place_len"].append(len(starts))
             mig["place_mask"] += [((1 << size) - 1) << st_ for st_ in starts]
+    # The pod's order of profiles (mig-profile-preference): none, or a rank (0: not named) per profile.
+    n_prof = len(mig["prof_mem"])
+    mig["prof_rank"] = draw(st.just([]) | st.lists(st.sampled_from([0, 0, 1, 2, 3]), min_size=n_prof,
+                                                     max_size=n_prof))
     cols.update(mig)
     if draw(st.booleans()):
         candidates.insert(draw(st.integers(0, len(candidates))), -1)  # a name the cache does not know
@@ -127,8 +135,10 @@ def pods(draw):
     n_init = draw(st.sampled_from([0, 0, 1, 2]))
     n_app = draw(st.sampled_from([1, 1, 2, 3]))
     # Most pods ask for modest shares; the others for anything (whole GPUs, more than a GPU has...).
-    modest = draw(st.sampled_from([True, True, False]))
-    if modest:
+    modest = draw(st.sampled_from([True, True, False, "mig"]))
+    if modest == "mig":   # several MIG instances a container: the joint plans
+        nums, memreqs, mempcts, cores = [2, 3, 4, 7], [0, 4000, 9000, 11000, 20000], [101], [0, 10]
+    elif modest:
         nums, memreqs, mempcts, cores = [1, 1, 2], [0, 1000, 4096], [101, 101, 10], [0, 10, 30, -1]
     else:
         nums, memreqs = [1, 2, 3, 4], [0, 1000, 4096, 20000, 90000]
@@ -231,7 +241,7 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
                      node_policy=node_policy, gpu_policy=gpu_policy, numa_bind=numa_bind, mutex=mutex,
                      weights=weights, quota_mem=array("q", quotas[0]), quota_cores=array("q", quotas[1]),
                      topology=topology, mig_ok=mig_ok, vendor_flags=array("i", vendor_flags), choosers=choosers,
-                     chargers=chargers)
+                     chargers=chargers, prof_rank=array("i", cols.get("prof_rank", [])))
     best = impl(table, query)
     result = {name.removeprefix("out_"): values for name, values in query.outputs().items()}
     if best < 0:  # the allocation buffers are only meaningful for a winner
@@ -443,6 +453,89 @@ def test_more_instances_than_gpus_only_for_mig_requests():
         assert (best == 0) == fits
         if not fits:
             assert out["status"] == [R.NODE_INSUFFICIENT_DEVICE]
+
+
+def _mig_table(profiles, mig_used=0):
+    """One 80-GiB MIG GPU of the given profile table: (memory, cores, [(start, size), ...]) per
+    profile, smallest first, placements in their try order."""
+    cols = {"total_mem": [81920], "total_cores": [100], "count": [10], "numa": [0], "health": [1], "vendor": [0],
+            "used_mem": [0], "used_cores": [0], "used": [0], "dev_mig": [1], "mig_used": [mig_used],
+            "mig_prof_off": [0], "mig_prof_len": [len(profiles)], "prof_mem": [], "prof_core": [],
+            "prof_place_off": [], "prof_place_len": [], "place_mask": []}
+    for mem, cores, places in profiles:
+        cols["prof_mem"].append(mem)
+        cols["prof_core"].append(cores)
+        cols["prof_place_off"].append(len(cols["place_mask"]))
+        cols["prof_place_len"].append(len(places))
+        cols["place_mask"] += [((1 << size) - 1) << start for start, size in places]
+    return cols
+
+
+def _mig_ask(cols, nums, memreq, topology=0):
+    unlimited = ([UNLIMITED] * 2, [UNLIMITED] * 2)
+    return _compare(cols, [0], [1], [0], [0, 0, 0, nums, memreq, 101, 0], [], (0, 1, 0, 0, 1.0, 1.0, 1.0),
+                    unlimited, topology, 1)
+
+
+@pytest.mark.parametrize("topology", [0, 1])
+def test_a_containers_mig_instances_are_planned_together(topology):
+    """Inventory: mig-joint-planning (HAMi #2855). The smallest profile's only placement straddles
+    the card's halves: taking it for the first of two instances (instance by instance, as before)
+    leaves no room for the second, while two half-card instances hold both. One instance still
+    takes the smallest profile, as before."""
+    cols = _mig_table([(10240, 14, [(3, 2)]), (40960, 42, [(4, 4), (0, 4)])])
+    best, out = _mig_ask(cols, 2, 10000, topology)
+    assert best == 0 and out["dev"] == [0, 0]
+    assert out["prof"] == [1, 1] and out["place"] == [1, 2]          # both halves
+    assert out["mem"] == [40960, 40960] and out["cores"] == [42, 42]  # charged as the profile
+    best, out = _mig_ask(cols, 1, 10000, topology)
+    assert best == 0 and out["prof"] == [0] and out["place"] == [0]
+    best, out = _mig_ask(cols, 3, 10000, topology)                    # no arrangement holds three
+    assert best == -1 and out["reasons"][R.CARD_MIG_TOPOLOGY_INFEASIBLE] == 1
+
+
+def _tiling_table(m):
+    """3m+1 slices: three-slice placements at every start, the ones a tiling needs (multiples of
+    3) tried last, and one single-slice placement at the end: m + 1 instances fit only as that
+    tiling, and a depth-first search takes ever more steps (about 2 ** m) to find it."""
+    slices = 3 * m + 1
+    starts = [s for s in range(slices - 2) if s % 3] + [s for s in range(slices - 2) if s % 3 == 0]
+    return _mig_table([(10240, 14, [(s, 3) for s in starts]), (20480, 28, [(slices - 1, 1)])])
+
+
+def test_a_mig_plan_beyond_the_search_budget_fails_closed(monkeypatch):
+    """The search tries at most MIG_SEARCH_BUDGET placements (upstream's 4096) a GPU: within it
+    a deep arrangement is found; beyond it the GPU gives only the instances of the best
+    arrangement found so far, the others are refused (CardMigTopologyInfeasible) although a
+    plan exists, and nothing unplanned is ever placed."""
+    assert kernel_ref.MIG_SEARCH_BUDGET == 4096
+    best, out = _mig_ask(_tiling_table(7), 8, 1000)                  # about 2048 steps: found
+    assert best == 0 and len(out["place"]) == 8
+    cols = _tiling_table(10)                                          # about 65536 steps
+    best, out = _mig_ask(cols, 11, 1000)
+    assert best == -1 and out["reasons"][R.CARD_MIG_TOPOLOGY_INFEASIBLE] == 1
+    assert out["reasons"][R.ALLOCATED_CARDS_INSUFFICIENT_REQUEST] == 10   # the best found held ten
+    # The refusal is the budget's: with a larger one the reference finds the tiling.
+    monkeypatch.setattr(reference_fit, "MIG_SEARCH_BUDGET", 1 << 17)
+    best, out, _ = _run(kernel_ref.filter_nodes, cols, [0], [1], [0], [0, 0, 0, 11, 1000, 101, 0], [],
+                        (0, 1, 0, 0, 1.0, 1.0, 1.0), ([UNLIMITED] * 2, [UNLIMITED] * 2))
+    assert best == 0 and sorted(cols["place_mask"][p] for p in out["place"]) == sorted(
+        [0b111 << s for s in range(0, 30, 3)] + [1 << 30])
+
+
+def test_preferred_mig_profiles_are_tried_first():
+    """nvidia.com/mig-profile-preference (HAMi #3014) reaches the kernel as a rank per profile:
+    ranked profiles are tried first, in rank order, then the others smallest first; a ranked
+    profile without the memory asked is passed over; no ranks: smallest first, as before."""
+    cols = _one_mig_gpu()       # 1g.5gb (profile 0), 2g.10gb (profile 1)
+    for ranks, prof in (([], [0]), ([0, 1], [1]), ([2, 1], [1]), ([1, 2], [0]), ([1, 0], [0])):
+        best, out = _mig_ask({**cols, "prof_rank": ranks}, 1, 4000)
+        assert best == 0 and out["prof"] == prof, ranks
+    best, out = _mig_ask({**cols, "prof_rank": [1, 0]}, 1, 9000)      # 1g.5gb has too little memory
+    assert out["prof"] == [1]
+    # Several instances: the preferred profile's placements first, then the others.
+    best, out = _mig_ask({**cols, "prof_rank": [0, 1]}, 4, 4000)
+    assert out["prof"] == [1, 1, 1, 0] and out["place"] == [7, 8, 9, 0]   # 2g at 0, 2, 4; then 1g at 6
 
 
 @settings(max_examples=400, deadline=None)

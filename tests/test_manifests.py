@@ -42,6 +42,9 @@ from hami_py.http.server import build_cluster_app
 from hami_py.http.refit import REFIT_PATH
 from hami_py.http.webhook import WEBHOOK_PATH
 from hami_py.k8s.budget import REQUESTS_PER_POD, pods_per_second_cap
+from hami_py.fakeapi import write_kubeconfig
+from hami_py.k8s.client import KubeClient, load_configuration
+from hami_py.k8s.lupine_sessions import reconcile_session_stubs
 from hami_py.metrics import Metrics
 from hami_py.scheduling.admission.rules import SUPPORTED_VERSIONS
 
@@ -456,9 +459,30 @@ async def plugin_answers(app, pod: dict) -> None:
             assert (await answer.json())["response"]["allowed"] is True
 
 
-async def test_rbac_grants_exactly_what_a_run_uses(api):
+async def session_stubs_once(api, tmp_path) -> None:
+    """One pass of the leader's remote-GPU session stubs (hami_py/k8s/lupine_sessions.py, run by
+    the leader when the remotegpu section names a sessionImage) in the scheduler's namespace: a
+    stub created for a server, a stale one deleted."""
+    api.create("nodes", {"apiVersion": "v1", "kind": "Node",
+                         "metadata": {"name": "lupine-1", "labels": {"hami.io/lupine-server": ""}},
+                         "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.5"}]}})
+    api.create("pods", {"apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": "lupine-session-gone", "namespace": NAMESPACE,
+                                     "labels": {"hami.io/lupine-session": "gone"}},
+                        "spec": {"nodeName": "gone", "containers": [{"name": "relay", "image": "socat"}]}})
+    client = KubeClient(await load_configuration(str(write_kubeconfig(tmp_path / "kubeconfig", api.url))), qps=0)
+    try:
+        done = await reconcile_session_stubs(client=client, namespace=NAMESPACE, image="socat")
+    finally:
+        await client.close()
+    assert (done.created, done.deleted) == (["lupine-session-lupine-1"], ["lupine-session-gone"]), done
+
+
+async def test_rbac_grants_exactly_what_a_run_uses(api, tmp_path):
     """Run every path that talks to the API (leadership, registration with role labels, quota
-    watch, filter, bind with its node lock, events) and compare the verbs with the grants."""
+    watch, filter, bind with its node lock, events, session stubs) and compare the verbs with
+    the grants."""
+    api.crds.add("podgroups")     # scheduler-plugins' PodGroup CRD installed: gangs watch PodGroups
     api.create("leases", {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                           "metadata": {"name": "hami-scheduler", "namespace": NAMESPACE},
                           "spec": {"holderIdentity": "sched-0_5f0c3a4e", "leaseDurationSeconds": 3600}})
@@ -514,6 +538,7 @@ async def test_rbac_grants_exactly_what_a_run_uses(api):
             assert result["FailedNodes"]["gpu-1"].startswith("preempting 1 pods on node gpu-1"), result
         finally:
             await extender.close()
+    await session_stubs_once(api, tmp_path)
     used = {rbac_request(*r) for r in api.requests}
     cluster = granted("ClusterRole", "hami-scheduler")
     namespaced = granted("Role", "hami-scheduler")

@@ -18,9 +18,18 @@ H200_MIG_PROFILES = [
 ]
 
 
-def _mig_node(name="n1"):
+# Not a real card's table: the small profile's one placement straddles the halves, so the first
+# of two instances must not take it (joint planning, HAMi #2855).
+STRADDLING_PROFILES = [
+    {"name": "2g.35gb", "memoryMB": 35840, "core": 28, "sliceCount": 2, "placements": [{"start": 3, "size": 2}]},
+    {"name": "4g.71gb", "memoryMB": 69632, "core": 42, "sliceCount": 4,
+     "placements": [{"start": 0, "size": 4}, {"start": 4, "size": 4}]},
+]
+
+
+def _mig_node(name="n1", profiles=H200_MIG_PROFILES):
     devices = registration(name, gpus=1, model=H200, mode="mig")
-    devices[0]["migProfiles"] = H200_MIG_PROFILES
+    devices[0]["migProfiles"] = profiles
     return gpu_node(name, devices=devices)
 
 
@@ -66,6 +75,44 @@ async def test_several_instances_for_one_container_and_vgpu_mode_gate(api, app, 
     # A pod that insists on hami-core sharing cannot use a MIG GPU.
     core = api.create("pods", gpu_pod("core", gpumem=1000, annotations={"nvidia.com/vgpu-mode": "hami-core"}))
     assert (await extender.filter(core, ["n1"]))["FailedNodes"] == {"n1": "1/1 CardTypeMismatch"}
+
+
+async def test_a_containers_instances_are_planned_together_on_a_gpu(api, app, extender):
+    """Inventory: mig-joint-planning. Two instances of 30000 MiB: the smallest profile that holds
+    one sits across both halves of the card, and placing instance by instance (hami-py before
+    HAMi #2855's joint planning) took it for the first and refused the pod
+    (CardMigTopologyInfeasible); planned together they take one half each."""
+    api.create("nodes", _mig_node(profiles=STRADDLING_PROFILES))
+    await wait_until(lambda: "n1" in app.cache.nodes, "MIG node registered")
+    pod = api.create("pods", gpu_pod("pair", gpus=2, gpumem=30000))
+    await bind_placed(api, app, extender, pod, await extender.filter(pod, ["n1"]))
+    insts = _mig_allocations(api, "pair")
+    assert [(i["profile"], i["placement"]["start"], i["deviceIndex"]) for i in insts] == [
+        ("4g.71gb", 0, 0), ("4g.71gb", 4, 1)]
+    assert app.cache.mig_used[app.cache.nodes["n1"].offset] == 0xFF
+    one = api.create("pods", gpu_pod("one", gpumem=3000))      # memory left, but no slice
+    assert (await extender.filter(one, ["n1"]))["FailedNodes"] == {"n1": "1/1 CardMigTopologyInfeasible"}
+    assert_books_balance(app)
+
+
+async def test_mig_profile_preference_orders_the_profiles_tried(api, app, extender):
+    """nvidia.com/mig-profile-preference (HAMi #3014): the preferred profiles (name or slice key,
+    in the order listed) are tried first, the others after them; without it, smallest first."""
+    api.create("nodes", _mig_node())
+    await wait_until(lambda: "n1" in app.cache.nodes, "MIG node registered")
+    placed = {}
+    for name, preference in (("plain", None), ("pref", "7g.141gb, 3g"), ("taken", "3g")):
+        annotations = {} if preference is None else {"nvidia.com/mig-profile-preference": preference}
+        pod = api.create("pods", gpu_pod(name, gpumem=10000, annotations=annotations))
+        await bind_placed(api, app, extender, pod, await extender.filter(pod, ["n1"]))
+        [inst] = _mig_allocations(api, name)
+        placed[name] = (inst["profile"], inst["placement"]["start"])
+    assert placed == {
+        "plain": ("1g.18gb", 6),     # smallest first, as without the annotation before
+        "pref": ("3g.71gb", 0),      # 7g.141gb has no free placement beside it; 3g's free one is 0
+        "taken": ("1g.18gb", 5),     # both 3g placements taken: the others, smallest first
+    }
+    assert_books_balance(app)
 
 
 async def test_a_pod_on_a_mig_gpu_without_a_placement_record_withholds_the_gpu(api, app, extender):

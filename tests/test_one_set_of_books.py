@@ -1,4 +1,4 @@
-"""One set of books, property-tested over all thirteen device families.
+"""One set of books, property-tested over all fourteen device families.
 
 A pod is charged once while it is only reserved (our /filter's decision, nothing written yet),
 again when the watch shows it bound with the decision's annotations, again when the device plugin
@@ -30,8 +30,30 @@ def _drs_node(name: str, cards: int) -> dict:
     return node
 
 
+def _lupine_node(name: str, cards: int) -> dict:
+    """n0 serves its cards over the network (hami.io/lupine-server); any other node is a GPU-less
+    client: a remote-GPU pod is placed on a client and charged on the server."""
+    node = gpu_node(name, gpus=cards)
+    if name != "n0":
+        del node["metadata"]["annotations"]["hami.io/node-nvidia-register"]
+        return node
+    registered = orjson.loads(node["metadata"]["annotations"]["hami.io/node-nvidia-register"])
+    for device in registered:
+        device["mode"] = "remote"
+    node["metadata"]["annotations"]["hami.io/node-nvidia-register"] = orjson.dumps(registered).decode()
+    node["metadata"]["labels"]["hami.io/lupine-server"] = ""
+    node["status"]["addresses"] = [{"type": "InternalIP", "address": "10.0.0.10"}]
+    return node
+
+
 def _model_node(key: str, **kwargs):
     return lambda name, devices: BY_KEY[key].node(name, devices=devices, **kwargs)
+
+
+def _ascend_soft_node(name: str, devices: int) -> dict:
+    node = BY_KEY["ascend910b3"].node(name, devices=devices)
+    node["metadata"]["annotations"].update({"hami-vnpu-core": "true", "hami.io/enpu": "true"})
+    return node
 
 
 def _c(limits: dict, name: str = "main") -> dict:
@@ -48,6 +70,13 @@ FAMILIES: dict[str, tuple] = {
     "ascend": (_model_node("ascend910b3"), [
         lambda d: {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": (8192, 16384, 32768, 65536)[d]},
         lambda d: {"huawei.com/Ascend910B3": 1},
+    ]),
+    # Nodes running both soft splits (hami-core and ENPU): which pods share an NPU depends on the
+    # modes and ENPU policies of those already on it, read back from their annotations.
+    "ascend-soft": (_ascend_soft_node, [
+        lambda d: {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": (8192, 16384, 20480, 32768)[d],
+                   "huawei.com/Ascend910B3-core": (20, 30, 50, 100)[d]},
+        lambda d: {"huawei.com/Ascend910B3": 1, "huawei.com/Ascend910B3-memory": 4096 * (d + 1)},
     ]),
     "cambricon": (_model_node("mlu370"), [
         lambda d: {"cambricon.com/vmlu": 1, "cambricon.com/mlu.smlu.vmemory": 24 * (d + 1),
@@ -84,6 +113,10 @@ FAMILIES: dict[str, tuple] = {
         lambda d: {"aws.amazon.com/neuroncore": 1 + d % 2},
         lambda d: {"aws.amazon.com/neuron": 1 + d % 2},
     ]),
+    "remotegpu": (_lupine_node, [
+        lambda d: {"nvidia.com/remote-gpu": 1 + d % 2},
+        lambda d: {"nvidia.com/remote-gpu": 1, "nvidia.com/remote-gpu-memory": (20000, 40000, 80000, 200000)[d]},
+    ]),
     "amd": (_model_node("mi300x"), [
         lambda d: {"amd.com/gpu": 1, "amd.com/gpumem": 1000 * (d + 1), "amd.com/gpucores": (25, 50, 50, 75)[d]},
         lambda d: {"amd.com/gpu": 1},
@@ -92,6 +125,9 @@ FAMILIES: dict[str, tuple] = {
 
 # Pod annotations a family's pods may carry that change how they are charged or placed.
 POD_ANNOTATIONS = {
+    "ascend-soft": [{}, {"huawei.com/vnpu-mode": "hami-core"},
+                    {"huawei.com/vnpu-mode": "enpu", "huawei.com/enpu-policy": "elastic"},
+                    {"huawei.com/vnpu-mode": "enpu", "huawei.com/enpu-policy": "fixed-share"}],
     "metax-sgpu": [{}, {"metax-tech.com/sgpu-qos-policy": "fixed-share"},
                    {"metax-tech.com/sgpu-qos-policy": "best-effort"}],
 }

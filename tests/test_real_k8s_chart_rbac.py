@@ -65,8 +65,13 @@ def _our_grants() -> list[tuple[str, str, str, bool]]:
 
 
 # Grants only an opt-in feature of ours uses, which the chart does not give: a user who turns the
-# feature on under the chart adds them (README "Device preemption").
-OPT_IN_BEYOND_THE_CHART = {"create core/pods/eviction": "--device-preemption (off by default)"}
+# feature on under the chart adds them (README "Device preemption", docs/devices/remotegpu-webhook.md).
+OPT_IN_BEYOND_THE_CHART = {"create core/pods/eviction": "--device-preemption (off by default)",
+                           "create core/pods": "remote-GPU session stubs (remotegpu sessionImage, unset by default)",
+                           # Without them hami-py says at start that PodGroup gangs are off (a 403 is
+                           # read as "not installed"); Kueue pod groups need no grant (docs/GANGS.md).
+                           "list scheduling.x-k8s.io/podgroups": "gangs of scheduler-plugins' PodGroups",
+                           "watch scheduling.x-k8s.io/podgroups": "gangs of scheduler-plugins' PodGroups"}
 
 
 def test_the_charts_rbac_allows_every_request_hami_py_makes(control_plane):

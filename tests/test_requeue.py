@@ -84,3 +84,31 @@ async def test_one_write_per_refusal_and_at_most_one_a_second_for_the_cluster(ap
         assert [r[1].rsplit("/", 1)[1] for r in writes()] == ["n1", "n2"]
     finally:
         await client.close()
+
+
+async def test_a_gang_planned_wakes_the_parked_at_most_once_an_interval(api):
+    """``wake`` (a gang just planned, scheduling/gangs/): a write at once, with no refusal needed,
+    shared with ``freed``'s interval; never from a follower."""
+    api.create("nodes", gpu_node("n1", gpus=1))
+    api.create("nodes", gpu_node("n2", gpus=1))
+    with tempfile.TemporaryDirectory() as tmp:
+        config = await load_configuration(write_kubeconfig(os.path.join(tmp, "kubeconfig"), api.url))
+    client = KubeClient(config, qps=0, burst=100)
+    now = [100.0]
+    leading = [True]
+    nudger = RequeueNudger(client, window_s=5, min_interval_s=1, clock=lambda: now[0], enabled=lambda: leading[0])
+
+    def writes() -> list:
+        return [r[1].rsplit("/", 1)[1] for r in api.requests if r[0] == "PATCH" and "/nodes/" in r[1]]
+    try:
+        nudger.wake("n1")                        # no refusal before it: written all the same
+        nudger.wake("n2")                        # inside the interval: written when it ends
+        nudger.wake("n1")                        # ...and only once
+        await wait_until(lambda: stamp(api, "n2") is not None, "the second wake, at the interval's end")
+        leading[0] = False
+        now[0] += 2
+        nudger.wake("n1")                        # a follower never writes
+        await nudger.close()
+        assert writes() == ["n1", "n2"]
+    finally:
+        await client.close()

@@ -34,7 +34,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("hami_py.http",),
     ("hami_py.scheduling.admission",),
     ("hami_py.scheduling.verbs",),
-    ("hami_py.scheduling.eviction",),
+    ("hami_py.scheduling.eviction", "hami_py.scheduling.gangs"),
     ("hami_py.scheduling.decision",),
     ("hami_py.scheduling.kernel",),
     ("hami_py.scheduling",),              # the package's face (its docstring names the rooms)

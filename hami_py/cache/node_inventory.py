@@ -21,7 +21,9 @@ import structlog
 from hami_py.cache.device_table import DeviceTable
 from hami_py.cache.pod_ledger import PodLedger
 from hami_py.cache.records import NodeEntry
-from hami_py.devices.base import DeviceDecodeError, DeviceInfo, DeviceVendor, NodeView, NoDevicesRegistered
+from hami_py.devices.base import (
+    DeviceDecodeError, DeviceInfo, DeviceVendor, NodeView, NoDevicesRegistered, internal_ip,
+)
 from hami_py.devices.codec import check_device_id
 
 log = structlog.get_logger(__name__)
@@ -123,7 +125,8 @@ class NodeInventory:
         if kept != entry.annotations or first_seen:
             self._regroup(entry, kept)
         view = NodeView(name=name, annotations=annotations, labels=labels,
-                        capacity=(node.get("status") or {}).get("capacity") or {}, allocatable=allocatable)
+                        capacity=(node.get("status") or {}).get("capacity") or {}, allocatable=allocatable,
+                        internal_ip=internal_ip(node))
         texts = {k: v.registration_inputs(view) for k, v in self.vendors.items()}
         if texts == entry.register_text:
             return

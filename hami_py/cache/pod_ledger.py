@@ -116,6 +116,11 @@ class PodLedger:
         self.nodes = nodes          # the node inventory's entries (read only here)
         self.pods: dict[str, PodUsage] = {}
         self.node_pods: dict[str, set[str]] = {}
+        # Families whose devices may sit on another node than the pod (DeviceVendor.pooled: a
+        # GPU served over the network), and per such node the UIDs of the pods placed elsewhere
+        # that are charged there: that node's recharge and removal reach them too.
+        self._pooled = frozenset(k for k, v in vendors.items() if v.pooled)
+        self.foreign_pods: dict[str, set[str]] = {}
         # Decisions rolled back (failed patch or bind) that the pod's annotations may still
         # carry: events repeating exactly that decision must not charge it again.
         self.released: dict[str, tuple[str, list[UsageEntry]]] = {}
@@ -200,7 +205,21 @@ class PodLedger:
                 yield self.pods[uid]
 
     # ------------------------------------------------------------------ charging
+    def _charge_nodes(self, pod: PodUsage) -> set[str]:
+        """The nodes besides the pod's own whose devices it is charged (pooled families only)."""
+        if not self._pooled:
+            return set()
+        vendors, pooled, own = self.vendors, self._pooled, pod.node
+        return {n for e in pod.entries if e.vendor in pooled
+                and (n := vendors[e.vendor].charge_node(e.uuid, own)) != own}
+
     def _resolve(self, pod: PodUsage) -> list[int]:
+        if self._pooled and any(e.vendor in self._pooled for e in pod.entries):
+            nodes, vendors, pooled, out = self.nodes, self.vendors, self._pooled, []
+            for e in pod.entries:
+                where = nodes.get(vendors[e.vendor].charge_node(e.uuid, pod.node) if e.vendor in pooled else pod.node)
+                out.append(-1 if where is None else where.uuid_to_slot.get(e.uuid, -1))
+            return out
         entry = self.nodes.get(pod.node)
         if entry is None:
             return []
@@ -212,14 +231,32 @@ class PodLedger:
         if entry is not None:
             self.partitions.charge(entry, pod, sign, self.pods_on_node)
 
+    def _apply_on(self, pod: PodUsage, entry: NodeEntry, sign: int) -> None:
+        """Charge only the pod's devices on ``entry``'s node (a pod whose devices span nodes)."""
+        low, high = entry.offset, entry.offset + entry.length
+        kept = [(e, j) for e, j in zip(pod.entries, pod.resolved) if low <= j < high]
+        self.table.charge([e for e, _ in kept], [j for _, j in kept], sign)
+        if entry.name == pod.node:
+            self.partitions.charge(entry, pod, sign, self.pods_on_node)
+
     def recharge_node(self, entry: NodeEntry) -> None:
-        """Rebuild one node's usage from the pods charged to it (after its inventory changed)."""
+        """Rebuild one node's usage from the pods charged to it (after its inventory changed):
+        the pods placed on it, and those placed elsewhere holding its devices (pooled families),
+        each for its devices there only."""
         self.table.clear_usage(entry)
         self.partitions.reset_node(entry)
+        foreign = self.foreign_pods.get(entry.name, ())
         for uid in self.node_pods.get(entry.name, ()):
             pod = self.pods[uid]
             pod.resolved = self._resolve(pod)
-            self._apply(pod, +1)
+            if self._pooled and self._charge_nodes(pod):
+                self._apply_on(pod, entry, +1)
+            else:
+                self._apply(pod, +1)
+        for uid in foreign:
+            pod = self.pods[uid]
+            pod.resolved = self._resolve(pod)
+            self._apply_on(pod, entry, +1)
 
     def resolve_all(self) -> None:
         """Every pod's slots again (after the device table moved them)."""
@@ -230,7 +267,20 @@ class PodLedger:
         """The node is gone: its pods keep their records (their own events release them) but
         hold no slot."""
         for uid in self.node_pods.get(node, ()):
-            self.pods[uid].resolved = []
+            pod = self.pods[uid]
+            pod.resolved = self._unresolved(pod, node) if self._pooled else []
+        for uid in self.foreign_pods.get(node, ()):
+            pod = self.pods[uid]
+            pod.resolved = self._unresolved(pod, node)
+
+    def _unresolved(self, pod: PodUsage, node: str) -> list[int]:
+        """The pod's slots with those on ``node`` (gone) dropped: [] for a pod charged on its own
+        node alone, else -1 for each device charged there (the others stay charged)."""
+        if not self._charge_nodes(pod) or len(pod.resolved) != len(pod.entries):
+            return []
+        vendors, pooled = self.vendors, self._pooled
+        return [-1 if (vendors[e.vendor].charge_node(e.uuid, pod.node) if e.vendor in pooled else pod.node) == node
+                else j for e, j in zip(pod.entries, pod.resolved)]
 
     def add_pod_usage(self, pod: PodUsage) -> None:
         """Charge a record in the state it carries (a new one in one of ``pod_states.ENTRIES``, or
@@ -246,6 +296,8 @@ class PodLedger:
                         node=pod.node)
         self.pods[pod.uid] = pod
         self.node_pods.setdefault(pod.node, set()).add(pod.uid)
+        for node in self._charge_nodes(pod):
+            self.foreign_pods.setdefault(node, set()).add(pod.uid)
         self._apply(pod, +1)
         self.quota.charge(pod.namespace, pod.entries, +1)
 
@@ -311,6 +363,12 @@ class PodLedger:
             members.discard(uid)
             if not members:
                 del self.node_pods[pod.node]
+        for node in self._charge_nodes(pod):
+            members = self.foreign_pods.get(node)
+            if members is not None:
+                members.discard(uid)
+                if not members:
+                    del self.foreign_pods[node]
         return pod
 
     # ------------------------------------------------------------------ pod objects and events

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from html import escape
 
 from hami_py.defrag.plan import Plan
+from hami_py.offline.charts import CSS as CHART_CSS
 from hami_py.offline.palette import CSS, IDLE, UNHEALTHY, colour, memory_glyph
 
 
@@ -107,11 +108,50 @@ def _columns(head: tuple, rows: list[tuple]) -> list[str]:
 
 
 # -- HTML ---------------------------------------------------------------------------------------
+# The page holds at a 900 px window (tables scroll in their own box, the chart scales to its box)
+# and explains each of its words at the end; tests/test_reports_browser.py renders it in Chromium.
 
-_EXTRA_CSS = ".cell{display:inline-block;min-width:64px;padding:1px 6px;border-radius:3px}"
+_EXTRA_CSS = """
+.cell{display:inline-block;min-width:64px;padding:1px 6px;border-radius:3px}
+.card .k{font:11px ui-monospace,Menlo,Consolas,monospace;color:#5b6775}
+code{font:12px ui-monospace,Menlo,Consolas,monospace;background:#f3f6f9;padding:0 3px;border-radius:3px}
+table.glossary{width:100%}table.glossary td{text-align:left;vertical-align:top;overflow-wrap:anywhere}
+"""
+
+# (word on the page, JSON key of --output json or "", what it means).
+GLOSSARY: tuple[tuple[str, str, str], ...] = (
+    ("plan: satisfied / not satisfied", "satisfied",
+     "Whether the goal (room for the pending pods, or N whole devices with --free) is reached once the "
+     "moves are done."),
+    ("moves", "moves",
+     "Pods to evict. Each one's controller recreates it and the scheduler places the replacement; "
+     "the plan counts on it landing where To says."),
+    ("pods placed", "makesRoomFor",
+     "Pending pods the plan makes room for, each on the node it names."),
+    ("devices freed", "freedDevices", "Whole devices the plan frees (--free N)."),
+    ("search: exact / bounded", "exact",
+     "Exact: no plan with fewer moves exists. Bounded: a search bound was hit; no move of the plan can be "
+     "dropped, but a smaller plan may exist."),
+    ("fits", "trials", "Placements the search tried with the scheduler's own fit code."),
+    ("From, To", "moves[].node, moves[].to", "The node the pod leaves, and where its replacement lands."),
+    ("Priority", "moves[].priority",
+     "The moved pod's priority: never above the pod it makes room for (with --free, at most --max-priority)."),
+    ("Running", "moves[].runningSeconds", "How long the moved pod has been running: the work its move interrupts."),
+    ("After moving", "placements[].after", "The moves a pod made room for waits for; (fits now) when none."),
+    ("memory, slots before / after", "",
+     "A device's memory used / total and pods / slots, in the scheduler's books before the plan and with it "
+     "applied. Colour: memory use, pale green (little) to deep red (full); grey: idle."),
+)
 
 
 def render_html(plan: Plan, header: Header) -> str:
+    cards = (
+        ("satisfied" if plan.satisfied else "not satisfied", "plan", "satisfied", "good" if plan.satisfied else "bad"),
+        (str(len(plan.moves)), "moves", "moves", ""),
+        (str(len(plan.placements)), "pods placed", "makesRoomFor", ""),
+        (str(len(plan.freed)), "devices freed", "freedDevices", ""),
+        ("exact" if plan.exact else "bounded", f"search, {plan.trials} fits", "exact, trials", ""),
+    )
     body = [
         "<h1>hami-scheduler defrag</h1>",
         '<div class="inputs">',
@@ -121,13 +161,8 @@ def render_html(plan: Plan, header: Header) -> str:
         *(f'<div class="note">{escape(n)}</div>' for n in header.notes),
         "</div>",
         '<div class="cards">',
-        f'<div class="card {"good" if plan.satisfied else "bad"}"><div class="v">'
-        f'{"satisfied" if plan.satisfied else "not satisfied"}</div><div class="l">plan</div></div>',
-        f'<div class="card"><div class="v">{len(plan.moves)}</div><div class="l">moves</div></div>',
-        f'<div class="card"><div class="v">{len(plan.placements)}</div><div class="l">pods placed</div></div>',
-        f'<div class="card"><div class="v">{len(plan.freed)}</div><div class="l">devices freed</div></div>',
-        f'<div class="card"><div class="v">{"exact" if plan.exact else "bounded"}</div>'
-        f'<div class="l">search, {plan.trials} fits</div></div>',
+        *(f'<div class="card {cls}"><div class="v">{escape(v)}</div><div class="l">{escape(label)}</div>'
+          f'<div class="k">{escape(key)}</div></div>' for v, label, key, cls in cards),
         "</div>",
     ]
     if plan.reason:
@@ -138,40 +173,103 @@ def render_html(plan: Plan, header: Header) -> str:
     if plan.placements:
         body.append("<h2>Pods made room for</h2>")
         body.append(_html_table(("Pod", "Node", "After moving"), _placement_rows(plan)))
+    if plan.freed:
+        body.append("<h2>Devices freed</h2>")
+        body.append(_html_table(("Device", "Node", "Type"), [(f["id"], f["node"], f["type"]) for f in plan.freed]))
     nodes = touched_nodes(plan)
     if nodes:
         body.append("<h2>Devices before and after</h2>")
+        body.append(before_after_chart(plan, nodes))
         for node in nodes:
             body.append(f"<h3>{escape(node)}</h3>")
             body.append(_device_table(plan.devices_before.get(node, []), plan.devices_after.get(node, [])))
-    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>hami-scheduler defrag</title>"
-            f"<style>{CSS}{_EXTRA_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+    body.append("<h2>What the words mean</h2>")
+    body.append(_glossary())
+    return ("<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
+            "<title>hami-scheduler defrag</title>"
+            f"<style>{CSS}{CHART_CSS}{_EXTRA_CSS}</style></head><body>{''.join(body)}</body></html>\n")
+
+
+def before_after_chart(plan: Plan, nodes: list[str]) -> str:
+    """Inline SVG: per node the plan touches, its devices before the plan, then after it; each
+    cell coloured by memory use and labelled with it and the pods on it."""
+    cell_w, cell_h, gap = 52, 30, 3
+    label_w = 8 + 7 * max([4] + [len(n) for n in nodes])
+    columns = max([1] + [len(plan.devices_before.get(n, [])) for n in nodes])
+    block = columns * (cell_w + gap)
+    arrow = 36
+    width = label_w + 2 * block + arrow + 8
+    height = 24 + len(nodes) * (cell_h + gap) + 4
+    out = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="{width}" '
+           f'height="{height}" role="img" aria-label="device memory before and after the plan" '
+           'font-family="system-ui,sans-serif" font-size="11">'
+           f'<text x="{label_w}" y="14" fill="#5b6775">before</text>'
+           f'<text x="{label_w + block + arrow}" y="14" fill="#5b6775">after</text>']
+    for i, node in enumerate(nodes):
+        y = 22 + i * (cell_h + gap)
+        out.append(f'<text x="{label_w - 6}" y="{y + 19}" text-anchor="end" fill="#1d2733">{escape(node)}</text>'
+                   f'<text x="{label_w + block + arrow / 2 - 2}" y="{y + 19}" text-anchor="middle" '
+                   'fill="#5b6775">&#8594;</text>')
+        for side, devices in ((0, plan.devices_before.get(node, [])), (1, plan.devices_after.get(node, []))):
+            for k, d in enumerate(devices):
+                x = label_w + side * (block + arrow) + k * (cell_w + gap)
+                out.append(_chart_cell(d, x, y, cell_w, cell_h, node=node, when=("before", "after")[side]))
+    out.append("</svg>")
+    return f'<div class="scroll">{"".join(out)}</div>'
+
+
+def _fill(d: dict) -> tuple[str, str]:
+    fraction = d["usedmem"] / d["totalmem"] if d["totalmem"] else 0.0
+    fill = UNHEALTHY if not d["health"] else (IDLE if d["used"] == 0 else colour(fraction))
+    ink = "#fff" if (not d["health"] or fraction > 0.6) else "#1d2733"
+    return fill, ink
+
+
+def _chart_cell(d: dict, x: float, y: float, w: int, h: int, *, node: str, when: str) -> str:
+    fill, ink = _fill(d)
+    share = round(100 * d["usedmem"] / d["totalmem"]) if d["totalmem"] else 0
+    tip = (f"{node} device {d['index']} {when} the plan: memory {d['usedmem']}/{d['totalmem']} MiB, "
+           f"{d['used']}/{d['count']} pods")
+    return (f'<g class="mark"><title>{escape(tip)}</title><rect x="{x}" y="{y}" width="{w}" height="{h}" rx="3" '
+            f'fill="{fill}" stroke="#c5ced8" stroke-width="0.5"/>'
+            f'<text x="{x + w / 2}" y="{y + 13}" text-anchor="middle" fill="{ink}">{share}%</text>'
+            f'<text x="{x + w / 2}" y="{y + 25}" text-anchor="middle" fill="{ink}" font-size="9">'
+            f'{d["used"]}/{d["count"]} pods</text></g>')
+
+
+def _glossary() -> str:
+    rows = ['<div class="scroll"><table class="glossary"><tr><th class="l">on this page</th>'
+            '<th class="l">JSON (--output json)</th><th class="l">meaning</th></tr>']
+    for word, key, meaning in GLOSSARY:
+        rows.append(f'<tr><td>{escape(word)}</td><td>{f"<code>{escape(key)}</code>" if key else ""}</td>'
+                    f"<td>{escape(meaning)}</td></tr>")
+    rows.append("</table></div>")
+    return "".join(rows)
 
 
 def _html_table(head: tuple, rows: list[tuple]) -> str:
-    out = ["<table><tr>", *(f'<th class="l">{escape(str(h))}</th>' for h in head), "</tr>"]
+    out = ['<div class="scroll"><table><tr>', *(f'<th class="l">{escape(str(h))}</th>' for h in head), "</tr>"]
     for row in rows:
         out.append("<tr>" + "".join(f'<td class="l">{escape(str(c))}</td>' for c in row) + "</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "".join(out)
 
 
 def _device_cell(d: dict | None) -> str:
     if d is None:
-        return "<td>-</td>"
-    fraction = d["usedmem"] / d["totalmem"] if d["totalmem"] else 0.0
-    fill = UNHEALTHY if not d["health"] else (IDLE if d["used"] == 0 else colour(fraction))
-    ink = "#fff" if (not d["health"] or fraction > 0.6) else "#1d2733"
+        return "<td>-</td><td>-</td>"
+    fill, ink = _fill(d)
     return (f'<td><span class="cell" style="background:{fill};color:{ink}">'
             f'{d["usedmem"]}/{d["totalmem"]} MiB</span></td><td>{d["used"]}/{d["count"]}</td>')
 
 
 def _device_table(before: list[dict], after: list[dict]) -> str:
     after_by_id = {d["id"]: d for d in after}
-    out = ['<table class="devices"><tr><th class="l">Device</th><th class="l">Type</th>'
+    out = ['<div class="scroll"><table class="devices"><tr><th class="l">Device</th><th class="l">Type</th>'
            "<th>Memory before</th><th>Slots before</th><th>Memory after</th><th>Slots after</th></tr>"]
     for d in before:
         out.append(f'<tr><td class="l">{d["index"]}: {escape(d["id"])}</td><td class="l">{escape(d["type"])}</td>'
                    f"{_device_cell(d)}{_device_cell(after_by_id.get(d['id']))}</tr>")
-    out.append("</table>")
+    out.append("</table></div>")
     return "".join(out)

@@ -10,11 +10,15 @@ A pod may be moved only if all of these hold (issue 25):
   ``--free`` the ``--max-priority`` flag (default 0: only pods of no or negative priority);
 * no PodDisruptionBudget selecting it has no disruption left. Each planned eviction consumes one
   of ``status.disruptionsAllowed`` of every budget selecting it, as the Eviction API would;
-* it does not carry the opt-out annotation ``hami.io/defrag: "false"``.
+* it does not carry the opt-out annotation ``hami.io/defrag: "false"``;
+* it is no gang's member (scheduler-plugins' PodGroup, Kueue's pod group): moving one member
+  alone would leave its gang partly placed (hami_py/scheduling/gangs/).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from hami_py.scheduling.gangs.membership import gang_of
 
 # A pod carrying this annotation with the value "false" is never moved by the defragmenter.
 OPT_OUT_ANNOTATION = "hami.io/defrag"
@@ -126,6 +130,10 @@ def why_not_movable(pod: dict, *, priority: int, priority_limit: int, budgets: B
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
     if str(annotations.get(OPT_OUT_ANNOTATION, "")).strip().lower() == OPT_OUT_VALUE:
         return f'it carries {OPT_OUT_ANNOTATION}: "{OPT_OUT_VALUE}"'
+    gang = gang_of(pod)
+    if gang is not None:
+        # Moving one member alone would leave its gang partly placed (scheduling/gangs/).
+        return f"it belongs to gang {gang.namespace}/{gang.name}"
     controller = controller_of(pod)
     if controller is None:
         return "no controller would recreate it"

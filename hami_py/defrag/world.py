@@ -109,11 +109,11 @@ def _extend(snapshot: Snapshot, objects, *, vendors: dict[str, DeviceVendor], sc
     owned = decision_annotations(vendors)
     vendor_ids = {key: i for i, key in enumerate(vendors)}
     skipped: list[str] = []
+    # The cluster loader kept the budgets (the simulator's moves honour them too).
+    snapshot.budgets.extend(budget_from_object(obj) for obj in snapshot.cluster.budgets)
     for obj, where in objects:
         kind = obj.get("kind")
-        if kind == "PodDisruptionBudget":
-            snapshot.budgets.append(budget_from_object(plain(obj)))
-        elif kind == "Pod":
+        if kind == "Pod":
             pod = _pending_pod(obj, where, owned=owned, scheduler_name=scheduler_name)
             if pod is None:
                 continue
@@ -127,20 +127,16 @@ def _extend(snapshot: Snapshot, objects, *, vendors: dict[str, DeviceVendor], sc
     _recount_notes(snapshot)
     if snapshot.pending:
         snapshot.cluster.notes.append(f"{len(snapshot.pending)} pending pod(s) of {scheduler_name} ask for devices")
-    if snapshot.budgets:
-        snapshot.cluster.notes.append(f"{len(snapshot.budgets)} PodDisruptionBudget(s)")
     if skipped:
         snapshot.cluster.notes.append("ignored pending pod(s) whose request the scheduler rejects: "
                                       + ", ".join(skipped[:3]) + (" ..." if len(skipped) > 3 else ""))
 
 
 def _recount_notes(snapshot: Snapshot) -> None:
-    """The simulator's loader ignores pending pods and budgets; here they are used, so its notes
-    saying so are corrected."""
+    """The simulator's loader ignores pending pods; here they are used, so its note saying so is
+    corrected."""
     notes = []
     for note in snapshot.cluster.notes:
-        if note.startswith("ignored") and "PodDisruptionBudget" in note:
-            continue
         if note.startswith("ignored ") and "pod(s) that hold no HAMi allocation" in note:
             left = int(note.split()[1]) - len(snapshot.pending)
             if left <= 0:

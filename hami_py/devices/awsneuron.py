@@ -3,20 +3,21 @@
 The device plugin registers nothing: the node's capacity says how many devices
 (``aws.amazon.com/neuron``) and cores (``aws.amazon.com/neuroncore``) it has, and the label
 ``node.kubernetes.io/instance-type`` says which instance it is. Each device ``<node>-AWSNeuron-<i>``
-has ``cores / devices`` cores, recorded as a core **mask** (``2^cores - 1``): the books charge
-masks, as upstream's annotations carry them (core 0 = 1, core 1 = 2, both = 3).
+has ``c = cores / devices`` cores (a capacity that does not divide evenly is refused, as HAMi after
+v2.10 refuses it); at most 4 of them are addressable (Inferentia1 has 4, Inferentia2 and Trainium
+2), recorded as a core **mask** (``2^min(c, 4) - 1``): the books charge masks, as upstream's
+annotations carry them (core 0 = 1, core 1 = 2, cores 0-1 = 3, ...).
 
 A container asks for devices (``aws.amazon.com/neuron: n``) or cores
-(``aws.amazon.com/neuroncore: c``; 1 or 2 take one device, more must be a multiple of 2, one
-whole device per 2 cores). One device is given a core mask: an unused device gives 1 (one core)
-or 3 (two), a half-used one its other core. Several devices are given as a contiguous window of
-unused devices: on ``inf*`` instances any window, on the others only 4, 8 or 16 devices aligned
-on their size.
+(``aws.amazon.com/neuroncore: k``): 1 or 2 cores take one device, more are spread 2 cores a device
+over ``ceil(k / 2)`` unused devices (the last one gets what is left). One device is given one
+contiguous run of free cores, the lowest that fits (upstream's ``allocateCoreMask``). Several
+devices are given as a contiguous window of unused devices: on ``inf*`` instances any window, on
+the others only 4, 8 or 16 devices aligned on their size.
 
 The family is FLAG_CHARGE | FLAG_CHOOSE (hami_py/devices/perdevice.py): the mask a device is
-charged depends on its own usage, which the chooser reads. Cores per device are derived per node
-(upstream learns them from the first node it sees and applies them to every node; see
-docs/devices/awsneuron.md).
+charged depends on its own usage, which the chooser reads. Why a core request is spread 2 cores a
+device on every node, where HAMi v2.11 sizes it by each node's cores a device: docs/devices/awsneuron.md.
 """
 from __future__ import annotations
 
@@ -48,9 +49,11 @@ NODE_TYPE = "AWSNodeType"                       # the device's custom info: the 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 MAX_DEVICES = INT32_MAX
-CORES_PER_DEVICE_CAP = 2                        # upstream's addressable cores per device
-MAX_CORES = MAX_DEVICES * CORES_PER_DEVICE_CAP
-MAX_CORES_PER_DEVICE = 30                       # a mask must fit an int32 core column
+ADDRESSABLE_CORES = 4                           # upstream's maxCoresPerNeuronDevice (Inferentia1)
+SPLIT_CORES = 2                                 # cores a device of a core request over several devices
+MAX_CORES = MAX_DEVICES * ADDRESSABLE_CORES
+MAX_CORES_PER_DEVICE = INT32_MAX                # the device's slots column is an int32
+LEGACY_CORES_PER_DEVICE = 2                     # what upstream assumes of an allocation without its geometry
 ALIGNED_WINDOWS = (1, 4, 8, 16)                 # window sizes off inf* instances
 
 
@@ -83,13 +86,18 @@ class InvalidNeuronRequest(ValueError):
 
 @dataclass(slots=True, frozen=True)
 class NeuronAsk:
-    """One container's Neuron request: ``nums`` devices with ``cores`` each (``whole``: the
-    device count was asked, every core of each device; ``count_in_limits``: upstream's
-    annotations then name device indexes instead of core indexes)."""
+    """One container's Neuron request: ``nums`` devices, each with every addressable core
+    (``whole``: the device count was asked) or with ``cores`` in all, spread by
+    :func:`split_cores`; ``count_in_limits``: upstream's annotations then name device indexes
+    instead of core indexes."""
     nums: int
     cores: int
     whole: bool
     count_in_limits: bool = False
+
+    def parts(self) -> tuple[int, ...]:
+        """The cores each device of a core request gets, in window order."""
+        return split_cores(self.cores)
 
 
 def validate(raw: object, resource: str, maximum: int) -> int:
@@ -104,29 +112,33 @@ def validate(raw: object, resource: str, maximum: int) -> int:
     return value
 
 
-def split_cores(cores: int, resource: str, raw: object) -> tuple[int, int]:
-    """(devices, cores each) of a core request (upstream's ``splitCoreRequest`` with its
-    addressable 2 cores a device)."""
-    per = CORES_PER_DEVICE_CAP
-    if cores <= per:
-        return 1, cores
-    if cores % per:
-        raise InvalidNeuronRequest(resource, raw, f"must be 1 or a multiple of {per}, got {cores}")
-    nums = cores // per
-    if nums > MAX_DEVICES:   # unreachable with 2 cores a device and the core maximum; kept as upstream
-        raise InvalidNeuronRequest(resource, raw, f"needs {nums} devices, which exceeds the maximum of {MAX_DEVICES}")
-    return nums, per
+def split_cores(cores: int) -> tuple[int, ...]:
+    """The cores each device of a core request gets: one device for 1 or 2 cores, else
+    ``SPLIT_CORES`` a device with the rest on the last (5 cores: 2, 2, 1). The device count must
+    not depend on the node (the kernel fits a fixed count per request), so the split is by the
+    cores every Neuron device has; docs/devices/awsneuron.md says how HAMi v2.11 differs."""
+    if cores <= SPLIT_CORES:
+        return (cores,)
+    whole, rest = divmod(cores, SPLIT_CORES)
+    return (SPLIT_CORES,) * whole + ((rest,) if rest else ())
 
 
-def core_mask(current: int, need: int) -> int:
-    """Upstream's ``addCoreUsage``: the mask a one-device request gets on a device whose cores
-    in use are ``current`` (an unused device: 3 for two cores, 1 for one; else the other core)."""
-    if current == 0:
-        if need == 2:
-            return 3
-        if need == 1:
-            return 1
-    return 3 - current
+def device_count(cores: int) -> int:
+    return -(-cores // SPLIT_CORES)
+
+
+def allocate_core_mask(used: int, available: int, need: int) -> int | None:
+    """Upstream's ``allocateCoreMask``: the lowest contiguous run of ``need`` cores of the mask
+    ``available`` that ``used`` leaves free, as a mask; None when there is none (the Neuron runtime
+    takes a contiguous core range, so scattered free cores do not add up)."""
+    if not 0 < need <= ADDRESSABLE_CORES:
+        return None
+    run = (1 << need) - 1
+    for start in range(ADDRESSABLE_CORES - need + 1):
+        mask = run << start
+        if available & mask == mask and not used & mask:
+            return mask
+    return None
 
 
 def unix_nanos(now: float) -> int:
@@ -161,9 +173,9 @@ def choose_window(free: set[int], devices: int, nums: int, instance_type: str) -
 # -- the per-filter charge ---------------------------------------------------------------------------
 
 class NeuronCharge(DeviceCharge):
-    """The kernel checks each device against the mask size of the request (1 core: 1, 2 cores:
-    3, a whole device: its full mask; at most 100, the kernel's bound), which refuses exactly the
-    devices upstream refuses on two-core devices and never one it accepts; the chooser applies
+    """The kernel checks each device against the smallest mask the row can be given there (a
+    run of n cores is at least ``2^n - 1``; a whole device: its full mask; at most 100, the
+    kernel's bound), which never refuses a device the chooser would take; the chooser applies
     upstream's rules and gives the mask."""
 
     def __init__(self, cache, asks, row_container, shape):
@@ -183,11 +195,14 @@ class NeuronCharge(DeviceCharge):
         return shape
 
     def row_charge(self, node_index: int, ask: NeuronAsk):
-        cpd, mask, _, _ = self.node_shape(node_index)
-        if ask.whole or ask.nums > 1:
+        _, mask, _, _ = self.node_shape(node_index)
+        if ask.whole:
             check = mask
         else:
-            check = (1 << ask.cores) - 1
+            need = min(ask.parts())
+            if max(ask.parts()) > popcount(mask):
+                return CARD_INSUFFICIENT_CORE      # a device here has fewer cores than one part
+            check = (1 << need) - 1
         return 0, max(1, min(check, 100)), 1
 
     def pick(self, node_index: int, ask: NeuronAsk, positions, nums, extra):
@@ -202,18 +217,16 @@ class NeuronCharge(DeviceCharge):
             start = choose_window(set(free), count, nums, instance_type)
             if start is None:
                 return NUMA_NOT_FIT
-            return [(free[i], 0, devices[free[i]].devcore, self.data(devices[free[i]], cpd, ask))
-                    for i in range(start, start + nums)]
-        need = cpd if ask.whole else ask.cores
+            window = [free[i] for i in range(start, start + nums)]
+            masks = ([devices[p].devcore for p in window] if ask.whole
+                     else [(1 << part) - 1 for part in ask.parts()])
+            return [(p, 0, mask, self.data(devices[p], cpd, ask)) for p, mask in zip(window, masks)]
         for p in positions:
             dev = devices[p]
             current = used_cores[off + p] + (extra[p][1] if p in extra else 0)
-            if popcount(dev.devcore) - popcount(current) < need:
-                continue
-            mask = core_mask(current, need)
-            if mask <= 0 or mask & current or mask & ~dev.devcore:
-                continue     # upstream's two-core rule has no free mask here (more than 2 cores a device)
-            return [(p, 0, mask, self.data(dev, cpd, ask))]
+            mask = allocate_core_mask(current, dev.devcore, popcount(dev.devcore) if ask.whole else ask.cores)
+            if mask is not None:
+                return [(p, 0, mask, self.data(dev, cpd, ask))]
         return CARD_INSUFFICIENT_CORE
 
     @staticmethod
@@ -263,16 +276,23 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
                                     f"{MAX_CAPACITY_CARDS}")
         if count == 0:
             return []
-        raw_cores = node.capacity.get(self.core_resource, "0") if self.core_resource else "0"
+        raw_cores = node.capacity.get(self.core_resource) if self.core_resource else None
+        if raw_cores is None:
+            raise DeviceDecodeError(f"{self.core_resource or 'the core resource'} is missing: "
+                                    f"{self.count_resource} {raw!r} needs its cores")
         cores = parse_exact_int(raw_cores)
-        if cores is None or cores < 0:
+        if cores is None:
             raise DeviceDecodeError(f"{self.core_resource} {raw_cores!r} is not a whole number of cores")
+        if cores <= 0:
+            raise DeviceDecodeError(f"{self.core_resource} {raw_cores!r} must be a positive number of cores")
+        if cores % count:
+            # HAMi v2.11's words (it refuses the node's devices too).
+            raise DeviceDecodeError(f"{self.core_resource} capacity {cores} is not divisible by "
+                                    f"{self.count_resource} capacity {count}")
         cpd = cores // count
-        if not 1 <= cpd <= MAX_CORES_PER_DEVICE:
-            raise DeviceDecodeError(
-                f"{self.core_resource} {raw_cores!r} over {self.count_resource} {raw!r} gives {cpd} cores a device: "
-                f"must be between 1 and {MAX_CORES_PER_DEVICE}")
-        mask = (1 << cpd) - 1
+        if cpd > MAX_CORES_PER_DEVICE:
+            raise DeviceDecodeError(f"cores per AWS Neuron device {cpd} exceeds the maximum of {MAX_CORES_PER_DEVICE}")
+        mask = (1 << min(cpd, ADDRESSABLE_CORES)) - 1
         custom = {NODE_TYPE: node.labels.get(INSTANCE_TYPE_LABEL, "")}
         return [DeviceInfo(id=f"{node.name}-{NEURON_KEY}-{i}", index=i, count=cpd, devmem=0, devcore=mask,
                            type=NEURON_KEY, health=True, custom=custom) for i in range(count)]
@@ -286,13 +306,15 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
         if raw is not MISSING:
             nums = validate(raw, self.count_resource, MAX_DEVICES)
             in_limits = self.count_resource in limits and (parse_exact_int(limits[self.count_resource]) or 0) > 0
-            return NeuronAsk(nums, CORES_PER_DEVICE_CAP, True, in_limits)
+            return NeuronAsk(nums, 0, True, in_limits)
         raw = lookup(limits, requests, self.core_resource)
         if raw is MISSING:
             return None
         cores = validate(raw, self.core_resource, MAX_CORES)
-        nums, per = split_cores(cores, self.core_resource, raw)
-        return NeuronAsk(nums, per, False)
+        nums = device_count(cores)
+        if nums > MAX_DEVICES:
+            raise InvalidNeuronRequest(self.core_resource, raw, f"needs {nums} devices, more than {MAX_DEVICES}")
+        return NeuronAsk(nums, cores, False)
 
     def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:
         try:
@@ -302,7 +324,9 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
             raise RequestError(f"container {go_quote(name)}: {err.resource} {quote_value(err.raw)} {err.problem}") from None
         if ask is None:
             return None
-        return ContainerRequest(NEURON_KEY, ask.nums, 0, 0, ask.cores)
+        # Cores a device, as the generic readers of a request (the webhook's quota pre-check) take
+        # them: a whole device counts its 2 common cores; the charger gives each device its mask.
+        return ContainerRequest(NEURON_KEY, ask.nums, 0, 0, SPLIT_CORES if ask.whole else max(ask.parts()))
 
     def mutate_admission(self, container: dict, pod: dict) -> bool:
         """Upstream's webhook: the request is validated, with upstream's messages."""
@@ -330,16 +354,17 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
                 if not info:
                     raise ValueError(f"AWSNeuron device {dev.uuid} of container {position} carries no index: "
                                      "only a decision's allocation can be encoded")
-                index, cpd = info["index"], info["coresPerDevice"]
-                if info["countInLimits"]:
+                # Data without the node's geometry (written before devices carried it) is read
+                # with upstream's old two cores a device, as upstream reads it.
+                index = info["index"]
+                cpd = info.get("coresPerDevice") or LEGACY_CORES_PER_DEVICE
+                if info.get("countInLimits"):
                     ids.append(str(index))
                     continue
-                if dev.usedcores & 1:
-                    ids.append(str(cpd * index))
-                    out[RESOURCE_TYPE] = self.core_resource
-                if dev.usedcores & 2:
-                    ids.append(str(cpd * index + 1))
-                    out[RESOURCE_TYPE] = self.core_resource
+                for core in range(min(cpd, ADDRESSABLE_CORES)):
+                    if dev.usedcores >> core & 1:
+                        ids.append(str(cpd * index + core))
+                        out[RESOURCE_TYPE] = self.core_resource
         if ids:
             out[ASSIGNED_INDEX] = ",".join(ids)
             out[PREDICATE_TIME] = str(unix_nanos(now))

@@ -11,6 +11,7 @@ templates and NetworkID groups) overrides what it needs. Nothing is read with ``
 """
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -86,12 +87,16 @@ class NodeView:
     labels: dict[str, str]
     capacity: dict[str, object]
     allocatable: dict[str, object]
+    # The node's first InternalIP address ("" when it has none): where a family whose devices
+    # are served over the network (remote GPUs) reaches the node.
+    internal_ip: str = ""
 
     @classmethod
     def of(cls, annotations: dict[str, str] | None = None, *, name: str = "", labels: dict | None = None,
-           capacity: dict | None = None, allocatable: dict | None = None) -> NodeView:
+           capacity: dict | None = None, allocatable: dict | None = None, internal_ip: str = "") -> NodeView:
         return cls(name=name, annotations=annotations or {}, labels=labels or {},
-                   capacity=capacity or {}, allocatable=allocatable if allocatable is not None else capacity or {})
+                   capacity=capacity or {}, allocatable=allocatable if allocatable is not None else capacity or {},
+                   internal_ip=internal_ip)
 
     @classmethod
     def from_node(cls, node: dict) -> NodeView:
@@ -100,7 +105,18 @@ class NodeView:
         status = node.get("status") or {}
         return cls(name=meta.get("name") or "", annotations=meta.get("annotations") or {},
                    labels=meta.get("labels") or {}, capacity=status.get("capacity") or {},
-                   allocatable=status.get("allocatable") or {})
+                   allocatable=status.get("allocatable") or {}, internal_ip=internal_ip(node))
+
+
+def internal_ip(node: dict) -> str:
+    """The first ``InternalIP`` of a Node object's ``status.addresses`` ("" when it has none)."""
+    addresses = (node.get("status") or {}).get("addresses")
+    for address in addresses if isinstance(addresses, list) else ():
+        if isinstance(address, dict) and address.get("type") == "InternalIP":
+            value = address.get("address")
+            if isinstance(value, str) and value:
+                return value
+    return ""
 
 
 # A pod's allocation for one vendor: one list per container (init containers first), each a list
@@ -209,6 +225,11 @@ class DeviceVendor:
     # family's chooser, which reads them back of the pods already on a device
     # (``UsageCache.device_marks``): a device whose mode follows the tasks it hosts.
     pod_marks: tuple[str, ...] = ()
+    # A pooled family's devices are not the candidate node's own but one pool for the whole
+    # cluster (GPUs served over the network by other nodes): its requests are no kernel rows;
+    # ``pool_choice`` picks its devices once per /filter, ``pool_refusal`` says which nodes may
+    # not host such a pod, and ``charge_node`` which node's books a given device is charged to.
+    pooled: bool = False
 
     # -- resources and config --------------------------------------------------------------
 
@@ -287,6 +308,13 @@ class DeviceVendor:
         """Whether this pod may be given partitions of a device (MIG instances) at all."""
         return True
 
+    def partition_ranks(self, pod_annotations: dict[str, str], profile_names: list[str]) -> array | None:
+        """The partition profiles this pod would rather have, if it says: an ``array("i")`` with
+        one rank per name of the partition table's profile list (``profile_names``), 1 for the
+        most preferred, 0 for a profile it does not name; the kernel tries ranked profiles first
+        on each device. None (the default, and a pod stating nothing): smallest profile first."""
+        return None
+
     def numa_bind(self, pod_annotations: dict[str, str]) -> bool:
         """Whether the pod asks for all of this family's devices on one NUMA node."""
         return False
@@ -302,6 +330,32 @@ class DeviceVendor:
         (``cache.devices_at(node_index)``), usage arrays and, for the families that keep them, the
         pods' marks per device (``cache.device_marks(node_index)``, see ``pod_marks``)."""
         return None
+
+    # -- pooled families (``pooled``) -------------------------------------------------------
+
+    def charge_node(self, device_id: str, pod_node: str) -> str:
+        """The node whose books hold ``device_id`` when a pod placed on ``pod_node`` is given it:
+        the pod's own node, except for a pooled family (the node serving the device)."""
+        return pod_node
+
+    def pool_refusal(self, cache, node: str) -> str | None:
+        """Why ``node`` may not host a pod asking this pooled family (it serves the pool itself),
+        or None. Asked once per candidate node of such a pod's /filter."""
+        return None
+
+    def pool_choice(self, cache, asks: list[tuple[int, ContainerRequest]], containers: int,
+                    pod_annotations: dict[str, str]) -> "PodDevices | str":
+        """The pooled family's devices for a pod, chosen once per /filter from the books
+        (synchronously: the same stretch as the reservation): ``asks`` are (container position,
+        request) of the containers asking for the family, init containers first; the answer is one
+        device list per container (``containers`` of them), or the text of why the pool cannot
+        serve the pod (every candidate node fails with it)."""
+        return "this family has no pool"
+
+    def background(self, cache) -> list:
+        """Coroutines the scheduler runs while it serves (cancelled when it stops): upkeep a
+        family needs outside any request, such as polling the servers of a pool."""
+        return []
 
     # -- allocation annotations ------------------------------------------------------------
 

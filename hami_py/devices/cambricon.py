@@ -6,7 +6,13 @@ synthesises the inventory from the node's capacity (upstream's rule, kept exactl
 * ``C`` = capacity of the core resource (``cambricon.com/mlu.smlu.vcore``, 100 per card),
   ``M`` = capacity of the memory resource (``cambricon.com/mlu.smlu.vmemory``, units of 256 MiB);
 * devices ``i = 0 .. ceil(C/100) - 1``: id ``<node>-cambricon-mlu-<i>``, 100 slots,
-  ``floor(M x 256 x 100 / C)`` MiB, 100 cores, type ``MLU``, always healthy.
+  ``floor(M x 256 x 100 / C)`` MiB, 100 cores, always healthy; their type is the node's ``Model``
+  label (Cambricon's device plugin publishes it with ``--node-label``, e.g. ``MLU370-X4``) when it
+  names an MLU, else ``MLU`` (HAMi after v2.10, #2780).
+
+Pods pick or avoid models with ``cambricon.com/use-mlutype`` / ``cambricon.com/nouse-mlutype``
+(comma lists, matched upper-cased by substring, as every family's type lists); a constraint on a
+node without a readable model matches only what ``MLU`` itself contains.
 
 A container asks with ``cambricon.com/vmlu`` (count), the memory resource (256 MiB units) and the
 core resource (percent, default 100: a card is exclusive unless the container names its cores).
@@ -39,6 +45,10 @@ TO_ALLOCATE_ANNOTATION = "hami.io/cambricon-mlu-devices-to-allocate"
 ALLOCATED_ANNOTATION = "hami.io/cambricon-mlu-devices-allocated"
 USE_UUID_ANNOTATION = "cambricon.com/use-gpuuuid"
 NOUSE_UUID_ANNOTATION = "cambricon.com/nouse-gpuuuid"
+USE_TYPE_ANNOTATION = "cambricon.com/use-mlutype"
+NOUSE_TYPE_ANNOTATION = "cambricon.com/nouse-mlutype"
+# Published by Cambricon's device plugin (v2.0.20 and later, with --node-label): the cards' model.
+MODEL_LABEL = "Model"
 # Read by Cambricon's DSMLU device plugin.
 DSMLU_ASSIGNED_ANNOTATION = "CAMBRICON_DSMLU_ASSIGNED"
 DSMLU_PROFILE_ANNOTATION = "CAMBRICON_DSMLU_PROFILE"
@@ -73,6 +83,13 @@ def device_index(uuid: str) -> int:
     return int(tail)
 
 
+def mlu_model(label: object) -> str:
+    """The cards' type from the node's ``Model`` label: the label, trimmed, when it names an MLU
+    (upper-cased it contains ``MLU``), else ``MLU`` (missing, blank, or another vendor's word)."""
+    model = label.strip() if isinstance(label, str) else ""
+    return model if VENDOR_KEY in model.upper() else VENDOR_KEY
+
+
 class CambriconVendor(TemplateVendor):
     """Upstream's ``MLU`` vendor: capacity-synthesised cards, quota at fit, the DSMLU profile."""
 
@@ -94,6 +111,8 @@ class CambriconVendor(TemplateVendor):
             allocated_annotation=ALLOCATED_ANNOTATION,
             use_uuid=(USE_UUID_ANNOTATION,),
             nouse_uuid=(NOUSE_UUID_ANNOTATION,),
+            use_type=USE_TYPE_ANNOTATION,
+            nouse_type=NOUSE_TYPE_ANNOTATION,
             quota=True,
         ))
         self.config = config
@@ -104,11 +123,13 @@ class CambriconVendor(TemplateVendor):
     # -- inventory -------------------------------------------------------------------------
 
     def registration_inputs(self, node: NodeView) -> object:
-        """The two capacities the inventory is computed from: decoded again only when they change."""
+        """The two capacities and the model label the inventory is computed from: decoded again
+        only when they change."""
         capacity = node.capacity
         config = self.config
         return (capacity.get(config.resource_core_name) if config.resource_core_name else None,
-                capacity.get(config.resource_memory_name) if config.resource_memory_name else None)
+                capacity.get(config.resource_memory_name) if config.resource_memory_name else None,
+                node.labels.get(MODEL_LABEL))
 
     def registration_source(self) -> str:
         return f"node capacity {self.config.resource_core_name}/{self.config.resource_memory_name}"
@@ -149,8 +170,9 @@ class CambriconVendor(TemplateVendor):
         if devmem > INT32_MAX:
             raise DeviceDecodeError(f"{memory_name} {quote_value(raw_memory)} over {core_name} "
                                     f"{quote_value(raw_cores)} gives {devmem} MiB per device, more than {INT32_MAX}")
+        model = mlu_model(node.labels.get(MODEL_LABEL))
         return [DeviceInfo(id=device_id(node.name, i), index=i, count=CORES_PER_DEVICE, devmem=devmem,
-                           devcore=CORES_PER_DEVICE, type=VENDOR_KEY, numa=0, mode="", health=True)
+                           devcore=CORES_PER_DEVICE, type=model, numa=0, mode="", health=True)
                 for i in range(count)]
 
     # -- allocation annotations ------------------------------------------------------------

@@ -3,17 +3,24 @@
 Mthreads' device plugin registers no annotation: it advertises ``mthreads.com/sgpu-core`` (16
 cores a GPU) and ``mthreads.com/sgpu-memory`` (units of 512 MiB, the whole node) as node
 capacity, and the scheduler synthesises one device per 16 cores: ``<node>-mthreads-<i>``, 100
-shares, ``memory × 512 × 16 / cores`` MiB, 16 cores, type ``Mthreads``, always healthy.
+shares, ``memory × 512 × 16 / cores`` MiB, 16 cores, type ``Mthreads``, always healthy. ``<i>``
+is the physical card id: the node label ``mthreads.com/sgpu.cores`` lists the cards bound to
+sGPU (``0-2-3``; HAMi after v2.10, #2988), and must then account for the core capacity exactly;
+without it the cards are 0..N-1.
 
 A container asks with ``mthreads.com/vgpu`` (count), ``mthreads.com/sgpu-memory`` (units of
 512 MiB) and ``mthreads.com/sgpu-core``, both **for all its GPUs together**: each GPU is charged
-the total divided by the count. Upstream's webhook sizes a request (1 GPU: 2, 4, 8, 16, 32, 64 or
-96 units, default 96 units and 16 cores; several GPUs: 96 units and 16 cores each, and the pod
-annotation ``mthreads.com/request-gpu-num``). Namespace quotas on
-``limits.mthreads.com/sgpu-memory`` (units of 512 MiB) and ``limits.mthreads.com/sgpu-core`` hold
-at admission and at filter. Upstream's custom rule: a container may only use the device the pod's
-earlier containers got (all of a pod's shares on one GPU), which :func:`same_device_chooser`
-applies per node. No node lock. The decision writes
+the total divided by the count. Upstream's webhook sizes a request: one GPU asks a legal memory
+size (powers of two from 2 up to a card's size, and the whole card, for every card size of
+``mthreads.memoryPerCard``: [96] by default, the MTT S4000; S5000 is 160), default 16 cores and,
+when one card size is configured, that size; several GPUs get 16 cores each and no memory (each
+is charged the whole card of the node chosen), and the pod annotation
+``mthreads.com/request-gpu-num``. A container may not ask both the whole-card resource
+``mthreads.com/gpu`` (served by Moore Threads' own plugin, outside HAMi) and sGPU slices.
+Namespace quotas on ``limits.mthreads.com/sgpu-memory`` (units of 512 MiB) and
+``limits.mthreads.com/sgpu-core`` hold at admission and at filter. Upstream's custom rule: a
+container may only use the device the pod's earlier containers got (all of a pod's shares on one
+GPU), which :func:`same_device_chooser` applies per node. No node lock. The decision writes
 ``hami.io/mthreads-vgpu-devices-allocated`` and what Mthreads' device plugin reads:
 ``mthreads.com/gpu-index`` (the device indexes), ``mthreads.com/predicate-time`` (Unix
 nanoseconds) and ``mthreads.com/predicate-node``.
@@ -26,11 +33,17 @@ no devices).
 """
 from __future__ import annotations
 
-from hami_py.config import ConfigSection, DeviceConfig
-from hami_py.devices.base import FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices
-from hami_py.devices.codec import encode_pod_devices
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from hami_py.config import ConfigSection, DeviceConfig, Section
+from hami_py.devices.base import (
+    FLAG_CHOOSE, ContainerRequest, DeviceDecodeError, DeviceInfo, PodDevices, RequestError,
+)
+from hami_py.devices.codec import encode_pod_devices, go_quote
 from hami_py.devices.template import (
-    MISSING, MAX_CAPACITY_CARDS, ResourceNamesConfig, TemplateSpec, TemplateVendor, cores_per_device, ensure_limits,
+    MISSING, MAX_CAPACITY_CARDS, TemplateSpec, TemplateVendor, cores_per_device, ensure_limits,
     lookup, request_error, resource_lists, rounded_quantity,
 )
 from hami_py.quantity import INT32_MAX, parse_exact_int
@@ -48,16 +61,91 @@ PREDICATE_NODE_ANNOTATION = "mthreads.com/predicate-node"
 REQUEST_GPU_NUM_ANNOTATION = "mthreads.com/request-gpu-num"
 USE_UUID_ANNOTATION = "mthreads.ai/use-gpuuuid"
 NOUSE_UUID_ANNOTATION = "mthreads.ai/nouse-gpuuuid"
+# The physical card ids bound to sGPU ("0-2-3"), written by Moore Threads' stack.
+SGPU_CORES_LABEL = "mthreads.com/sgpu.cores"
+# Whole cards, delivered by Moore Threads' own device plugin outside HAMi's books.
+WHOLE_GPU_RESOURCE = "mthreads.com/gpu"
 
 MEMORY_UNIT = 512              # MiB per unit of mthreads.com/sgpu-memory
 CORES_PER_GPU = 16
-MEMORY_PER_GPU = 96            # units of 512 MiB: what the webhook gives each GPU by default
-LEGAL_MEMORY = (2, 4, 8, 16, 32, 64, 96)
+MEMORY_PER_GPU = 96            # units of 512 MiB: an MTT S4000 (48 GiB), the default card
+MAX_CARD_UNITS = INT32_MAX // MEMORY_UNIT
 SHARES_PER_GPU = 100
 
 
-MthreadsConfig = ResourceNamesConfig     # the ``mthreads`` section: count, memory and core names
+@dataclass(slots=True, frozen=True)
+class MthreadsConfig:
+    """The ``mthreads`` section: count, memory and core names, and ``memoryPerCard``, each card
+    model's memory in 512 MiB units (a list; a single number is read as a list of one, as the
+    chart renders a scalar; missing or empty: [96])."""
+    KEYS: ClassVar[tuple[str, ...]] = ("resourceCountName", "resourceMemoryName", "resourceCoreName",
+                                       "memoryPerCard")
+    resource_count_name: str = ""
+    resource_memory_name: str = ""
+    resource_core_name: str = ""
+    memory_per_card: tuple[int, ...] = (MEMORY_PER_GPU,)
+
+    @classmethod
+    def from_section(cls, section: Section) -> "MthreadsConfig":
+        names = [section.str(key, only_strings=True) for key in cls.KEYS[:3]]
+        raw = section.get("memoryPerCard")
+        if isinstance(raw, list):
+            cards = tuple(section.int64("memoryPerCard", i) for i in range(len(raw)))
+        elif raw is None:
+            cards = ()
+        else:
+            cards = (section.int64("memoryPerCard"),)
+        return cls(*names, cards or (MEMORY_PER_GPU,))
+
+    def problems(self) -> list[str]:
+        return [f"mthreads: memoryPerCard {units} is out of range: a card's memory in 512 MiB units must be "
+                f"between 1 and {MAX_CARD_UNITS}" for units in self.memory_per_card if not 1 <= units <= MAX_CARD_UNITS]
+
+
 CONFIG_SECTION = ConfigSection(SECTION, MthreadsConfig.KEYS)
+
+
+def legal_memory(memory_per_card) -> tuple[int, ...]:
+    """The memory sizes (512 MiB units) a one-GPU request may ask: for every card size, the powers
+    of two from 2 below it, and the whole card (96: 2, 4, ..., 64, 96)."""
+    sizes = set()
+    for card in memory_per_card:
+        if card <= 0:
+            continue
+        sizes.add(card)
+        power = 2
+        while power < card:
+            sizes.add(power)
+            power *= 2
+    return tuple(sorted(sizes))
+
+
+LEGAL_MEMORY = legal_memory((MEMORY_PER_GPU,))
+_CARD_SEPARATORS = re.compile(r"[-,]")
+
+
+def sgpu_card_ids(node) -> list[int] | None:
+    """The physical card ids of the label ``mthreads.com/sgpu.cores`` (``0-2-3`` or ``0,2,3``),
+    None without the label. An id that is not a whole number, or is listed twice, is refused."""
+    raw = node.labels.get(SGPU_CORES_LABEL)
+    if not raw:
+        return None
+    ids: list[int] = []
+    seen: set[int] = set()
+    for part in _CARD_SEPARATORS.split(raw):
+        part = part.strip()
+        if not part:
+            continue
+        if not (part.isascii() and part.isdigit()) or int(part) > INT32_MAX:
+            raise DeviceDecodeError(f"label {SGPU_CORES_LABEL} {go_quote(raw)}: card id {go_quote(part)} is not "
+                                    f"a whole number between 0 and {INT32_MAX}")
+        card = int(part)
+        if card in seen:
+            raise DeviceDecodeError(f"label {SGPU_CORES_LABEL} {go_quote(raw)}: card {part} is listed twice")
+        seen.add(card)
+        ids.append(card)
+    return ids
+
 
 def device_index(uuid: str) -> int | None:
     """The index of a synthesised id ``<node>-mthreads-<i>``."""
@@ -107,6 +195,7 @@ class MthreadsVendor(TemplateVendor):
 
     def __init__(self, config: MthreadsConfig):
         self.config = config
+        self.legal_memory = legal_memory(config.memory_per_card)
         super().__init__(TemplateSpec(
             vendor_key=VENDOR_KEY,
             count_resource=config.resource_count_name,
@@ -121,13 +210,17 @@ class MthreadsVendor(TemplateVendor):
             quota=True,
         ))
 
+    def config_problems(self) -> list[str]:
+        return self.config.problems()
+
     # -- inventory -------------------------------------------------------------------------
 
     def registration_inputs(self, node) -> object:
         spec = self.spec
         capacity = node.capacity
         return (capacity.get(spec.core_resource) if spec.core_resource else None,
-                capacity.get(spec.memory_resource) if spec.memory_resource else None)
+                capacity.get(spec.memory_resource) if spec.memory_resource else None,
+                node.labels.get(SGPU_CORES_LABEL))
 
     def registration_source(self) -> str:
         return f"{self.spec.core_resource} capacity"
@@ -142,11 +235,19 @@ class MthreadsVendor(TemplateVendor):
         return number
 
     def parse_node_devices(self, node) -> list[DeviceInfo]:
-        """One device per 16 cores of capacity (the last one also for a remainder), as upstream."""
+        """One device per 16 cores of capacity (the last one also for a remainder), as upstream;
+        with the label ``mthreads.com/sgpu.cores``, one per card it lists, which must be exactly
+        the core capacity (16 a card)."""
         spec = self.spec
         if not spec.core_resource or spec.core_resource not in node.capacity:
             return []
         cores = self._capacity(node, spec.core_resource, CORES_PER_GPU * MAX_CAPACITY_CARDS)
+        cards = sgpu_card_ids(node)
+        if cards is not None and len(cards) * CORES_PER_GPU != cores:
+            label = go_quote(node.labels[SGPU_CORES_LABEL])
+            raise DeviceDecodeError(
+                f"sgpu capacity mismatch on {node.name}: label {SGPU_CORES_LABEL} {label} lists {len(cards)} cards "
+                f"({len(cards) * CORES_PER_GPU} cores) but {spec.core_resource} capacity is {cores}")
         if cores == 0:
             return []
         memory = self._capacity(node, spec.memory_resource, INT32_MAX)
@@ -154,9 +255,10 @@ class MthreadsVendor(TemplateVendor):
         if devmem > INT32_MAX:
             raise DeviceDecodeError(f"{spec.memory_resource} {node.capacity.get(spec.memory_resource)!r} gives "
                                     f"{devmem} MiB a device over {cores} cores, beyond int32")
-        gpus = -(-cores // CORES_PER_GPU)
+        if cards is None:
+            cards = range(-(-cores // CORES_PER_GPU))
         return [DeviceInfo(id=f"{node.name}-mthreads-{i}", index=i, count=SHARES_PER_GPU, devmem=devmem,
-                           devcore=CORES_PER_GPU, type=VENDOR_KEY, health=True) for i in range(gpus)]
+                           devcore=CORES_PER_GPU, type=VENDOR_KEY, health=True) for i in cards]
 
     # -- requests --------------------------------------------------------------------------
 
@@ -176,21 +278,24 @@ class MthreadsVendor(TemplateVendor):
     # -- admission -------------------------------------------------------------------------
 
     def mutate_admission(self, container: dict, pod: dict) -> bool:
-        """Upstream's webhook: the count from limits, else requests; a multi-GPU container gets 16
-        cores and 96 memory units a GPU (and the pod ``mthreads.com/request-gpu-num``), a one-GPU
-        container without memory 16 and 96, and a one-GPU memory must be a legal size."""
+        """Upstream's webhook: no whole card beside sGPU slices; the count from limits, else
+        requests; a multi-GPU container gets 16 cores a GPU and no memory (and the pod
+        ``mthreads.com/request-gpu-num``), a one-GPU container without memory 16 cores and, with
+        one card size configured, that size; a one-GPU memory must be a legal size."""
         spec = self.spec
         limits, requests = resource_lists(container)
+        name = str(container.get("name") or "")
+        self._refuse_mixing(name, limits, requests)
         raw = lookup(limits, requests, spec.count_resource)
         if raw is MISSING:
             return False
-        name = str(container.get("name") or "")
         count = rounded_quantity(name, spec.count_resource, raw)
         if count <= 0:
             raise request_error(name, spec.count_resource, raw, "must be greater than 0")
         limits = ensure_limits(container)
         if count > 1:
-            self._set_defaults(limits, count)
+            if spec.core_resource:
+                limits[spec.core_resource] = str(count * CORES_PER_GPU)
             meta = pod.get("metadata")
             if not isinstance(meta, dict):
                 meta = pod["metadata"] = {}
@@ -202,18 +307,32 @@ class MthreadsVendor(TemplateVendor):
             self._set_defaults(limits, count)
             return True
         memory = limits[spec.memory_resource]
-        if parse_exact_int(memory) not in LEGAL_MEMORY:
+        if parse_exact_int(memory) not in self.legal_memory:
             raise request_error(name, spec.memory_resource, memory,
                                 "is invalid: sGPU memory request value is invalid, valid values are "
-                                "[2, 4, 8, 16, 32, 64, 96]")
+                                f"[{', '.join(map(str, self.legal_memory))}]")
         return True
 
     def _set_defaults(self, limits: dict, count: int) -> None:
+        """One GPU: a whole one (16 cores; the card size when only one is configured, else no memory:
+        the scheduler charges the chosen card's whole memory)."""
         spec = self.spec
         if spec.core_resource:
             limits[spec.core_resource] = str(count * CORES_PER_GPU)
-        if spec.memory_resource:
-            limits[spec.memory_resource] = str(count * MEMORY_PER_GPU)
+        if spec.memory_resource and len(set(self.config.memory_per_card)) == 1:
+            limits[spec.memory_resource] = str(count * self.config.memory_per_card[0])
+
+    def _refuse_mixing(self, name: str, limits: dict, requests: dict) -> None:
+        """HAMi after v2.10 (#2988): a whole card comes from Moore Threads' own plugin, outside
+        these books; beside sGPU slices in one container it would overcommit the node silently.
+        Limits and requests both count, so that a split does not slip through."""
+        if WHOLE_GPU_RESOURCE not in limits and WHOLE_GPU_RESOURCE not in requests:
+            return
+        spec = self.spec
+        slices = [r for r in (spec.count_resource, spec.memory_resource, spec.core_resource) if r]
+        if any(r in limits or r in requests for r in slices):
+            raise RequestError(f"container {go_quote(name)}: cannot mix {WHOLE_GPU_RESOURCE} (whole card, delivered "
+                               f"outside HAMi) with {'/'.join(slices)} (sGPU slices) in the same container")
 
     # -- fit -------------------------------------------------------------------------------
 

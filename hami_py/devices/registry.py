@@ -51,6 +51,7 @@ def _family_modules() -> list[ModuleType]:
     from hami_py.devices import vastai; families.append(vastai)  # noqa: E702
     from hami_py.devices import biren; families.append(biren)  # noqa: E702
     from hami_py.devices import ascend; families.append(ascend)  # noqa: E702
+    from hami_py.devices import remotegpu; families.append(remotegpu)  # noqa: E702
     return families
 
 

@@ -1,7 +1,7 @@
 """Nodes as the other device families' plugins register them: Ascend, Cambricon, Hygon, Iluvatar, Kunlun, Enflame.
 
 Each family's device plugin announces its devices in its own way, and the scheduler reads
-exactly that (see /work/shared/reference/hami-vendors.md and each module under
+exactly that (see the shared reference's hami-vendors.md and each module under
 ``hami_py/devices/``). The builders here produce those Node parts for known models, so that the
 simulator, the benchmarks, the kind demo and the tests all start from what a real node carries:
 
@@ -9,7 +9,8 @@ simulator, the benchmarks, the kind demo and the tests all start from what a rea
 Ascend (910A/B/C,  ``hami.io/node-register-<commonWord>``: a JSON list, one entry per NPU, as HAMi's
 310P)              Ascend plugin writes it (Go's ``omitempty``: no ``index`` for NPU 0, no ``numa``);
                    ``count`` = memoryAllocatable / the smallest template, ``devmem`` =
-                   memoryAllocatable, ``devcore`` = the chip's AI cores, ``custominfo.NetworkID``
+                   memoryAllocatable, ``devcore`` = the chip's AI cores (in the config's soft
+                   mode, hami-core or enpu: ``vnpuDeviceSplitCount`` and 100), ``custominfo.NetworkID``
                    on 910 chips (NPUs 0-3 on network 0, 4-7 on 1; all 0 on a 910C);
                    ``hami.io/node-handshake-<commonWord>`` ``Reported_<time>``; ``hami-vnpu-core``;
                    capacity ``huawei.com/<commonWord>``. Models and memory come from the chart's
@@ -18,7 +19,9 @@ Cambricon MLU370   No annotation: capacity ``cambricon.com/mlu.smlu.vcore`` (100
                    ``cambricon.com/mlu.smlu.vmemory`` (units of 256 MiB), plus ``cambricon.com/vmlu``.
 Hygon DCU Z100     ``hami.io/node-dcu-register`` in the colon format (``id,count,devmem,devcore,type,
                    numa,health,index,mode:`` per card, 4 shares a card), ``hami.io/node-handshake-dcu``,
-                   capacity ``hygon.com/dcunum``.
+                   capacity ``hygon.com/dcunum`` (HAMi v2.10's DCU plugin).
+Hygon HCU K100     The same under the HCU names (HAMi after v2.10's HCU plugin): ``hami.io/node-hcu-register``
+                   (ids ``HCU-...``), ``hami.io/node-handshake-hcu``, capacity ``hygon.com/hcunum``.
 Kunlun P800        Whole XPUs: capacity ``kunlunxin.com/xpu`` only.
 Kunlun vXPU        ``hami.io/node-register-xpu`` JSON (type ``XPU``, 98304 MiB, 4 shares a card),
                    ``hami.io/node-handshake-xpu``, capacity ``kunlunxin.com/vxpu``.
@@ -54,6 +57,7 @@ HANDSHAKE_REPORTED = "Reported 2026-01-01 00:00:00"
 # HAMi's Ascend plugin stamps its answer as ``Reported_`` + Go's "2006.01.02 15:04:05".
 ASCEND_HANDSHAKE_REPORTED = "Reported_2026.01.01 00:00:00"
 ASCEND_VNPU_CORE_ANNOTATION = "hami-vnpu-core"
+ASCEND_ENPU_ANNOTATION = "hami.io/enpu"
 
 
 @dataclass
@@ -147,22 +151,33 @@ def ascend_config(common_word: str, config: DeviceConfig | None = None) -> dict:
 
 
 def ascend_parts(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    """The plugin in the config's default mode (``vnpus.hamiVnpuMode``): in template mode a vNPU
+    slot per smallest template and the hardware's AI cores; in a soft mode (hami-core, ENPU)
+    ``vnpus.vnpuDeviceSplitCount`` slots (HAMi #3203) and a core budget of 100; the split count
+    set for the node (its ``vDeviceCount``) wins over either."""
+    from hami_py.devices.ascend import parse_vnpus
     cw = model.vendor_key
     chip = ascend_config(cw, o.config)
+    vnpus = parse_vnpus((o.config or DeviceConfig.default()).section("vnpus"))
+    soft = vnpus.mode in ("hami-core", "enpu")
     devmem = o.memory if o.memory is not None else int(chip["memoryAllocatable"])
     templates = sorted(int(t["memory"]) for t in chip.get("templates") or [])
-    count = o.split if o.split is not None else (int(chip["memoryAllocatable"]) // templates[0] if templates else 1)
+    count = o.split if o.split is not None else (
+        vnpus.vnpu_device_split_count if soft else
+        int(chip["memoryAllocatable"]) // templates[0] if templates else 1)
+    devcore = 100 if soft else int(chip.get("aiCore") or 0)
     entries = []
     for i in range(o.devices):
         entry = {"id": device_uuid(node, cw, i), "index": i, "count": count, "devmem": devmem,
-                 "devcore": int(chip.get("aiCore") or 0), "type": cw, "numa": 0, "health": i not in o.unhealthy}
+                 "devcore": devcore, "type": cw, "numa": 0, "health": i not in o.unhealthy}
         if cw.startswith("Ascend910"):
             entry["custominfo"] = {"NetworkID": 0 if cw == "Ascend910C" else (1 if i > 3 else 0)}
         entries.append(entry)
     resource = chip.get("resourceName") or f"huawei.com/{cw}"
     return NodeParts(annotations={f"hami.io/node-register-{cw}": _go_json(entries),
                                   f"hami.io/node-handshake-{cw}": ASCEND_HANDSHAKE_REPORTED,
-                                  ASCEND_VNPU_CORE_ANNOTATION: "false"},
+                                  ASCEND_VNPU_CORE_ANNOTATION: "true" if vnpus.mode == "hami-core" else "false",
+                                  **({ASCEND_ENPU_ANNOTATION: "true"} if vnpus.mode == "enpu" else {})},
                      labels={"accelerator": "huawei-Ascend910" if cw.startswith("Ascend910") else "huawei-Ascend310P"},
                      capacity={resource: str(o.devices)})
 
@@ -185,15 +200,20 @@ def cambricon_parts(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts
 # -- Hygon ------------------------------------------------------------------------------------------
 
 def hygon_parts(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
-    section = _section(o.config, "hygon") or {}
+    """A node of the Hygon plugin generation the model's vendor key names (``HCU`` or ``DCU``),
+    its capacity under that generation's count name as the device config resolves it."""
+    from hami_py.devices.hygon import DCU, HCU, HygonConfig
+    generation = HCU if model.vendor_key == HCU.vendor_key else DCU
+    names = HygonConfig.from_section((o.config or DeviceConfig.default()).section("hygon")).generation_names()
+    word = generation.vendor_key.lower()
     count = o.split if o.split is not None else 4
     memory = o.memory if o.memory is not None else model.devmem
-    text = "".join(f"DCU-{device_uuid(node, 'dcu', i)[:24]},{count},{memory},100,{model.model},0,"
-                   f"{'false' if i in o.unhealthy else 'true'},{i},hami-core:" for i in range(o.devices))
-    return NodeParts(annotations={"hami.io/node-dcu-register": text,
-                                  "hami.io/node-handshake-dcu": HANDSHAKE_REPORTED},
-                     labels={"dcu": "on"},
-                     capacity={section.get("resourceCountName", "hygon.com/dcunum"): str(o.devices * count)})
+    text = "".join(f"{generation.vendor_key}-{device_uuid(node, word, i)[:24]},{count},{memory},100,{model.model},"
+                   f"0,{'false' if i in o.unhealthy else 'true'},{i},hami-core:" for i in range(o.devices))
+    return NodeParts(annotations={generation.register_annotation: text,
+                                  generation.handshake_annotation: HANDSHAKE_REPORTED},
+                     labels={word: "on"},
+                     capacity={names[generation.vendor_key][0] or generation.default_names[0]: str(o.devices * count)})
 
 
 # -- Kunlun -----------------------------------------------------------------------------------------

@@ -31,7 +31,11 @@ RESOURCES = {r.plural: r for r in (
     Resource("configmaps", "ConfigMap", "v1", True),
     Resource("leases", "Lease", "coordination.k8s.io/v1", True),
     Resource("poddisruptionbudgets", "PodDisruptionBudget", "policy/v1", True),
+    # scheduler-plugins' PodGroup CRD: served only by a FakeApiServer(podgroups=True).
+    Resource("podgroups", "PodGroup", "scheduling.x-k8s.io/v1alpha1", True),
 )}
 API_PREFIXES = {("api", "v1"): "v1", ("apis", "coordination.k8s.io", "v1"): "coordination.k8s.io/v1",
-                ("apis", "policy", "v1"): "policy/v1"}
+                ("apis", "policy", "v1"): "policy/v1",
+                ("apis", "scheduling.x-k8s.io", "v1alpha1"): "scheduling.x-k8s.io/v1alpha1"}
+CRD_RESOURCES = frozenset({"podgroups"})   # answered 404 unless the server is told the CRD is installed
 BINDINGS = Resource("pods/binding", "Binding", "v1", True)   # names the subresource in errors

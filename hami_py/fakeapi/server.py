@@ -36,7 +36,7 @@ from hami_py.fakeapi.disruption import eviction_refusal
 from hami_py.fakeapi.errors import ApiError, conflict
 from hami_py.fakeapi.faults import Fault, FaultSet
 from hami_py.fakeapi.patch import PATCHERS, merge_patch
-from hami_py.fakeapi.resources import RESOURCES, Resource
+from hami_py.fakeapi.resources import CRD_RESOURCES, RESOURCES, Resource
 from hami_py.fakeapi.label_selectors import compile_selectors
 from hami_py.fakeapi.store import Store, timestamp
 from hami_py.fakeapi.watch import Watcher, pump
@@ -75,8 +75,10 @@ class FakeApiServer:
     """
 
     def __init__(self, *, history_limit: int = 10000, bookmark_interval: float | None = None,
-                 binding_labels: bool = True) -> None:
-        """``binding_labels=False``: a Binding's labels are dropped, as before Kubernetes 1.35."""
+                 binding_labels: bool = True, podgroups: bool = False) -> None:
+        """``binding_labels=False``: a Binding's labels are dropped, as before Kubernetes 1.35.
+        ``podgroups=True``: scheduler-plugins' PodGroup CRD is installed (else its URLs are 404)."""
+        self.crds = {"podgroups"} if podgroups else set()
         self._store = Store(history_limit=history_limit)
         self._store.binding_labels = binding_labels
         self.bookmark_interval = bookmark_interval
@@ -249,6 +251,8 @@ class FakeApiServer:
         if path == SUBJECT_ACCESS_REVIEWS and method == "POST":
             return json_response(orjson.dumps(self._access_review(await read_json(request))), 201)
         res, namespace, name, sub = parse_path(path)
+        if res.plural in CRD_RESOURCES and res.plural not in self.crds:
+            raise ApiError(404, "the server could not find the requested resource")
         if name is None:
             if method == "GET":
                 query = request.query

@@ -69,6 +69,17 @@ class RequeueNudger:
         else:
             self._start(node)
 
+    def wake(self, node: str) -> None:
+        """Wake every pod kube-scheduler parked after a refusal, now (a gang just planned: its
+        members wait for their retry). At most one write every ``min_interval_s``, as ``freed``."""
+        if not node or self._pending is not None or not self.enabled():
+            return
+        wait = self._last_nudge + self.min_interval_s - self.clock()
+        if wait > 0:
+            self._pending = asyncio.get_running_loop().call_later(wait, self._due, node)
+        else:
+            self._start(node)
+
     def _due(self, node: str) -> None:
         self._pending = None
         if self.enabled():

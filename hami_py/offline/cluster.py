@@ -28,7 +28,8 @@ Two forms are accepted.
 * Plain Kubernetes: ``kubectl get nodes -o yaml`` (a List, or Node documents) whose nodes carry
   HAMi's registration annotations, so a planner can snapshot a real cluster. Pods in the same
   file that are bound and hold a HAMi allocation (``kubectl get nodes,pods -A -o yaml``) are
-  kept as the cluster's current usage.
+  kept as the cluster's current usage, and its PodDisruptionBudgets are kept for whoever moves
+  those pods.
 
 Every registration is decoded here with the scheduler's own vendor code, so a node the scheduler
 would reject is reported with its file and line before anything runs. Both offline tools read
@@ -72,6 +73,9 @@ class Cluster:
     nodes: list[dict]
     devices: dict[str, list[DeviceInfo]]
     existing_pods: list[dict] = field(default_factory=list)
+    # The dump's PodDisruptionBudgets (policy/v1 objects, as read): whoever moves the dump's pods
+    # (the defragmenter, simulate --defrag-every) honours them.
+    budgets: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -329,6 +333,8 @@ def _load_kubernetes_form(docs: list[tuple[Any, Where]], path: str, *, vendors: 
                 unregistered.append(node["metadata"]["name"])
         elif kind == "Pod":
             pods.append((obj, where))
+        elif kind == "PodDisruptionBudget":
+            cluster.budgets.append(plain(obj))
         else:
             skipped_kinds[str(kind)] = skipped_kinds.get(str(kind), 0) + 1
     if not cluster.nodes:
@@ -340,6 +346,8 @@ def _load_kubernetes_form(docs: list[tuple[Any, Where]], path: str, *, vendors: 
     for kind, n in sorted(skipped_kinds.items()):
         cluster.notes.append(f"ignored {n} {kind} object(s)")
     _existing_pods(cluster, pods, vendors=vendors)
+    if cluster.budgets:
+        cluster.notes.append(f"{len(cluster.budgets)} PodDisruptionBudget(s), honoured when pods are moved")
     return cluster
 
 

@@ -6,6 +6,8 @@
                   /preempt, /refit, the pod locks, stale decisions cleared;
 * ``eviction/``   making room by evicting pods: device preemption's victims and evictions, and
                   the holds that keep the room (preemption's and the defragmenter's);
+* ``gangs/``      (beside eviction/) a gang's members reserved all together or not at all, and
+                  each member's /filter answered with its planned node;
 * ``decision/``   one pod's decision: its request rows, its policies, ``Filterer.decide``;
 * ``kernel/``     the kernel's contract: its query arrays and its plain-Python reference.
 

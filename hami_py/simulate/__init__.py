@@ -11,6 +11,6 @@ the YAML reader are hami_py/offline/, shared with ``defrag``), ``runner`` (scena
 embedded cluster), ``scenario_run`` (one scenario's arrivals, as kube-scheduler sends them),
 ``defragment`` (``--defrag-every``: the defragmenter's planner run inside a scenario),
 ``figures`` and ``results`` (the figures), ``report_text`` / ``report_json`` / ``report_html``
-and ``cli``. The simulator uses the defragmenter (``hami_py.defrag``); the defragmenter never
+(with ``heatmap`` and ``report_charts``, the page's pictures) and ``cli``. The simulator uses the defragmenter (``hami_py.defrag``); the defragmenter never
 uses the simulator.
 """

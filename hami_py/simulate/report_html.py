@@ -1,80 +1,100 @@
 """``--output html``: one self-contained file to hand to whoever signs off the hardware order.
 
 Everything is inline (CSS and SVG, no script, no font, no network fetch), so the file opens the
-same from a mail attachment as from a wiki. The centrepiece is a heat map of GPU memory use, one
-row per node and one cell per GPU; with --compare-policies every policy pair gets its own map
-beside the comparison table, so the packing difference is visible at a glance.
+same from a mail attachment as from a wiki. The page reads top down: the figures (each card
+names its JSON key, so the page, ``--output json`` and the terminal table say the same thing in
+the same words), the heat map of the devices and what strands them (heatmap.py), the run over
+its arrivals and, with --compare-policies, one panel of bars per figure (report_charts.py); then
+the tables, and at the end a glossary that explains every figure and column name, the terminal
+table's short ones (FRAGFAIL, WHOLE, MEAN) included.
+
+The page holds at a 900 px window: charts scale to their box, and whatever has a natural width
+(a wide table, a heat map of many devices) scrolls sideways inside its own box, never the page.
+tests/test_reports_browser.py checks that in headless Chromium.
 """
 from __future__ import annotations
 
 from html import escape
 
-from hami_py.offline.palette import CSS, IDLE, UNHEALTHY, colour
-from hami_py.simulate.report_text import DETAIL_MAX_PODS, node_devices
+from hami_py.offline.charts import CSS as CHART_CSS
+from hami_py.offline.palette import CSS
+from hami_py.simulate.heatmap import heat_map
+from hami_py.simulate.report_charts import comparison_panels, timeline_charts
+from hami_py.simulate.report_text import DETAIL_MAX_PODS, moves_verdict, node_devices
 from hami_py.simulate.results import (
-    BEST_RULE, Report, ScenarioResult, allocation_label, best_scenario, cores_label, device_label, percent,
+    BEST_RULE, Report, ScenarioResult, allocation_label, cores_label, percent,
 )
 
-_CELL_W, _CELL_H, _GAP = 34, 22, 3
-_LEGEND_W = 440
+__all__ = ["heat_map", "render_html", "GLOSSARY"]
 
+PAGE_CSS = """
+.card .k{font:11px ui-monospace,Menlo,Consolas,monospace;color:#5b6775}
+.card .l{text-transform:none;letter-spacing:0;font-size:13px}
+h3{font-size:14px;margin:14px 0 4px}
+code{font:12px ui-monospace,Menlo,Consolas,monospace;background:#f3f6f9;padding:0 3px;border-radius:3px}
+.inputs,.reason,.card .k{overflow-wrap:anywhere}
+.best-ink{color:#1a7f37}.verdict.bad{color:#b2182b;font-weight:600}
+.maps{display:grid;grid-template-columns:repeat(auto-fill,minmax(min(100%,420px),1fr));gap:12px 24px}
+.map{min-width:0}
+table.glossary{width:100%}table.glossary td{text-align:left;vertical-align:top;overflow-wrap:anywhere}
+"""
 
-def heat_map(result: ScenarioResult, *, title: str = "") -> str:
-    """Inline SVG: one row per node, one cell per GPU, coloured by memory use."""
-    rows = result.node_rows()
-    label_w = 8 + 7 * max([4] + [len(r["name"]) for r in rows])
-    columns = max([1] + [len(r["gpus"]) for r in rows])
-    width = max(label_w + columns * (_CELL_W + _GAP) + 10, _LEGEND_W)
-    height = 24 + len(rows) * (_CELL_H + _GAP) + 34
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-           f'aria-label="{"device" if result.mixed else "GPU"} memory heat map {escape(title)}" font-family="system-ui,sans-serif" font-size="11">']
-    for k in range(columns):
-        x = label_w + k * (_CELL_W + _GAP) + _CELL_W / 2
-        out.append(f'<text x="{x}" y="14" text-anchor="middle" fill="#5b6775">{"dev" if result.mixed else "gpu"}{k}</text>')
-    for i, row in enumerate(rows):
-        y = 22 + i * (_CELL_H + _GAP)
-        out.append(f'<text x="{label_w - 6}" y="{y + 15}" text-anchor="end" fill="#1d2733">'
-                   f'{escape(row["name"])}</text>')
-        for k, d in enumerate(row["gpus"]):
-            x = label_w + k * (_CELL_W + _GAP)
-            fraction = d.memory_used / d.memory if d.memory else 0.0
-            fill = UNHEALTHY if not d.health else (IDLE if d.slots_used == 0 else colour(fraction))
-            text = "x" if not d.health else f"{round(100 * fraction)}"
-            ink = "#fff" if (not d.health or fraction > 0.6) else "#1d2733"
-            tip = (f"{row['name']} {device_label(d, mixed=result.mixed)} {d.type}: memory {d.memory_used}/{d.memory} MiB "
-                   f"({percent(d.memory_used, d.memory)}%), cores {d.cores_used}/{d.cores}, "
-                   f"slots {d.slots_used}/{d.slots}"
-                   + ("" if d.health else ", unhealthy"))
-            out.append(f'<g><title>{escape(tip)}</title><rect x="{x}" y="{y}" width="{_CELL_W}" height="{_CELL_H}" '
-                       f'rx="3" fill="{fill}" stroke="#c5ced8" stroke-width="0.5"/>'
-                       f'<text x="{x + _CELL_W / 2}" y="{y + 15}" text-anchor="middle" fill="{ink}">'
-                       f'{text}</text></g>')
-    out.append(_legend(height - 22))
-    out.append("</svg>")
-    return "".join(out)
-
-
-def _legend(y: float) -> str:
-    """0% .. 100% colour steps, then the idle and unhealthy swatches, from the left edge."""
-    steps, box = 10, 16
-    parts = [f'<text x="4" y="{y + 11}" fill="#5b6775">0%</text>']
-    x0 = 26
-    for k in range(steps + 1):
-        parts.append(f'<rect x="{x0 + k * box}" y="{y}" width="{box}" height="14" fill="{colour(k / steps)}"/>')
-    x = x0 + (steps + 1) * box + 4
-    parts.append(f'<text x="{x}" y="{y + 11}" fill="#5b6775">100% memory</text>')
-    x += 84
-    parts.append(f'<rect x="{x}" y="{y}" width="{box}" height="14" fill="{IDLE}" stroke="#c5ced8"/>'
-                 f'<text x="{x + 20}" y="{y + 11}" fill="#5b6775">idle</text>')
-    x += 50
-    parts.append(f'<rect x="{x}" y="{y}" width="{box}" height="14" fill="{UNHEALTHY}"/>'
-                 f'<text x="{x + 20}" y="{y + 11}" fill="#5b6775">unhealthy</text>')
-    return "".join(parts)
+# (figure as the page names it, JSON key, the terminal table's column or "", what it means).
+GLOSSARY: tuple[tuple[str, str, str, str], ...] = (
+    ("placed", "summary.placed", "PLACED",
+     "Workload pods the scheduler placed: still running, or completed after their lifetime."),
+    ("pending", "summary.pending", "PENDING",
+     "Workload pods no node took by the end; each group's reason is kube-scheduler's, built from the "
+     "extender's FailedNodes."),
+    ("pending, memory free", "summary.fragmentationFailures", "FRAGFAIL",
+     "Pending pods whose device memory the free memory of their family's healthy devices would hold: "
+     "they wait because the free memory is scattered over devices, not because it is missing."),
+    ("pending moves could place", "summary.pendingMovesCouldPlace", "",
+     "Pending pods that a plan of moves (the defragmenter's) would place at the end."),
+    ("policies", "summary.nodePolicy, summary.gpuPolicy", "POLICIES",
+     "The node policy, then the GPU (device) policy, the scenario ran under: node/GPU."),
+    ("memory used, cores used, slots used", "summary.memory.percent, summary.cores.percent, summary.slots.percent",
+     "MEM, CORES, SLOTS",
+     "Share of the healthy devices' memory, compute and sharing slots (pods per device) in use at the end."),
+    ("peak memory", "summary.peakMemoryPercent", "",
+     "The highest memory use seen at any moment of the run."),
+    ("nodes in use", "summary.nodesInUse", "NODES", "Nodes with at least one device in use."),
+    ("GPUs in use (devices in use)", "summary.gpusInUse", "GPUS (DEVS)",
+     "Devices with at least one pod; on a cluster of several families, per family in summary.devicesByVendor."),
+    ("whole devices free", "summary.wholeDevicesFree", "WHOLE",
+     "Healthy devices nobody uses: what a pod that needs a whole device can still get."),
+    ("fragmented", "summary.fragmentation.percent", "FRAGMENTED",
+     "Of the free memory, the share on devices that would refuse the workload's typical request "
+     "(its most common per-device request, asked through the scheduler's own filter)."),
+    ("free memory refusing the typical request", "summary.fragmentation.refusingTypicalMiB", "",
+     "That free memory in MiB (of fragmentation.freeMiB), on fragmentation.refusingTypicalGpus devices."),
+    ("stranded MiB at end", "summary.strandedMiBAtEnd", "STRANDED MiB",
+     "Free memory on devices out of slots or cores after the last arrival: no pod can use it. "
+     "The heat map outlines those devices."),
+    ("stranded MiB mean", "summary.strandedMiBMean", "MEAN",
+     "The same stranded memory, sampled after every arrival and averaged over the run."),
+    ("pods moved", "summary.moves", "MOVES", "Pods the defragmenter moved (--defrag-every K)."),
+    ("placed without moves", "summary.withoutMoves.placed", "UNMOVED",
+     "With --defrag-every: the pods the same arrivals place under the same policies without any move. More than "
+     "placed means moving cost placements: a move changes where every later pod lands."),
+    ("state", "pods[].state", "STATE",
+     "A workload pod's state at the end: running, completed (its lifetime ran out) or pending."),
+    ("reason (FailedNodes)", "pods[].reason, pods[].failedNodes", "",
+     "Why a pod is pending, in kube-scheduler's words: per reason the extender gave in FailedNodes, how many "
+     "nodes gave it (8/8 CardInsufficientMemory: all 8 devices of the node lack the memory)."),
+    ("best", "", "best", f"The pair that packs the workload best: {BEST_RULE}."),
+    ("chosen", "", "(chosen)", "The policies the flags named (--node-scheduler-policy, --gpu-scheduler-policy)."),
+    ("M, C, S in a heat-map cell", "", "",
+     "The device has no memory (M), cores (C) or slots (S) left: that resource strands what is left of the others."),
+    ("dashed outline in the heat map", "", "",
+     "The device is out of slots or cores with memory still free: that memory counts in strandedMiBAtEnd."),
+)
 
 
 def render_html(report: Report) -> str:
     r = report.primary
     s = r.summary()
+    devices = "Device" if r.mixed else "GPU"
     body = [
         "<h1>hami-scheduler simulate</h1>",
         '<div class="inputs">',
@@ -84,79 +104,93 @@ def render_html(report: Report) -> str:
         *(f'<div class="note">{escape(n)}</div>' for n in report.notes),
         "</div>",
         _cards(s, mixed=r.mixed),
-        f"<h2>{'Device' if r.mixed else 'GPU'} memory heat map</h2>",
-        heat_map(r, title=r.label),
+        f"<h2>{devices} heat map: memory use, and what strands each {'device' if r.mixed else 'GPU'}</h2>",
+        f'<div class="scroll">{heat_map(r, title=r.label)}</div>',
     ]
+    timeline = timeline_charts(report.comparison or [r])
+    if timeline:
+        body += ["<h2>Over the arrivals</h2>", timeline]
     if report.comparison:
         body.append("<h2>Policy comparison (node / GPU)</h2>")
-        body.append(_comparison(report.comparison, chosen=r))
+        body.append(comparison_panels(report.comparison, chosen=r))
+        body.append(f"<h2>{devices} heat map per policy pair</h2>")
         body.append('<div class="maps">')
         for x in report.comparison:
             body.append(f'<div class="map"><h3>{escape(x.label)}: {x.summary()["placed"]} placed, '
-                        f'{x.summary()["pending"]} pending</h3>{heat_map(x, title=x.label)}</div>')
+                        f'{x.summary()["pending"]} pending</h3><div class="scroll">{heat_map(x, title=x.label)}'
+                        "</div></div>")
         body.append("</div>")
     body.append("<h2>Nodes</h2>")
-    body.append(_nodes(r))
+    body.append(_scroll(_nodes(r)))
     pending = r.pending_groups()
     if pending:
         body.append(f"<h2>Pending pods ({s['pending']})</h2>")
-        body.append(_pending(pending))
+        body.append(_scroll(_pending(pending)))
     body.append(f"<h2>Pods ({len(r.pods)})</h2>")
-    pods = _pods(r)
+    pods = _scroll(_pods(r))
     if len(r.pods) > DETAIL_MAX_PODS:
         pods = f"<details><summary>show all {len(r.pods)} pods</summary>{pods}</details>"
     body.append(pods)
+    body.append("<h2>What the figures mean</h2>")
+    body.append(glossary())
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta name=\"viewport\" content=\"width=device-width,initial-scale=1\">"
-            f"<title>hami-scheduler simulate: {escape(report.cluster_file)}</title><style>{CSS}</style></head>"
+            f"<title>hami-scheduler simulate: {escape(report.cluster_file)}</title>"
+            f"<style>{CSS}{CHART_CSS}{PAGE_CSS}</style></head>"
             f"<body>{''.join(body)}</body></html>\n")
+
+
+def glossary() -> str:
+    rows = ['<div class="scroll"><table class="glossary"><tr><th class="l">on this page</th>'
+            '<th class="l">JSON (--output json)</th><th class="l">table column</th><th class="l">meaning</th></tr>']
+    for name, key, column, meaning in GLOSSARY:
+        rows.append(f'<tr><td>{escape(name)}</td><td>{f"<code>{escape(key)}</code>" if key else ""}</td>'
+                    f"<td>{escape(column)}</td><td>{escape(meaning)}</td></tr>")
+    rows.append("</table></div>")
+    return "".join(rows)
+
+
+def _scroll(html: str) -> str:
+    return f'<div class="scroll">{html}</div>'
 
 
 def _cards(s: dict, *, mixed: bool = False) -> str:
     f = s["fragmentation"]
-    in_use = ([(f"{vendor} in use", f"{row['inUse']}/{row['devices']}", "")
-               for vendor, row in s["devicesByVendor"].items()] if mixed
-              else [("GPUs in use", f"{s['gpusInUse']}/{s['gpus']}", "")])
+    in_use = ("devices in use" if mixed else "GPUs in use", f"{s['gpusInUse']}/{s['gpus']}", "gpusInUse", "")
     cards = [
-        ("placed", str(s["placed"]), "good" if s["placed"] else ""),
-        ("pending", str(s["pending"]), "bad" if s["pending"] else "good"),
-        ("memory used", f"{s['memory']['percent']}%", ""),
-        ("cores used", f"{s['cores']['percent']}%", ""),
-        ("slots used", f"{s['slots']['percent']}%", ""),
-        *in_use,
-        ("fragmented", f"{f['percent']}%" if f["typicalRequest"] else "-", ""),
-        ("stranded MiB at end", f"{s['strandedMiBAtEnd']:,}", ""),
-        ("whole devices free", str(s["wholeDevicesFree"]), ""),
-        ("pending, memory free", str(s["fragmentationFailures"]), "bad" if s["fragmentationFailures"] else ""),
-        ("pods moved", str(s["moves"]), ""),
+        ("placed", str(s["placed"]), "placed", "good" if s["placed"] else ""),
+        ("pending", str(s["pending"]), "pending", "bad" if s["pending"] else "good"),
+        ("memory used", f"{s['memory']['percent']}%", "memory.percent", ""),
+        ("cores used", f"{s['cores']['percent']}%", "cores.percent", ""),
+        ("slots used", f"{s['slots']['percent']}%", "slots.percent", ""),
+        in_use,
+        ("fragmented", f"{f['percent']}%" if f["typicalRequest"] else "-", "fragmentation.percent", ""),
+        ("stranded MiB at end", f"{s['strandedMiBAtEnd']:,}", "strandedMiBAtEnd", ""),
+        ("stranded MiB mean", f"{s['strandedMiBMean']:,}", "strandedMiBMean", ""),
+        ("whole devices free", str(s["wholeDevicesFree"]), "wholeDevicesFree", ""),
+        ("pending, memory free", str(s["fragmentationFailures"]), "fragmentationFailures",
+         "bad" if s["fragmentationFailures"] else ""),
+        ("pods moved", str(s["moves"]), "moves", ""),
     ]
     html = "".join(f'<div class="card {cls}"><div class="v">{escape(v)}</div>'
-                   f'<div class="l">{escape(label)}</div></div>' for label, v, cls in cards)
-    frag = ""
+                   f'<div class="l">{escape(label)}</div><div class="k">{escape(key)}</div></div>'
+                   for label, v, key, cls in cards)
+    lines = []
+    if mixed:       # one family's devices can be all busy while another's sit idle
+        families = ", ".join(f"{escape(vendor)} {row['inUse']}/{row['devices']}"
+                             for vendor, row in s["devicesByVendor"].items())
+        lines.append(f"<div>In use per family (<code>devicesByVendor</code>): {families}.</div>")
     if f["typicalRequest"]:
-        frag = (f"<div>Fragmentation: {f['refusingTypicalMiB']:,} of {f['freeMiB']:,} MiB free memory, on "
-                f"{f['refusingTypicalGpus']} {'devices' if mixed else 'GPUs'}, cannot take the typical request ({escape(f['typicalRequest'])}).</div>")
-    return f'<div class="cards">{html}</div>{frag}'
-
-
-def _comparison(results: list[ScenarioResult], *, chosen: ScenarioResult) -> str:
-    best = best_scenario(results)
-    rows = ['<table><tr><th class="l">policies</th><th>placed</th><th>pending</th><th>nodes used</th>'
-            "<th>GPUs used</th><th>memory</th><th>cores</th><th>slots</th><th>fragmented</th>"
-            "<th>pending, memory free</th><th>stranded MiB at end</th><th>stranded MiB mean</th><th>whole free</th>"
-            "<th>moves</th></tr>"]
-    for x in results:
-        s = x.summary()
-        marks = (" (best)" if x is best else "") + (" (chosen)" if x is chosen else "")
-        rows.append(f'<tr class="{"best" if x is best else ""}"><td class="l">{escape(x.label + marks)}</td>'
-                    f"<td>{s['placed']}</td><td>{s['pending']}</td><td>{s['nodesInUse']}</td>"
-                    f"<td>{s['gpusInUse']}</td><td>{s['memory']['percent']}%</td><td>{s['cores']['percent']}%</td>"
-                    f"<td>{s['slots']['percent']}%</td>"
-                    f"<td>{s['fragmentation']['percent']}%</td><td>{s['fragmentationFailures']}</td>"
-                    f"<td>{s['strandedMiBAtEnd']:,}</td><td>{s['strandedMiBMean']:,}</td><td>{s['wholeDevicesFree']}</td>"
-                    f"<td>{s['moves']}</td></tr>")
-    rows.append(f"</table><div class=\"inputs\">best: {escape(BEST_RULE)}</div>")
-    return "".join(rows)
+        lines.append(f"<div>Fragmented: {f['refusingTypicalMiB']:,} of {f['freeMiB']:,} MiB free memory "
+                     "(<code>refusingTypicalMiB</code> of <code>freeMiB</code>), on "
+                     f"{f['refusingTypicalGpus']} {'devices' if mixed else 'GPUs'}, cannot take the typical request "
+                     f"({escape(f['typicalRequest'])}).</div>")
+    if "withoutMoves" in s:
+        w = s["withoutMoves"]
+        worse = w["placed"] > w["placedWithMoves"]
+        lines.append(f'<div class="{"verdict bad" if worse else "verdict"}">Moves '
+                     f"(<code>withoutMoves</code>): {escape(moves_verdict(w))}.</div>")
+    return f'<div class="cards">{html}</div>{"".join(lines)}'
 
 
 def _nodes(r: ScenarioResult) -> str:

@@ -51,6 +51,8 @@ def render_table(report: Report, *, detail: bool = False) -> str:
         f"{s['pendingMovesCouldPlace']} that moving pods could place")
     if r.defrag_every:
         add(f"Defrag      every {r.defrag_every} arrivals: {s['defragRuns']} runs, {s['moves']} pods moved")
+        if "withoutMoves" in s:
+            add(f"            {moves_verdict(s['withoutMoves'])}")
     add("")
     lines.extend(_node_table(r))
     pending = r.pending_groups()
@@ -81,6 +83,27 @@ def _pods_line(s: dict) -> str:
         placed += f" ({s['running']} running, {s['completed']} completed)"
     existing = f"; {s['existingPods']} already running" if s["existingPods"] else ""
     return f"Pods        {s['pods']}: {placed}, {s['pending']} pending{existing}"
+
+
+def _unmoved(s: dict) -> str:
+    w = s.get("withoutMoves")
+    if w is None:
+        return "-"
+    return f"{w['placed']}{'!' if w['placed'] > w['placedWithMoves'] else ''}"
+
+
+def moves_verdict(w: dict) -> str:
+    """What moving pods won or cost against the same arrivals without moves, in one sentence."""
+    with_moves, without = w["placedWithMoves"], w["placed"]
+    won, lost = len(w["placedOnlyWithMoves"]), len(w["placedOnlyWithoutMoves"])
+    if with_moves >= without:
+        gain = with_moves - without
+        return (f"without moves the same arrivals place {without:,}: moving won {gain} placement(s)"
+                if gain else f"without moves the same arrivals place {without:,} too: moving changed no count")
+    first = w["firstLost"]
+    return (f"WORSE THAN NOT MOVING: without moves the same arrivals place {without:,} ({lost} pod(s) placed only "
+            f"without moves, {won} only with them). Moves change where every later pod lands: the first pod "
+            f"that moving cost is {first['pod']} (arrival {first['arrival']}), pending with moves: {first['reason']}")
 
 
 def _fragmentation_line(f: dict, *, devices: str = "GPUs") -> str:
@@ -157,7 +180,8 @@ def comparison_table(results: list[ScenarioResult], *, chosen: ScenarioResult | 
     out = ["POLICY COMPARISON (node/gpu)",
            f"  {'POLICIES':<{width}}  {'PLACED':>6}  {'PENDING':>7}  {'FRAGFAIL':>8}  {'NODES':>5}  "
            f"{'DEVS' if mixed else 'GPUS':>5}  {'WHOLE':>5}  {'MEM':>6}  {'CORES':>6}  "
-           f"{'SLOTS':>6}  {'FRAGMENTED':>10}  {'STRANDED MiB':>12}  {'MEAN':>10}" + ("  MOVES" if moves else "")]
+           f"{'SLOTS':>6}  {'FRAGMENTED':>10}  {'STRANDED MiB':>12}  {'MEAN':>10}"
+           + ("  MOVES  UNMOVED" if moves else "")]
     for x in results:
         s = x.summary()
         marks = (" best" if x is best else "") + (" (chosen)" if chosen is not None and x is chosen else "")
@@ -165,6 +189,8 @@ def comparison_table(results: list[ScenarioResult], *, chosen: ScenarioResult | 
                    f"{s['nodesInUse']:>5}  {s['gpusInUse']:>5}  {s['wholeDevicesFree']:>5}  "
                    f"{s['memory']['percent']:5.1f}%  {s['cores']['percent']:5.1f}%  {s['slots']['percent']:5.1f}%  "
                    f"{s['fragmentation']['percent']:9.1f}%  {s['strandedMiBAtEnd']:>12,}  {s['strandedMiBMean']:>10,}"
-                   + (f"  {s['moves']:>5}" if moves else "") + marks)
+                   + (f"  {s['moves']:>5}  {_unmoved(s):>7}" if moves else "") + marks)
     out.append(f"  best: {BEST_RULE}")
+    if moves:
+        out.append("  UNMOVED: pods the same arrivals place without moves (! where that is more than with them)")
     return out

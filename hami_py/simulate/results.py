@@ -125,10 +125,33 @@ class ScenarioResult:
     defrag_runs: int = 0
     defrag_every: int = 0
     pending_movable: int = 0       # pending pods that a plan of moves would place, at the end
+    # After each arrival, as the run samples it: (arrivals so far, pods pending, stranded MiB).
+    # The HTML report draws it; empty when the run recorded none.
+    timeline: list[tuple[int, int, int]] = field(default_factory=list)
+    # With --defrag-every: the same arrivals under the same policies without moves (runner.py),
+    # so that a report says what moving won or cost.
+    baseline: "ScenarioResult | None" = None
 
     @property
     def label(self) -> str:
         return f"{self.node_policy}/{self.gpu_policy}"
+
+    def against_baseline(self) -> dict:
+        """What moving pods won or cost against the same run without moves: pods placed in
+        each, those only one of the two placed (by name), and why the first pod that moving cost
+        stayed pending (its reason in this run)."""
+        base = self.baseline
+        placed = {(p.namespace, p.name) for p in self.pods if p.state != "pending"}
+        base_placed = {(p.namespace, p.name) for p in base.pods if p.state != "pending"}
+        order = {(p.namespace, p.name): p for p in self.pods}
+        won = sorted(placed - base_placed, key=lambda k: order[k].arrival)
+        lost = sorted(base_placed - placed, key=lambda k: order[k].arrival)
+        first = order[lost[0]] if lost else None
+        return {"placed": len(base_placed), "placedWithMoves": len(placed),
+                "placedOnlyWithMoves": [f"{ns}/{n}" for ns, n in won],
+                "placedOnlyWithoutMoves": [f"{ns}/{n}" for ns, n in lost],
+                "firstLost": None if first is None else {"pod": f"{first.namespace}/{first.name}",
+                                                         "arrival": first.arrival, "reason": first.reason}}
 
     def vendors(self) -> list[str]:
         """The device vendors of the cluster, in the order the devices list them."""
@@ -170,6 +193,7 @@ class ScenarioResult:
             "wholeDevicesFree": sum(1 for d in self.devices if d.whole),
             "moves": self.moves, "defragRuns": self.defrag_runs, "defragEvery": self.defrag_every,
             "pendingMovesCouldPlace": self.pending_movable,
+            **({"withoutMoves": self.against_baseline()} if self.baseline is not None else {}),
             "devicesByVendor": self.by_vendor(),
         }
 
@@ -237,7 +261,8 @@ class ScenarioResult:
         return [(t, r, names) for (t, r), names in groups.items()]
 
 
-BEST_RULE = "most pods placed, then fewest GPUs in use, then least stranded memory"
+BEST_RULE = ("most pods placed, then fewest GPUs in use, then least free memory refusing the typical request "
+             "(refusingTypicalMiB)")
 
 
 def device_label(device: "DeviceState", *, mixed: bool) -> str:

@@ -63,6 +63,22 @@ def run_scenarios(*, cluster: Cluster, workload: Workload, scenarios: list[Scena
     """Every scenario, each on its own embedded cluster; in parallel processes when there are
     several and more than one CPU (the scenarios share nothing, and one scenario is one event
     loop, so processes are the only way to use a second core). Results come in scenario order."""
+    asked = len(scenarios)
+    # A run with moves is measured against the same run without them (ScenarioResult.baseline):
+    # moving pods can cost later arrivals their room, and the report must say so when it does.
+    baselines = [Scenario(s.node_policy, s.gpu_policy) for s in scenarios if s.defrag_every]
+    scenarios = scenarios + [b for b in dict.fromkeys(baselines) if b not in scenarios]
+    results = _run_all(cluster=cluster, workload=workload, scenarios=scenarios, device_config=device_config,
+                       progress=progress)
+    by_scenario = dict(zip(scenarios, results))
+    for scenario, result in zip(scenarios[:asked], results):
+        if scenario.defrag_every:
+            result.baseline = by_scenario[Scenario(scenario.node_policy, scenario.gpu_policy)]
+    return results[:asked]
+
+
+def _run_all(*, cluster: Cluster, workload: Workload, scenarios: list[Scenario], device_config: DeviceConfig,
+             progress: ProgressFn | None) -> list[ScenarioResult]:
     tracker = ScenarioProgress(scenarios=len(scenarios), total=workload.total_pods, on_change=progress)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     workers = min(len(scenarios), cpus)
@@ -125,7 +141,8 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
     try:
         for node in cluster.nodes:
             api.create("nodes", node)
-        existing_uids = [api.create("pods", pod)["metadata"]["uid"] for pod in cluster.existing_pods]
+        existing = [api.create("pods", pod) for pod in cluster.existing_pods]
+        existing_uids = [pod["metadata"]["uid"] for pod in existing]
         options = embedded_options(node_scheduler_policy=scenario.node_policy,
                                    gpu_scheduler_policy=scenario.gpu_policy, metrics_bind_address="",
                                    enable_ascend=EVERY_FAMILY.enable_ascend,
@@ -138,7 +155,8 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
             await wait_for(lambda: all(uid in app.cache.pods for uid in existing_uids), timeout=WAIT_S,
                            what="the scheduler to book the pods already running")
             run = ScenarioRun(api=api, app=app, cluster=cluster, progress=progress,
-                              defragment=defragmenting.defragment, defrag_every=scenario.defrag_every)
+                              defragment=defragmenting.defragment, defrag_every=scenario.defrag_every,
+                              cluster_pods=existing)
             try:
                 await run.play(workload)
                 pending_movable = defragmenting.pending_movable(run)
@@ -148,24 +166,32 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
                                     pods=run.outcomes, devices=device_states(app, cluster.node_names),
                                     fragmentation=fragmentation(app, workload, cluster.node_names),
                                     peak_memory_percent=run.peak_memory_percent,
-                                    mean_stranded_mib=run.mean_stranded_mib,
+                                    mean_stranded_mib=run.mean_stranded_mib, timeline=run.timeline,
                                     fragmentation_failures=fragmentation_failures(run),
                                     pending_movable=pending_movable, moves=run.moves,
                                     defrag_runs=run.defrag_runs, defrag_every=scenario.defrag_every,
                                     existing_pods=len(cluster.existing_pods),
-                                    existing_on=existing_pods_per_node(cluster))
+                                    existing_on=existing_pods_per_node(run))
     finally:
         await api.stop()
     result.elapsed_s = time.perf_counter() - started
     return result
 
 
-def existing_pods_per_node(cluster: Cluster) -> dict[str, int]:
-    """How many of the dump's own running pods each node holds."""
+def existing_pods_per_node(run: ScenarioRun) -> dict[str, int]:
+    """How many of the dump's own pods each node holds at the end: where they started, or, for
+    those the defragmenter moved, where their replacements run."""
     out: dict[str, int] = {}
-    for pod in cluster.existing_pods:
+    moved = {(o.namespace, o.name) for o in run.moved_existing}     # a replacement keeps its name
+    for pod in run.cluster_pods:
+        meta = pod["metadata"]
+        if (meta.get("namespace") or "default", meta["name"]) in moved:
+            continue
         node = pod["spec"]["nodeName"]
         out[node] = out.get(node, 0) + 1
+    for outcome in run.moved_existing:
+        if outcome.node is not None:
+            out[outcome.node] = out.get(outcome.node, 0) + 1
     return out
 
 

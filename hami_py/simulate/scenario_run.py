@@ -22,6 +22,7 @@ from itertools import compress
 from typing import Awaitable, Callable
 
 import aiohttp
+import orjson
 
 from hami_py.app import SchedulerApp
 from hami_py.embedded import wait_for
@@ -62,7 +63,7 @@ class ScenarioRun:
     """The kube-scheduler side of one scenario: arrivals, retries, lifetimes."""
 
     def __init__(self, *, api: FakeApiServer, app: SchedulerApp, cluster: Cluster, progress: ProgressFn | None,
-                 defragment: Defragmenter, defrag_every: int = 0):
+                 defragment: Defragmenter, defrag_every: int = 0, cluster_pods: list[dict] = ()):
         self.api = api
         self.app = app
         self.progress = progress
@@ -70,6 +71,13 @@ class ScenarioRun:
         self.nodes = cluster.node_names
         self.labels = {n["metadata"]["name"]: n["metadata"].get("labels") or {} for n in cluster.nodes}
         self.outcomes: list[PodOutcome] = []
+        # The dump's own pods that the defragmenter moved: their replacements, which the dump
+        # pod's owner would have made (never workload pods: no figure of the workload counts them,
+        # but one that finds no room again is pending like any other pod).
+        self.moved_existing: list[PodOutcome] = []
+        self.budgets = cluster.budgets      # the dump's PodDisruptionBudgets (objects)
+        self.cluster_pods = list(cluster_pods)  # the dump's own pods, as created at the start
+        self._manifests: dict[int, dict] = {}   # a moved dump pod's replacement manifest (by id of its outcome)
         self.pending: list[PodOutcome] = []
         self.expiries: dict[int, list[PodOutcome]] = {}
         self.binds = 0           # every bind, re-placements of moved pods included
@@ -84,6 +92,8 @@ class ScenarioRun:
         self.defrag_runs = 0
         self.arrivals: list[Arrival] = []     # in order: an outcome's arrival step is its index
         self._remaining: dict[int, int] = {}    # a moved pod's lifetime left (by id of its outcome)
+        # (arrivals so far, pods pending, stranded MiB) after each arrival: the reports' line charts.
+        self.timeline: list[tuple[int, int, int]] = []
         self._stranded_sum = 0       # stranded MiB summed over the arrivals (its mean is reported)
         self._stranded_samples = 0
 
@@ -135,10 +145,28 @@ class ScenarioRun:
                 self._remaining[id(outcome)] = max(at - step, 1)
                 return
 
+    def adopt_existing(self, pod: dict, replacement: dict) -> PodOutcome:
+        """A pod of the dump about to be moved, as an outcome of this run: ``replacement`` is
+        what its owner recreates once it is gone (scheduled by ``replace``)."""
+        meta = pod.get("metadata") or {}
+        owner = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller") is True), {})
+        outcome = PodOutcome(namespace=meta.get("namespace") or "default", name=meta.get("name") or "",
+                             template=f"{owner.get('kind', 'Pod')}/{owner.get('name', meta.get('name'))}",
+                             arrival=-1, uid=meta.get("uid") or "", node=(pod.get("spec") or {}).get("nodeName"),
+                             placed_at=0)
+        self.moved_existing.append(outcome)
+        self._manifests[id(outcome)] = replacement
+        return outcome
+
     async def replace(self, outcome: PodOutcome, step: int) -> None:
         """A moved pod's replacement: the same name again, a new uid, scheduled afresh, for the
-        rest of its lifetime."""
-        manifest = self._manifest(self.arrivals[outcome.arrival].manifest(), outcome.template)
+        rest of its lifetime (a dump's pod: its owner's copy, for good)."""
+        kept = self._manifests.get(id(outcome))
+        if kept is not None:
+            manifest = orjson.loads(orjson.dumps(kept))
+            manifest["metadata"]["creationTimestamp"] = simulated_time(self.step)
+        else:
+            manifest = self._manifest(self.arrivals[outcome.arrival].manifest(), outcome.template)
         created = self.api.create("pods", manifest)
         outcome.uid = created["metadata"]["uid"]
         outcome.node, outcome.devices, outcome.moved = None, [], outcome.moved + 1
@@ -258,9 +286,11 @@ class ScenarioRun:
     def _sample_stranded(self) -> None:
         """Stranded memory after an arrival (results.stranded_mib, over the cache's arrays)."""
         c = self.app.cache
-        self._stranded_sum += stranded_mib(health=self._counted_devices(), slots=c.count, slots_used=c.used,
-                                           memory=c.total_mem, memory_used=c.used_mem, cores=c.total_cores,
-                                           cores_used=c.used_cores)
+        stranded = stranded_mib(health=self._counted_devices(), slots=c.count, slots_used=c.used,
+                                memory=c.total_mem, memory_used=c.used_mem, cores=c.total_cores,
+                                cores_used=c.used_cores)
+        self._stranded_sum += stranded
+        self.timeline.append((self.step + 1, len(self.pending), stranded))
         self._stranded_samples += 1
 
     def _sample_usage(self) -> None:

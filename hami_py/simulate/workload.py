@@ -333,6 +333,17 @@ def _fresh_pod(obj: dict, where: Where, *, vendors: dict[str, DeviceVendor]) -> 
     return pod
 
 
+def recreated_by_owner(pod: dict, *, vendors: dict[str, DeviceVendor]) -> dict:
+    """What the controller owning a running pod creates once it is evicted: the same spec and
+    owner, no node, no status, no earlier decision (hami_py/defrag/rules.py says which pods are
+    moved at all: those an owner recreates)."""
+    owners = (pod.get("metadata") or {}).get("ownerReferences")
+    fresh = _fresh_pod(pod, Where("<the cluster's running pods>"), vendors=vendors)
+    if owners:
+        fresh["metadata"]["ownerReferences"] = plain(owners)
+    return fresh
+
+
 # -- plain Kubernetes ----------------------------------------------------------------------------
 
 def _load_kubernetes_form(docs: list[tuple[Any, Where]], path: str, *, vendors: dict[str, DeviceVendor]) -> Workload:

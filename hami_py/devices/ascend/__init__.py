@@ -1,7 +1,9 @@
 """Huawei Ascend NPUs: one vendor per ``vnpus.configs`` entry, only with ``--enable-ascend``.
 
-See :mod:`.vendor` for the annotations and rules, :mod:`.topology` for the choice of NPUs
-(910C module pairs, NetworkID groups) and :mod:`.config` for the ``vnpus`` section.
+See :mod:`.vendor` for the annotations and the webhook, :mod:`.modes` for the three vNPU modes
+(template, hami-core, ENPU) and who may share a node and an NPU, :mod:`.chooser` and
+:mod:`.topology` for the choice of NPUs (oversell, 910C module pairs, NetworkID groups) and
+:mod:`.config` for the ``vnpus`` section.
 """
 from __future__ import annotations
 
@@ -22,4 +24,5 @@ def build_family(config, switches) -> list[AscendVendor]:
         return []
     names = tuple(r for chip in vnpus.configs
                   for r in (chip.resource_name, chip.resource_memory_name, chip.resource_core_name) if r)
-    return [AscendVendor(chip, hami_vnpu_core=vnpus.hami_vnpu_core, family_resources=names) for chip in vnpus.configs]
+    return [AscendVendor(chip, mode=vnpus.mode, enpu_policy=vnpus.enpu_policy, family_resources=names)
+            for chip in vnpus.configs]

@@ -1,10 +1,18 @@
-"""The ``vnpus`` section of the device config: one entry per Ascend chip kind.
+"""The ``vnpus`` section of the device config: the default vNPU mode and one entry per chip kind.
 
-Upstream decodes it with yaml.v2 into ``VNPUs{HamiVnpuCore, Configs []VNPUConfig}``: unknown keys
-(the chart's old ``topologyPairs``) are ignored, a missing key is the Go zero value and a value of
-the wrong type is fatal. We keep those rules and refuse, with the key named, what upstream would
-turn into a broken vendor: an empty or duplicated ``commonWord`` (it is the vendor key and part of
-every annotation key), or one that cannot appear in an annotation key.
+Upstream decodes it with yaml.v2 into ``VNPUs{HamiVnpuMode, EnpuPolicy, HamiVnpuCore, Configs}``:
+unknown keys (the chart's old ``topologyPairs``) are ignored, a missing key is the Go zero value
+and a value of the wrong type is fatal. We keep those rules and refuse, with the key named, what
+upstream would turn into a broken vendor: an empty or duplicated ``commonWord`` (it is the vendor
+key and part of every annotation key), or one that cannot appear in an annotation key.
+
+HAMi after v2.10 (#3110) names the default mode of nodes that do not say theirs:
+``hamiVnpuMode`` is ``template``, ``hami-core`` (or ``hamiCore``) or ``enpu``, in any case and
+padding; anything else stops the scheduler at start, Ascend enabled or not (upstream refuses it
+while decoding the file). The boolean ``hamiVnpuCore`` it replaces still counts when
+``hamiVnpuMode`` is empty. ``enpuPolicy`` is kept as written: an invalid one refuses ENPU pods
+only (modes.py), as upstream does. ``vnpuDeviceSplitCount`` (#3203, the chart's hami-core slots
+per NPU for the device plugin) must be a positive integer when present, as the chart requires.
 """
 from __future__ import annotations
 
@@ -12,6 +20,8 @@ import re
 from dataclasses import dataclass, field
 
 from hami_py.config import ConfigSection, Section
+from hami_py.devices.ascend.modes import VNPU_MODE_TEMPLATE, config_mode
+from hami_py.devices.codec import go_quote
 
 SECTION = "vnpus"
 # {hamiVnpuCore, configs: [...]}: only chip kinds (configs) make the file a usable one.
@@ -50,9 +60,17 @@ class VnpuConfig:
     templates: list[VnpuTemplate] = field(default_factory=list)
 
 
+# The chart's hami-core slots per NPU when vnpuDeviceSplitCount is not written (HAMi #3203).
+DEFAULT_SPLIT_COUNT = 10
+
+
 @dataclass(slots=True)
 class VnpusConfig:
-    hami_vnpu_core: bool = False    # soft split (hami-core) on every node without its own annotation
+    # The mode of every node without its own capability annotations: template, hami-core or enpu.
+    mode: str = VNPU_MODE_TEMPLATE
+    enpu_policy: str = ""           # ENPU pods' policy when they name none (as written)
+    hami_vnpu_core: bool = False    # deprecated: the mode when hamiVnpuMode is empty
+    vnpu_device_split_count: int = DEFAULT_SPLIT_COUNT
     configs: list[VnpuConfig] = field(default_factory=list)
 
 
@@ -108,4 +126,17 @@ def parse_vnpus(section: Section) -> VnpusConfig:
         if first != i:
             raise entries[i].error(f'"{config.common_word}" is already the commonWord of {entries[first].name}',
                                    "commonWord")
-    return VnpusConfig(hami_vnpu_core=section.bool("hamiVnpuCore"), configs=configs)
+    legacy = section.bool("hamiVnpuCore")
+    written = section.str("hamiVnpuMode")
+    mode = config_mode(written, legacy)
+    if mode is None:
+        # Upstream's words, after the key path every config error starts with.
+        raise section.error(f"must be template, hami-core (or hamiCore), or enpu, got {go_quote(written)}",
+                            "hamiVnpuMode")
+    split = section.optional_int64("vnpuDeviceSplitCount")
+    if split is not None and split <= 0:
+        raise section.error(f"must be a positive integer (hami-core slots per NPU), got {split}",
+                            "vnpuDeviceSplitCount")
+    return VnpusConfig(mode=mode, enpu_policy=section.str("enpuPolicy"), hami_vnpu_core=legacy,
+                       vnpu_device_split_count=DEFAULT_SPLIT_COUNT if split is None else split, configs=configs)
+

@@ -4,9 +4,12 @@ The kernel hands the Ascend chooser every NPU of the node that passed upstream's
 for one request row, in the policy's preferred order (upstream's walk order). Upstream's rules,
 applied to that list:
 
-* ``Ascend910C`` asking for more than one NPU: an NPU's module is ``index // 2`` and only modules
-  whose two NPUs both fit are taken, whole, until the request is met. The result must have exactly
-  the requested size (an odd request never does): else ``AllocatedCardsInsufficientRequest``.
+* ``Ascend910C`` with ``superPod`` asking for more than one NPU: an NPU's module is ``index // 2``
+  and only modules whose two NPUs both fit are taken, whole, until the request is met. The result
+  must have exactly the requested size (an odd request never does): else
+  ``AllocatedCardsInsufficientRequest``. Without ``superPod`` a 910C is counted NPU by NPU, as any
+  other kind (HAMi #2853: the webhook already only pairs behind that gate, and an odd request it
+  let through could then fit nowhere).
 * Topology mode (an ``Ascend910*`` kind whose every NPU on the node registers a ``NetworkID``):
   all of them when exactly the request fit; the first one for a single NPU; otherwise NPUs are
   taken network by network, the networks with most fitting NPUs first.
@@ -94,14 +97,14 @@ def concentration_score(networks: Sequence[int | None]) -> float:
 
 
 def choose(common_word: str, positions: Sequence[int], nums: int, *, index_of: Sequence[int],
-           network_of: Sequence[int | None], topology: bool) -> list[int] | None:
+           network_of: Sequence[int | None], topology: bool, pairs: bool = True) -> list[int] | None:
     """The positions a row of ``nums`` NPUs gets among the fitting ``positions`` (preferred order),
     or None when no acceptable choice exists. ``index_of[k]`` / ``network_of[k]`` are the
     registered index and NetworkID of position ``k``; ``topology`` says whether every NPU of this
-    kind on the node has a NetworkID."""
+    kind on the node has a NetworkID; ``pairs`` whether a 910C's NPUs go by module (``superPod``)."""
     if nums <= 0 or len(positions) < nums:
         return None
-    if common_word == ASCEND910C and nums > 1:
+    if common_word == ASCEND910C and pairs and nums > 1:
         return module_pairs([(k, index_of[k]) for k in positions], nums)
     if topology and len(positions) > nums and nums > 1:
         return network_groups([(k, network_of[k]) for k in positions], nums)

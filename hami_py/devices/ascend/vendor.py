@@ -4,14 +4,16 @@ Everything is keyed by the config entry's ``commonWord`` (``<cw>``), as HAMi's A
 plugin keys it: it registers the node's NPUs in ``hami.io/node-register-<cw>`` (JSON, with a
 numeric ``NetworkID`` in ``customInfo`` for 910 kinds), answers the handshake
 ``hami.io/node-handshake-<cw>``, advertises ``huawei.com/<cw>``-style resources and says in the
-node annotation ``hami-vnpu-core`` whether the node runs the soft split (hami-core).
+node annotations ``hami-vnpu-core`` and ``hami.io/enpu`` which soft splits the node runs.
 
-A pod asks for a count, memory (MiB × ``memoryFactor``) and, in soft mode only, cores; the
-webhook rounds hard-split memory up to the smallest vNPU template that holds it. The decision
-writes the allocation (``hami.io/<cw>-devices-to-allocate`` / ``-allocated``), ``predicate-time``
-and the runtime JSON ``huawei.com/<cw>`` the plugin turns into a vNPU (template name, memory,
-cores). The fit is upstream's generic template; the chooser (:mod:`.topology`) adds 910C module
-pairs and NetworkID grouping, and the node score's NetworkID term.
+A pod asks for a count, memory (MiB × ``memoryFactor``) and, in the soft modes only, cores; its
+mode (``huawei.com/vnpu-mode``: template, hami-core, enpu) decides how it is admitted and where it
+may go (:mod:`.modes`). The webhook rounds hard-split memory up to the smallest vNPU template that
+holds it. The decision writes the allocation (``hami.io/<cw>-devices-to-allocate`` /
+``-allocated``), ``predicate-time`` and the runtime JSON ``huawei.com/<cw>`` the plugin turns into a
+vNPU (template name, memory, cores). The fit is upstream's generic template; the node-wide mode
+rules are the device selector's, and the chooser (:mod:`.chooser`) keeps the pod off NPUs it may
+not share and chooses among the rest (910C module pairs, NetworkID groups, the node score).
 """
 from __future__ import annotations
 
@@ -20,29 +22,30 @@ from typing import Mapping
 import orjson
 import structlog
 
+from hami_py.devices.ascend.chooser import AscendChooser
 from hami_py.devices.ascend.config import VnpuConfig
 from hami_py.devices.ascend import topology
-from hami_py.devices.base import (
-    FLAG_CHOOSE, Chooser, DeviceDecodeError, DeviceInfo, DeviceSelector, NoDevicesRegistered, PodDevices,
-    RequestError,
+from hami_py.devices.ascend.modes import (
+    ENPU_POLICY_ANNOTATION, NODE_ENPU_ANNOTATION, NODE_HAMI_CORE_ANNOTATION, PERCENT_BASE, POLICY_CHOICES,
+    VNPU_MODE_ANNOTATION, VNPU_MODE_HAMI_CORE, VNPU_MODE_TEMPLATE, NodeModes, PolicyChoice, is_enpu, is_soft,
+    node_refuses, pod_policy,
 )
-from hami_py.devices.codec import decode_json_devices, encode_pod_devices
+from hami_py.devices.base import (
+    FLAG_CHOOSE, Chooser, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, NoDevicesRegistered,
+    PodDevices, RequestError,
+)
+from hami_py.devices.codec import decode_json_devices, encode_pod_devices, go_quote
 from hami_py.devices.overwrite_env import overwrite_env
 from hami_py.devices.template import (
     MISSING, TemplateSpec, TemplateVendor, append_env, device_count, ensure_limits, lookup, percentage, request_error,
     resource_lists, rounded_quantity,
 )
 from hami_py.quantity import INT32_MAX, parse_exact_int
-from hami_py.reasons import ALLOCATED_CARDS_INSUFFICIENT_REQUEST, MODE_NOT_FIT, OK
+from hami_py.reasons import MODE_NOT_FIT, OK
 
 log = structlog.get_logger(__name__)
 
-# Pod annotations
-VNPU_MODE_ANNOTATION = "huawei.com/vnpu-mode"
-VNPU_MODE_HAMI_CORE = "hami-core"           # soft split: memory and cores enforced by hami-vnpu-core
 PREDICATE_TIME_ANNOTATION = "predicate-time"
-# Node annotation the device plugin writes ("true"/"false"); it overrides vnpus.hamiVnpuCore.
-NODE_HAMI_CORE_ANNOTATION = "hami-vnpu-core"
 # Container environment the webhook sets for containers that ask for no NPU (overwriteEnv).
 VISIBLE_DEVICES_ENV = "ASCEND_VISIBLE_DEVICES"
 
@@ -73,9 +76,15 @@ def _then(first: DeviceSelector, second: DeviceSelector | None) -> DeviceSelecto
 class AscendVendor(TemplateVendor):
     """One ``vnpus.configs`` entry."""
 
-    gate_annotations = (NODE_HAMI_CORE_ANNOTATION,)
+    gate_annotations = (NODE_HAMI_CORE_ANNOTATION, NODE_ENPU_ANNOTATION)
+    # Which pods may share an NPU depends on the modes (and ENPU policies) of those already on it.
+    pod_marks = (VNPU_MODE_ANNOTATION, ENPU_POLICY_ANNOTATION)
+    # Every kind chooses among all fitting NPUs (the mode rules per NPU; 910 kinds add NetworkID
+    # groups, 910C pairs and the node score).
+    kernel_flags = FLAG_CHOOSE
 
-    def __init__(self, config: VnpuConfig, *, hami_vnpu_core: bool = False, family_resources: tuple[str, ...] = ()):
+    def __init__(self, config: VnpuConfig, *, mode: str = VNPU_MODE_TEMPLATE, enpu_policy: str = "",
+                 family_resources: tuple[str, ...] = ()):
         cw = config.common_word
         super().__init__(TemplateSpec(
             vendor_key=cw,
@@ -94,29 +103,47 @@ class AscendVendor(TemplateVendor):
             quota=True,
         ))
         self.config = config
-        self.hami_vnpu_core = hami_vnpu_core
+        self.mode = mode                    # the mode of nodes that do not say theirs (vnpus.hamiVnpuMode)
+        self.enpu_policy = enpu_policy      # ENPU pods' policy when they name none (vnpus.enpuPolicy)
         # Every chip kind's resource names: a container asking for any Ascend NPU keeps its
         # ASCEND_VISIBLE_DEVICES, whichever chip's vendor looks at it (HAMi #2953).
         self.family_resources = frozenset(family_resources) | {r for r in (
             config.resource_name, config.resource_memory_name, config.resource_core_name) if r}
         self.runtime_annotation = f"huawei.com/{cw}"
-        # 910 kinds choose among all fitting NPUs (NetworkID groups, 910C pairs) and score the
-        # node by NetworkID; the others (310P) are plain first-fit.
-        self.kernel_flags = FLAG_CHOOSE if cw.startswith(topology.ASCEND910_PREFIX) else 0
         # node index -> (the device list read, (indexes, NetworkIDs, topology mode)) for the chooser
-        self._node_facts: dict[int, tuple[list, tuple]] = {}
+        self.node_facts: dict[int, tuple[list, tuple]] = {}
+
+    # -- modes -----------------------------------------------------------------------------
+
+    def node_modes(self, node_annotations: Mapping[str, str]) -> NodeModes:
+        """What the node runs: its ``hami-vnpu-core`` / ``hami.io/enpu`` annotations where present
+        (``"true"`` exactly), else the config's default mode."""
+        return NodeModes.of(node_annotations, self.mode)
+
+    def node_supports_hami_core(self, node_annotations: Mapping[str, str]) -> bool:
+        return self.node_modes(node_annotations).hami_core
+
+    def policy_of(self, pod_annotations: Mapping[str, str], labels: Mapping[str, str] | None = None) -> PolicyChoice:
+        """An ENPU pod's policy (modes.py: its annotations, its label, then ``vnpus.enpuPolicy``)."""
+        return pod_policy(pod_annotations, labels, self.enpu_policy)
 
     # -- inventory -------------------------------------------------------------------------
 
     def registration_inputs(self, node) -> object:
-        """The registration, and whether the node runs the soft split (it sets the NPUs' cores)."""
-        return (*super().registration_inputs(node), node.annotations.get(NODE_HAMI_CORE_ANNOTATION))
+        """The registration, and what the node runs (it sets the NPUs' cores and mode)."""
+        return (*super().registration_inputs(node), node.annotations.get(NODE_HAMI_CORE_ANNOTATION),
+                node.annotations.get(NODE_ENPU_ANNOTATION))
 
     def parse_node_devices(self, node) -> list[DeviceInfo]:
         """The NPUs of ``hami.io/node-register-<cw>``, exactly as registered: every device of this
         annotation belongs to this kind (never to another kind whose name contains it), its type
-        is left as the plugin wrote it. Upstream's Ascend fit reads no device mode, so a ``mode``
-        in the registration is dropped (it must not make the cache treat an NPU as MIG).
+        is left as the plugin wrote it. A ``mode`` in the registration is dropped (it must not
+        make the cache treat an NPU as MIG); an NPU's mode is what its node runs
+        (``NodeModes.tag``: "" on a template node), which the chooser reads.
+
+        On a node running a soft split an NPU's cores are a percentage budget (HAMi #2952): what
+        the plugin registers up to 100 (an older plugin writes the AI core count, 8 to 30) is
+        100, more is a deliberate oversell and kept.
 
         Raises DeviceDecodeError for garbled JSON, an empty list, or a ``NetworkID`` that is not
         a number (upstream would silently leave such an NPU out of every topology choice)."""
@@ -126,15 +153,12 @@ class AscendVendor(TemplateVendor):
         devices = decode_json_devices(text)
         if not devices:
             raise NoDevicesRegistered("no device found on node")
-        # On a node running the soft split, hami-vnpu-core enforces an NPU's cores as a percentage,
-        # and upstream checks a hami-core pod's cores against 100 whatever ``devcore`` the plugin
-        # registered (the only pods that ask for cores: the webhook refuses a core request
-        # outside hami-core mode). The NPU's cores are then 100 in the books.
-        percent = self.node_supports_hami_core(node.annotations)
+        modes = self.node_modes(node.annotations)
+        tag = modes.tag()
         for position, device in enumerate(devices):
-            device.mode = ""
-            if percent:
-                device.devcore = 100
+            device.mode = tag
+            if modes.soft and device.devcore <= PERCENT_BASE:
+                device.devcore = PERCENT_BASE
             if topology.NETWORK_ID_KEY in device.custom and topology.network_id_of(device.custom) is None:
                 raw = orjson.dumps(device.custom[topology.NETWORK_ID_KEY]).decode()
                 raise DeviceDecodeError(
@@ -176,6 +200,13 @@ class AscendVendor(TemplateVendor):
             return 0
         return percentage(container, name, raw)
 
+    def finish_request(self, request: ContainerRequest, *, pod_annotations: dict[str, str]) -> ContainerRequest:
+        """An ENPU container naming no cores takes the whole NPU's compute (100), as upstream
+        charges it; it then shares its NPU with no one."""
+        if request.coresreq == 0 and is_enpu(pod_annotations.get(VNPU_MODE_ANNOTATION)):
+            request.coresreq = PERCENT_BASE
+        return request
+
     # -- admission -------------------------------------------------------------------------
 
     def trim_memory(self, memory: int) -> tuple[int, str]:
@@ -189,52 +220,61 @@ class AscendVendor(TemplateVendor):
         return 0, ""
 
     def mutate_admission(self, container: dict, pod: dict) -> bool:
-        """Upstream's webhook for one container, in its order:
+        """Upstream's webhook for one container, in its order.
+
+        An ENPU pod (``huawei.com/vnpu-mode: enpu``, ``ubs-virt`` or ``vcann-rt``):
+        :meth:`_admit_enpu`. Any other:
 
         no count in limits → only ``ASCEND_VISIBLE_DEVICES=""`` with ``overwriteEnv`` (or the pod's
         ``hami.io/overwrite-env`` annotations: devices/overwrite_env.py), unless the container asks
-        for any chip kind's NPUs; a 910C
-        super-pod request of 1 becomes 2 (limits, and requests when present), other odd counts
-        are refused; outside hami-core mode a core request is refused; memory (limits only) is
-        kept as asked in hami-core mode, else rounded up to the smallest template holding it (or
+        for any chip kind's NPUs; a 910C super-pod request of 1 becomes 2 (limits, and requests
+        when present), other odd counts are refused; a core request above 0 is refused in
+        template mode, and makes a pod naming no mode a hami-core one (the webhook writes
+        ``huawei.com/vnpu-mode: hami-core``, HAMi #2975); memory (limits only) is kept as asked in
+        hami-core mode, else rounded up to the smallest template holding it (or
         ``memoryAllocatable`` when only the whole device holds it), and without a memory limit it
         is ``memoryAllocatable``; several NPUs with less than a whole one each are refused outside
         hami-core mode; the memory goes into limits and requests; ``runtimeClassName`` is set
         when configured and unset.
 
         Raises RequestError with upstream's message for its refusals, and for a count or memory
-        that is no whole non-negative number (upstream lets those through to be dropped later).
+        that is no whole non-negative number (upstream lets those through to be dropped later),
+        or a core request beside a mode no rule knows (upstream would overwrite that mode).
+        Nothing is changed when it raises.
         """
         config = self.config
         name = str(container.get("name") or "")
         limits, requests = resource_lists(container)
         count_name = self.spec.count_resource
+        meta = pod.get("metadata") or {}
+        annotations = meta.get("annotations") or {}
+        mode = annotations.get(VNPU_MODE_ANNOTATION)
+        if is_enpu(mode) and count_name and lookup(limits, requests, count_name) is not MISSING:
+            return self._admit_enpu(container, pod, name)
         if not count_name or count_name not in limits:
             asks_ascend = any(r in self.family_resources for values in (limits, requests) for r in values)
             if not asks_ascend and overwrite_env(pod, container, default=config.overwrite_env):
                 append_env(container, VISIBLE_DEVICES_ENV, "")
             return False
         count = device_count(name, count_name, limits[count_name])
-        limits = ensure_limits(container)
         units = count       # what a vNPU may not span more than one of: an NPU, a super-pod 910C's module
-        if config.common_word == topology.ASCEND910C and config.super_pod:
+        pair = config.common_word == topology.ASCEND910C and config.super_pod
+        if pair:
             units = (count + 1) // 2
-            if count == 1:
-                # The smallest unit of a super-pod 910C is one module: its two NPUs.
-                log.info("Ascend910C request of 1 NPU raised to one module (2 NPUs)", container=name,
-                         pod=(pod.get("metadata") or {}).get("name", ""))
-                limits[count_name] = "2"
-                if count_name in requests:
-                    requests[count_name] = "2"
-            elif count % 2:
+            if count != 1 and count % 2:
                 raise RequestError(f"Ascend910C device request must be 1 or 2*n, got {count}")
-        annotations = (pod.get("metadata") or {}).get("annotations") or {}
-        soft = annotations.get(VNPU_MODE_ANNOTATION) == VNPU_MODE_HAMI_CORE
+        soft = is_soft(mode)
         core_name = self.spec.core_resource
+        infer_hami_core = False
         if not soft and core_name:
             raw = lookup(limits, requests, core_name)
             if raw is not MISSING and rounded_quantity(name, core_name, raw) > 0:
-                raise RequestError(f"{core_name} is only supported in hami-core (soft split) mode")
+                if mode == VNPU_MODE_TEMPLATE:
+                    raise RequestError(f"{core_name} is only supported in hami-core (soft split) mode")
+                if mode:
+                    raise RequestError(f"{VNPU_MODE_ANNOTATION} {go_quote(mode)} takes no {core_name}: cores are only "
+                                       f"supported in hami-core (soft split) or enpu mode")
+                infer_hami_core = soft = True
         memory = config.memory_allocatable
         memory_name = self.spec.memory_resource
         if memory_name and memory_name in limits:
@@ -247,89 +287,113 @@ class AscendVendor(TemplateVendor):
                 memory, _ = self.trim_memory(asked)
                 if memory <= 0:
                     raise RequestError(f"{memory_name} {asked} is invalid")
-        # A module's request (2 NPUs, or 1 raised to 2 above) is one unit either way, so the pod this
+        # A module's request (2 NPUs, or 1 raised to 2 below) is one unit either way, so the pod this
         # returns, reviewed again (reinvocationPolicy: IfNeeded), is admitted as the first pass was.
         if units > 1 and not soft and memory != config.memory_allocatable:
             raise RequestError("vNPU not supported for multiple devices")
-        if memory_name:
-            resources = container["resources"]
-            if not isinstance(resources.get("requests"), dict):
-                resources["requests"] = {}
-            limits[memory_name] = str(memory)
-            resources["requests"][memory_name] = str(memory)
-        spec = pod.setdefault("spec", {})
-        if spec.get("runtimeClassName") is None and config.runtime_class_name:
-            spec["runtimeClassName"] = config.runtime_class_name
+        # Every check passed: the changes.
+        limits = ensure_limits(container)
+        if pair and count == 1:
+            # The smallest unit of a super-pod 910C is one module: its two NPUs.
+            log.info("Ascend910C request of 1 NPU raised to one module (2 NPUs)", container=name,
+                     pod=meta.get("name", ""))
+            limits[count_name] = "2"
+            if count_name in requests:
+                container["resources"]["requests"][count_name] = "2"
+        if infer_hami_core:
+            log.info("Ascend core request makes the pod a hami-core one", container=name, pod=meta.get("name", ""))
+            self._annotations(pod)[VNPU_MODE_ANNOTATION] = VNPU_MODE_HAMI_CORE
+        self._write_memory(container, memory)
+        self._set_runtime_class(pod)
         return True
+
+    def _admit_enpu(self, container: dict, pod: dict, name: str) -> bool:
+        """An ENPU pod's container asking for this kind's NPUs (in limits, or in requests only):
+        exactly one NPU (no 910C module: an ENPU vNPU lives on one DIE), memory as asked (limits,
+        then requests; else ``memoryAllocatable``), both written into limits and requests; the
+        pod's policy checked and written into ``huawei.com/enpu-policy``; ``runtimeClassName``
+        as for any pod. Raises RequestError, changing nothing, for another count or an invalid
+        policy."""
+        limits, requests = resource_lists(container)
+        count_name, memory_name = self.spec.count_resource, self.spec.memory_resource
+        count = device_count(name, count_name, lookup(limits, requests, count_name))
+        if count != 1:
+            raise RequestError(f"ENPU mode supports exactly one Ascend device per container, got {count}")
+        meta = pod.get("metadata") or {}
+        labels = meta.get("labels")
+        choice = self.policy_of(meta.get("annotations") or {}, labels if isinstance(labels, dict) else {})
+        if choice.policy is None:
+            raise RequestError(f"invalid ENPU scheduling policy {go_quote(choice.raw)} in {choice.source}: "
+                               f"must be {POLICY_CHOICES}")
+        memory = self.config.memory_allocatable
+        raw = lookup(limits, requests, memory_name)
+        if raw is not MISSING:
+            memory = rounded_quantity(name, memory_name, raw)
+            if memory < 0:
+                raise request_error(name, memory_name, raw, "must not be negative")
+        ensure_limits(container)[count_name] = "1"
+        self._requests(container)[count_name] = "1"
+        self._write_memory(container, memory)
+        self._annotations(pod)[ENPU_POLICY_ANNOTATION] = choice.policy
+        self._set_runtime_class(pod)
+        return True
+
+    @staticmethod
+    def _annotations(pod: dict) -> dict:
+        meta = pod.setdefault("metadata", {})
+        if not isinstance(meta.get("annotations"), dict):
+            meta["annotations"] = {}
+        return meta["annotations"]
+
+    @staticmethod
+    def _requests(container: dict) -> dict:
+        resources = container.setdefault("resources", {})
+        if not isinstance(resources.get("requests"), dict):
+            resources["requests"] = {}
+        return resources["requests"]
+
+    def _write_memory(self, container: dict, memory: int) -> None:
+        memory_name = self.spec.memory_resource
+        if memory_name:
+            ensure_limits(container)[memory_name] = str(memory)
+            self._requests(container)[memory_name] = str(memory)
+
+    def _set_runtime_class(self, pod: dict) -> None:
+        spec = pod.setdefault("spec", {})
+        if spec.get("runtimeClassName") is None and self.config.runtime_class_name:
+            spec["runtimeClassName"] = self.config.runtime_class_name
 
     # -- fit -------------------------------------------------------------------------------
 
-    def node_supports_hami_core(self, node_annotations: Mapping[str, str]) -> bool:
-        """The node's ``hami-vnpu-core`` annotation (``"true"`` or anything else) when present,
-        else the global ``vnpus.hamiVnpuCore``."""
-        value = node_annotations.get(NODE_HAMI_CORE_ANNOTATION)
-        return self.hami_vnpu_core if value is None else value == "true"
-
     def device_selector(self, pod_annotations: dict[str, str], node_annotations: dict[str, str]) -> DeviceSelector | None:
-        """The UUID gate (``hami.io/use-<cw>-uuid`` / ``hami.io/no-use-<cw>-uuid``), preceded
-        for a hami-core pod by the node's soft-split support: a node without it refuses every
-        NPU with ModeNotFit. A hami-core pod always gets a selector (OK on a supporting node),
-        so a node's own answer replaces the one judged without node annotations."""
+        """The UUID gate (``hami.io/use-<cw>-uuid`` / ``hami.io/no-use-<cw>-uuid``), preceded by
+        the node-wide mode rules (modes.py): a node the pod's mode may not use refuses every NPU
+        with ModeNotFit, as does any node for an ENPU pod whose policy is none of the three. A
+        pod naming a mode always gets a selector (OK where it may go), so a node's own answer
+        replaces the one judged without node annotations."""
         uuids = super().device_selector(pod_annotations, node_annotations)
-        if pod_annotations.get(VNPU_MODE_ANNOTATION) != VNPU_MODE_HAMI_CORE:
-            return uuids
-        if self.node_supports_hami_core(node_annotations):
-            return uuids if uuids is not None else _always(OK)
-        return _then(_always(MODE_NOT_FIT), uuids)
+        mode = pod_annotations.get(VNPU_MODE_ANNOTATION)
+        refused = node_refuses(mode, self.node_modes(node_annotations))
+        if not refused and is_enpu(mode):
+            refused = self.policy_of(pod_annotations).policy is None
+        if refused:
+            return _then(_always(MODE_NOT_FIT), uuids)
+        if mode and uuids is None:
+            return _always(OK)
+        return uuids
 
     def chooser(self, cache, ask) -> Chooser | None:
-        """The per-node choice of :mod:`.topology` (910 kinds only). Per node, once per filter:
-        each position's registered index and NetworkID, and whether every NPU of this kind on the
-        node has one (topology mode)."""
-        if not self.kernel_flags & FLAG_CHOOSE:
-            return None
-        cw = self.vendor_key
-        vendor_id = cache.vendor_ids.get(cw)
-        # A node's facts change only with its registration, which replaces its device list: they
-        # are kept across filters, checked against the list they were read from.
-        known = self._node_facts
-
-        def node_facts(node_index: int) -> tuple[list[int], list[int | None], bool]:
-            devices = cache.devices_at(node_index)
-            found = known.get(node_index)
-            if found is not None and found[0] is devices:
-                return found[1]
-            offset = cache.node_offset[node_index]
-            index_of = [d.index for d in devices]
-            network_of = [topology.network_id_of(d.custom) for d in devices]
-            mine = [k for k in range(len(devices)) if cache.vendor[offset + k] == vendor_id]
-            has_networks = bool(mine) and all(network_of[k] is not None for k in mine)
-            facts = (index_of, network_of, has_networks)
-            known[node_index] = (devices, facts)
-            return facts
-
-        scored = cw.startswith(topology.ASCEND910_PREFIX)
-
-        def choose(node_index: int, positions: list[int], nums: int):
-            index_of, network_of, has_networks = node_facts(node_index)
-            if nums == 1 and positions:
-                # One NPU: the first in the policy's order; the score is 10 when it has a network.
-                first = positions[0]
-                return [first], (float(topology.NETWORK_WEIGHT) if scored and network_of[first] is not None else 0.0)
-            chosen = topology.choose(cw, positions, nums, index_of=index_of, network_of=network_of,
-                                     topology=has_networks)
-            if chosen is None:
-                return ALLOCATED_CARDS_INSUFFICIENT_REQUEST
-            return chosen, topology.score(cw, chosen, network_of)
-
-        return choose
+        """The per-node choice of :mod:`.chooser`: the NPUs the pod may share, then which."""
+        mode = ask.pod_annotations.get(VNPU_MODE_ANNOTATION)
+        policy = self.policy_of(ask.pod_annotations).policy if is_enpu(mode) else None
+        return AscendChooser(self, cache, ask, mode=mode, policy=policy)
 
     # -- allocation annotations ------------------------------------------------------------
 
     def runtime_info(self, pod_devices: PodDevices, *, soft: bool) -> str:
         """``huawei.com/<cw>``: one object per NPU given, containers in order, Go's field order and
         ``omitempty``: ``UUID``, ``temp`` (the template of the memory, hard split only),
-        ``memory``, ``core``."""
+        ``memory``, ``core``. ``soft``: the pod is hami-core or ENPU (memory as asked)."""
         items = []
         for container in pod_devices:
             for device in container:
@@ -351,13 +415,13 @@ class AscendVendor(TemplateVendor):
                           now: float = 0.0, pod_annotations: Mapping[str, str] | None = None) -> dict[str, str]:
         """Both allocation annotations, ``predicate-time`` (Unix seconds) and the runtime JSON.
 
-        ``pod_annotations`` tells hami-core pods (no template name in the runtime JSON); without
-        them the hard-split form is written, which the device plugin reads the same way for a
-        hami-core pod (it ignores ``temp`` in that mode)."""
+        ``pod_annotations`` tell soft-split pods (hami-core, ENPU: no template name in the
+        runtime JSON); without them the hard-split form is written, which the device plugin reads
+        the same way for such a pod (it ignores ``temp`` in those modes)."""
         if not any(pod_devices):
             return {}
         text = encode_pod_devices(pod_devices)
-        soft = (pod_annotations or {}).get(VNPU_MODE_ANNOTATION) == VNPU_MODE_HAMI_CORE
+        soft = is_soft((pod_annotations or {}).get(VNPU_MODE_ANNOTATION))
         return {self.to_allocate_annotation: text, self.allocated_annotation: text,
                 PREDICATE_TIME_ANNOTATION: str(int(now)),
                 self.runtime_annotation: self.runtime_info(pod_devices, soft=soft)}

@@ -12,10 +12,9 @@ object ``{"<n>": <loss>}``) and, for spread, how well it would be connected
 does not parse or lacks ``n`` reads as 0. The chooser here adds the same, one row at a time (the
 deltas telescope to upstream's total).
 
-Deliberate difference (docs/COMPATIBILITY.md): upstream's custom rule requires every card of a
-pod to be the card its earlier containers got, which a card of count 1 can never be, so a pod of
-several containers asking for Metax GPUs never fits upstream. Here each container gets cards of
-its own.
+Each container gets cards of its own. HAMi v2.10's custom rule required every card of a pod to
+be the card its earlier containers got, which a card of count 1 can never be, so a pod of several
+containers asking for Metax GPUs never fitted; HAMi after v2.10 removed the rule (#2837).
 """
 from __future__ import annotations
 

@@ -6,10 +6,17 @@ model). Empty entries and repeats are dropped. The webhook refuses a value with 
 an entry that matches no profile of the config's ``migProfileAllowlist`` (a typo is caught when
 the pod is created, not by a pod that never gets the profile it asked for).
 
-Upstream's filter then tries the preferred profiles first on each GPU; hami-py does not yet (the
-kernel picks the smallest fitting profile): docs/COMPATIBILITY.md.
+At /filter the preferred profiles are tried first on each GPU, in the order listed (an entry
+matching several profiles, a slice key, takes them smallest first), then the others smallest
+first; a profile without the memory asked is never tried. The kernel reads the order as a rank
+per profile of the cache's partition table (``preference_ranks``, through
+``DeviceVendor.partition_ranks``), so it plans a container's instances with it like any other
+order. A preference only reorders: a pod the preferred profiles cannot hold still gets the
+others, and a pod without the annotation is placed exactly as before.
 """
 from __future__ import annotations
+
+from array import array
 
 from hami_py.devices.codec import go_quote
 from hami_py.devices.nvidia.config import MigProfileAllowlistEntry
@@ -51,3 +58,21 @@ def preference_refusal(annotations: dict[str, str], allowlist: list[MigProfileAl
             return (f"invalid {MIG_PROFILE_PREFERENCE_ANNOTATION} entry {go_quote(entry)}: it does not match any "
                     "profile in migProfileAllowlist")
     return None
+
+
+def preference_ranks(annotations: dict[str, str], profile_names: list[str]) -> array | None:
+    """Per name of ``profile_names``: the position (from 1) of the first preference entry it
+    matches, 0 when none does; None when the pod states no preference (nothing to reorder)."""
+    raw = annotations.get(MIG_PROFILE_PREFERENCE_ANNOTATION)
+    if raw is None:
+        return None
+    preferred = parse_preference(raw)
+    if not preferred:
+        return None
+    ranks = array("i", bytes(4 * len(profile_names)))
+    for p, name in enumerate(profile_names):
+        for rank, entry in enumerate(preferred, 1):
+            if matches(name, entry):
+                ranks[p] = rank
+                break
+    return ranks

@@ -26,13 +26,14 @@ from hami_py.devices.codec import (
     decode_json_devices, decode_legacy_devices, decode_pod_devices,
     encode_pod_devices, go_quote, parse_go_bool,
 )
-from hami_py.devices.nvidia.mig_preference import preference_refusal
+from hami_py.devices.nvidia.mig_preference import preference_ranks, preference_refusal
 from hami_py.devices.overwrite_env import overwrite_env
 from hami_py.devices.template import append_env, device_count, percentage
 from hami_py.quantity import INT32_MAX, INT64_MAX, parse_exact_int, parse_quantity_ceil
 from hami_py.devices.gates import make_selector, make_type_gate, non_blank, type_entries, uuid_entries
 
 VENDOR_KEY = "NVIDIA"
+REMOTE_MODE = "remote"      # a GPU served over the network (hami_py/devices/remotegpu/)
 
 # Node annotations
 REGISTER_ANNOTATION = "hami.io/node-nvidia-register"
@@ -237,7 +238,9 @@ class NvidiaVendor(DeviceVendor):
         score_text = annotations.get(PAIR_SCORE_ANNOTATION)
         if score_text is not None:
             _attach_pair_scores(devices, score_text)
-        return devices
+        # GPUs a lupine server serves over the network are the RemoteGPU family's (HAMi #3004,
+        # #3013): not this node's to share. None left: the node has no NVIDIA GPU of its own.
+        return [d for d in devices if d.mode != REMOTE_MODE]
 
     # -- requests -------------------------------------------------------------------------------
 
@@ -449,6 +452,10 @@ class NvidiaVendor(DeviceVendor):
         """``nvidia.com/vgpu-mode`` rules MIG out unless its text names ``mig``."""
         mode = pod_annotations.get(VGPU_MODE_ANNOTATION)
         return mode is None or "mig" in mode
+
+    def partition_ranks(self, pod_annotations: dict[str, str], profile_names: list[str]):
+        """``nvidia.com/mig-profile-preference`` (HAMi #3014): nvidia/mig_preference.py."""
+        return preference_ranks(pod_annotations, profile_names)
 
     def numa_bind(self, pod_annotations: dict[str, str]) -> bool:
         return parse_numa_bind(pod_annotations)

@@ -99,10 +99,10 @@ class Evaluation:
     """One kernel run over a candidate list (``Filterer.evaluate``): the inputs and outputs
     (``query``), the failing nodes' reasons, and the policy's winner position (-1: none fits)."""
 
-    __slots__ = ("policies", "query", "cand_idx", "chargers", "best", "failed", "now")
+    __slots__ = ("policies", "query", "cand_idx", "chargers", "best", "failed", "now", "pooled")
 
     def __init__(self, policies: Policies, query: FitQuery, cand_idx: array, chargers: list, best: int,
-                 failed: dict[str, str], now: float):
+                 failed: dict[str, str], now: float, pooled: dict[str, PodDevices] | None = None):
         self.policies = policies
         self.query = query
         self.cand_idx = cand_idx
@@ -110,6 +110,7 @@ class Evaluation:
         self.best = best
         self.failed = failed
         self.now = now
+        self.pooled = pooled or {}      # the pool step's devices, per pooled family (any node's)
 
     def listed(self, node_names: list[str]) -> tuple[int, list[tuple[str, float]]]:
         """How many nodes fit, and the best of them with their scores (best first), for the
@@ -173,6 +174,7 @@ class Filterer:
 
         winner = names[best]
         allocation, mig = self._allocation(request, query, cand_idx[best], chargers)
+        allocation.update(fit.pooled)
         pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
         for key, devices in allocation.items():
             pod_annotations.update(self.vendors[key].encode_allocation(
@@ -224,12 +226,18 @@ class Filterer:
         now = time.time()
         index_of = cache.node_index_of
         cand_idx = array("i", map(index_of.get, node_names, repeat(-1)))   # C-speed over N names
+        expired = set()
         if cache.handshake_deadlines:
             expired = {n for n, deadline in cache.handshake_deadlines.items() if deadline <= now}
             if expired:
                 for c, name in enumerate(node_names):
                     if name in expired:
                         cand_idx[c] = -1  # its device plugin stopped answering: as upstream, gone
+        pooled, pool_failed = self._pool_step(request, node_names, annotations)
+        if pool_failed:
+            for c, name in enumerate(node_names):
+                if name in pool_failed:
+                    cand_idx[c] = -1
 
         mask = self._device_mask(annotations, node_names, cand_idx, request)
         if only_devices is not None:
@@ -238,6 +246,7 @@ class Filterer:
         n = len(node_names)
         nr = R.N_DEVICE_REASONS
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
+        prof_rank = self._partition_ranks(annotations, request) if mig_ok and cache.prof_names else None
         chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
         choosers = self._hooks(self._choosing, request, lambda v: v.chooser(cache, _choice_ask(
             request, v.vendor_key, annotations, policies, chargers[cache.vendor_ids[v.vendor_key]])))
@@ -245,8 +254,11 @@ class Filterer:
                          gpu_policy=policies.gpu, numa_bind=policies.numa_bind, mutex=policies.mutex,
                          weights=policies.weights, quota_mem=quota_mem, quota_cores=quota_cores,
                          topology=policies.topology, mig_ok=mig_ok, vendor_flags=self.vendor_flags,
-                         choosers=choosers, chargers=chargers)
-        best = self.kernel(cache, query)
+                         choosers=choosers, chargers=chargers, prof_rank=prof_rank)
+        if request.row_vendor:
+            best = self.kernel(cache, query)
+        else:
+            best = self._pool_only(query, node_names, pool_failed, expired)
         out_status, out_reasons, out_total = query.out_status, query.out_reasons, query.out_total
 
         failed: dict[str, str] = {}
@@ -273,7 +285,46 @@ class Filterer:
                 failed[name] = text
         if cache.refused_nodes and failed:
             self._name_refusals(failed, request)
-        return Evaluation(policies, query, cand_idx, chargers, best, failed, now)
+        if pool_failed:
+            failed.update((name, why) for name, why in pool_failed.items() if name in failed)
+        return Evaluation(policies, query, cand_idx, chargers, best, failed, now, pooled)
+
+    def _pool_step(self, request: PodRequest, node_names: list[str],
+                   annotations: dict[str, str]) -> tuple[dict[str, PodDevices], dict[str, str]]:
+        """The pool step, once per filter before the kernel: the pooled families' devices
+        (DeviceVendor.pool_choice: node-independent, so not a kernel stage), and the candidate
+        nodes failing because of them, with why: every one when a pool cannot serve the pod,
+        else those that may not host it (a node serving the pool)."""
+        if not request.pooled:
+            return {}, {}
+        chosen: dict[str, PodDevices] = {}
+        for key, asks in request.pooled.items():
+            answer = self.vendors[key].pool_choice(self.cache, asks, len(request.containers), annotations)
+            if isinstance(answer, str):
+                return {}, dict.fromkeys(node_names, answer)
+            chosen[key] = answer
+        failed: dict[str, str] = {}
+        for name in node_names:
+            for key in request.pooled:
+                if (why := self.vendors[key].pool_refusal(self.cache, name)) is not None:
+                    failed[name] = why
+                    break
+        return chosen, failed
+
+    def _pool_only(self, query: FitQuery, node_names: list[str], pool_failed: dict[str, str],
+                   expired: set[str]) -> int:
+        """The kernel's outcome for a pod asking pooled families alone (no row to fit): every
+        node the books know fits with score 0 (devices of its own or not), unless the pool step
+        or a stale handshake refused it; the first fitting node wins (-1: none)."""
+        nodes, best = self.cache.nodes, -1
+        for c, name in enumerate(node_names):
+            if name in nodes and name not in pool_failed and name not in expired:
+                query.out_status[c] = R.NODE_FIT
+                if best < 0:
+                    best = c
+            else:
+                query.out_status[c] = R.NODE_UNREGISTERED
+        return best
 
     def _name_refusals(self, failed: dict[str, str], request: PodRequest) -> None:
         """A failing node whose registration of a family the pod asks for was refused
@@ -305,6 +356,16 @@ class Filterer:
                 if dev.id not in allowed:
                     mask[entry.offset + k] = R.CARD_UUID_MISMATCH
         return mask
+
+    def _partition_ranks(self, annotations: dict[str, str], request: PodRequest) -> array | None:
+        """The pod's order of partition profiles (DeviceVendor.partition_ranks): the first of
+        its families that states one; None, smallest first, when none does."""
+        names = self.cache.prof_names
+        for key in request.vendors:
+            ranks = self.vendors[key].partition_ranks(annotations, names)
+            if ranks is not None:
+                return ranks
+        return None
 
     def _hooks(self, flagged: dict[str, int], request: PodRequest, make) -> list:
         """The kernel's per-vendor hook list (by vendor id): ``make(vendor)`` for the families of

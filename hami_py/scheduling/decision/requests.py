@@ -28,6 +28,9 @@ class PodRequest:
     total_nums: int
     per_container: list[dict[str, ContainerRequest]]
     shape: PodShape                              # init containers (how many, which are sidecars)
+    # Pooled families' asks (DeviceVendor.pooled), no kernel rows: vendor key → (container
+    # position, request) in container order; the filter's pool step answers them.
+    pooled: dict[str, list[tuple[int, ContainerRequest]]] | None = None
 
     @property
     def vendors(self) -> set[str]:
@@ -49,6 +52,7 @@ def parse_pod_requests(pod: dict, vendors: dict[str, DeviceVendor],
     names: list[str] = []
     per_container: list[dict[str, ContainerRequest]] = []
     total = 0
+    pooled: dict[str, list[tuple[int, ContainerRequest]]] = {}
     # A native sidecar's rows are app rows (it runs beside the app containers); the kernel lets
     # each ordinary init container's rows see the sidecars placed before it (hami_py/podshape.py).
     shape = pod_shape(pod)
@@ -62,15 +66,18 @@ def parse_pod_requests(pod: dict, vendors: dict[str, DeviceVendor],
             if req is None or req.nums <= 0:
                 continue
             found[key] = req
+            if vendor.pooled:
+                pooled.setdefault(key, []).append((position, req))
+                continue
             rows.extend((position, int(shape.is_init(position)), vendor_ids[key], req.nums,
                          req.memreq, req.mempct, req.coresreq))
             row_vendor.append(key)
             row_container.append(position)
             total += req.nums
         per_container.append(found)
-    if not row_vendor:
+    if not row_vendor and not pooled:
         return None
     if total > MAX_DEVICES_PER_POD:
         raise RequestError(f"asks for {total} devices in all; a pod may ask for at most {MAX_DEVICES_PER_POD}")
     assert len(rows) == ROW_WIDTH * len(row_vendor)
-    return PodRequest(rows, row_vendor, row_container, names, total, per_container, shape)
+    return PodRequest(rows, row_vendor, row_container, names, total, per_container, shape, pooled or None)

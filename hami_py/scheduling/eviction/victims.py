@@ -77,8 +77,10 @@ def set_key(victims: list[PodUsage], now: float) -> tuple:
 class VictimSearch:
     def __init__(self, cache: UsageCache, filterer: Filterer, *, max_trials: int = MAX_TRIALS,
                  max_nodes: int = MAX_NODES, max_candidates: int = MAX_CANDIDATES,
-                 max_combinations: int = MAX_COMBINATIONS, clock=time.time):
+                 max_combinations: int = MAX_COMBINATIONS, clock=time.time, spared=None):
         self.cache = cache
+        # Pods never chosen, by UID (a gang's members: moving one alone would break its gang).
+        self.spared = spared or (lambda uid: False)
         self.filterer = filterer
         self.max_trials = max_trials
         self.max_nodes = max_nodes
@@ -97,7 +99,7 @@ class VictimSearch:
         found = [p for uid in cache.node_pods.get(node, ())
                  if uid != preemptor_uid and uid not in exclude
                  and (p := cache.pods[uid]).state.shown_bound
-                 and p.priority < priority and p.entries]
+                 and p.priority < priority and p.entries and not self.spared(uid)]
         found.sort(key=lambda p: (p.priority, -p.started, p.namespace, p.name))
         return found[:self.max_candidates]
 

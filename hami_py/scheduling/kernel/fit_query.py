@@ -28,13 +28,14 @@ OUTPUTS = ("out_status", "out_reasons", "out_total", "out_score",
            "out_row", "out_dev", "out_mem", "out_cores", "out_prof", "out_place", "out_slots")
 
 _NO_MASK = array("b")   # read only: an empty mask means no device is masked
+_NO_RANK = array("i")   # read only: no profile preferred
 _ZERO_I, _ZERO_Q, _ZERO_D = array("i", [0]), array("q", [0]), array("d", [0.0])
 _N_REASONS = R.N_DEVICE_REASONS
 
 _INPUTS = (
     "candidates", "rows", "mask", "node_policy", "gpu_policy", "numa_bind", "mutex",
     "w_slot", "w_core", "w_mem", "quota_mem", "quota_cores", "topology", "mig_ok",
-    "vendor_flags", "choosers", "chargers",
+    "vendor_flags", "choosers", "chargers", "prof_rank",
 )
 
 
@@ -46,7 +47,10 @@ class FitQuery:
     the pod may not use, empty when none), the policies, the per-vendor quota headroom, and per
     vendor id ``vendor_flags`` (``DeviceVendor.kernel_flags``) and ``choosers`` (a
     :data:`~hami_py.devices.base.Chooser` for the FLAG_CHOOSE vendors of the request, else None)
-    and ``chargers`` (a :data:`~hami_py.devices.base.Charger` for its FLAG_CHARGE vendors).
+    and ``chargers`` (a :data:`~hami_py.devices.base.Charger` for its FLAG_CHARGE vendors), and
+    ``prof_rank``: the pod's order of partition profiles, a rank per entry of the table's profile
+    list (1 = most preferred, 0 = not named; ``DeviceVendor.partition_ranks``), empty when the
+    pod states none (the profiles are then tried smallest first).
 
     Outputs, allocated zeroed for ``len(candidates)`` nodes and ``devices`` given devices (the
     request's total count): per candidate ``out_status``, ``out_total``, ``out_score`` and
@@ -62,7 +66,7 @@ class FitQuery:
                  numa_bind: bool = False, mutex: bool = False,
                  weights: tuple[float, float, float] = (1.0, 1.0, 1.0),
                  topology: bool = False, mig_ok: bool = True,
-                 chargers: Sequence[Charger | None] | None = None):
+                 chargers: Sequence[Charger | None] | None = None, prof_rank: array | None = None):
         self.candidates = candidates
         self.rows = rows
         self.mask = _NO_MASK if mask is None else mask
@@ -78,6 +82,7 @@ class FitQuery:
         self.vendor_flags = vendor_flags
         self.choosers = choosers
         self.chargers = choosers if chargers is None else chargers   # any list: read only for FLAG_CHARGE
+        self.prof_rank = _NO_RANK if prof_rank is None else prof_rank
         self._allocate(len(candidates), devices)
 
     def _allocate(self, n: int, k: int) -> None:

@@ -74,9 +74,13 @@ def filter_nodes(table, query):
     MIG: a device with ``dev_mig`` set hands out MIG instances. Its profiles are
     ``[mig_prof_off[j], +mig_prof_len[j])`` in the profile table (sorted by memory, then slices), each
     with its placements in the order they are tried, as bit masks of the GPU's slices; ``mig_used``
-    holds the slices taken. A request fits when some profile with enough memory has a free placement;
-    the instance then counts the profile's memory and cores, and the same GPU is offered again so one
-    container may get several instances of it. ``mig_ok`` is false when the pod's
+    holds the slices taken. When the walk reaches a MIG GPU, the row's instances still needed there
+    (all ``nums`` when every fitting device is collected) are planned together by a bounded search
+    over the free placements of the profiles with enough memory (``kernel_ref_fit.mig_plan``:
+    the pod's preferred profiles first, ``prof_rank``, then smallest first); the GPU is then
+    offered again for each instance of the plan, so one container may get several instances of it,
+    each charged as its profile's memory and cores. Instances the plan could not hold count
+    CARD_MIG_TOPOLOGY_INFEASIBLE on that GPU. ``mig_ok`` is false when the pod's
     family's ``allows_partitions`` rules MIG out (then the device-count precheck is not relaxed).
 
     Per candidate position ``c``: ``out_status[c]`` (reasons.NODE_*), ``out_score[c]`` (with the

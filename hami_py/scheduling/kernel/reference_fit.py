@@ -2,9 +2,9 @@
 
 ``kernel_ref.filter_nodes`` fits a pod node by node and row by row; for each row it orders the
 node's candidate devices (``order_devices``), walks them through upstream's gates
-(``walk``, ``device_reason``, ``mig_select``) and, where every fitting device is collected, lets
+(``walk``, ``device_reason``, ``mig_plan``) and, where every fitting device is collected, lets
 the vendor's chooser or the topology-aware pick keep ``nums`` of them. The names are those of
-``cython_core/fit_kernel.pyx``'s helpers (``prefer``, ``mig_select``, ``topology_pick``, ``choose``,
+``cython_core/fit_kernel.pyx``'s helpers (``prefer``, ``mig_plan``, ``topology_pick``, ``choose``,
 ``charge``); the kernel inlines the walk and the gates in its own loop, which this module spells
 out as functions. A module of its own only to keep kernel_ref.py short enough to read at once.
 """
@@ -15,14 +15,16 @@ from itertools import combinations, islice
 from hami_py import reasons as R
 from hami_py.cache.quota import UNLIMITED
 from hami_py.kernel_codes import (
-    CHAIN_BASE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_FRAG, KEY_SPREAD, MAX_TOPOLOGY_COMBOS,
-    MEMPCT_UNSET, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK,
+    CHAIN_BASE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_FRAG, KEY_SPREAD, MAX_MIG_INSTANCES,
+    MAX_TOPOLOGY_COMBOS, MEMPCT_UNSET, MIG_SEARCH_BUDGET, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK,
 )
 # The fragmentation-aware policy's device cost (read by the KEY_FRAG sort key).
 from hami_py.scheduling.kernel.frag import frag_device_cost, has_key
 
 # Mask reason codes that upstream checks before the NUMA regrouping step, and the one after it.
 _PRE_NUMA_MASK = (R.CARD_CORDONED, R.CARD_TYPE_MISMATCH)
+# A profile the pod's preference does not name sorts after every named one.
+_UNRANKED = 1 << 30
 
 
 class Usage:
@@ -138,14 +140,15 @@ def walk(table, q, off, row, usage, pod, order):
     A pick is ``(position, memory, MIG profile, placement)``. The walk stops at ``nums`` picks,
     or collects every fitting device when the row's family chooses (or the policy is
     topology-aware). Under NUMA binding a device on another NUMA node than the previous one
-    starts the picking over there. A MIG GPU that gave an instance is offered again, so one
-    container may get several instances of it."""
-    health, numa, mask, dev_mig, place_mask = table.health, table.numa, q.mask, table.dev_mig, table.place_mask
+    starts the picking over there. On a MIG GPU the row's instances are planned together when
+    the walk reaches it (``mig_plan``: as many of the instances still needed as the GPU can hold
+    at once, all ``nums`` when collecting); the GPU is then offered again for each instance of
+    the plan, so one container may get several instances of it, each through the gates."""
+    health, numa, mask, dev_mig = table.health, table.numa, q.mask, table.dev_mig
     has_mask = len(mask) > 0
-    n = len(usage.used)
     counts = [0] * R.N_DEVICE_REASONS
     picked = []   # (k, mem, profile, placement)
-    pick_occ = [0] * n   # MIG slices taken by this row's own picks, per device
+    plan, plan_k, plan_pos = [], -1, 0   # the MIG GPU being given its instances, and its plan
     need = row.nums
     prev_numa = -1
     i = -1
@@ -169,7 +172,7 @@ def walk(table, q, off, row, usage, pod, order):
             if picked and not row.collect_all:
                 counts[R.NUMA_NOT_FIT] += len(picked)
             picked = []
-            pick_occ = [0] * n
+            plan_k = -1
             need = row.nums
             prev_numa = numa[j]
         if m != 0:
@@ -182,12 +185,15 @@ def walk(table, q, off, row, usage, pod, order):
             continue
         prof = place = -1
         if dev_mig[j]:
-            prof, place = mig_select(table, j, usage.mig[k] | pick_occ[k], mem)
-            if prof < 0:
+            if plan_k != k:   # first arrival: plan the instances still needed here together
+                plan = mig_plan(table, j, usage.mig[k], mem, row.nums if row.collect_all else need, q.prof_rank)
+                plan_k, plan_pos = k, 0
+            if plan_pos == len(plan):
                 counts[R.CARD_MIG_TOPOLOGY_INFEASIBLE] += 1
                 continue
-            pick_occ[k] |= place_mask[place]
-            revisit = True  # a MIG GPU may give this container another instance
+            prof, place = plan[plan_pos]
+            plan_pos += 1
+            revisit = True  # the plan's next instance, if any, goes to this container too
         picked.append((k, mem, prof, place))
         if not row.collect_all:
             need -= 1
@@ -258,19 +264,77 @@ def _pod_total(cands, picked, k_extra, mem_extra, cores_extra, pod):
     return tm, tc
 
 
-def mig_select(table, j, occupied, mem):
-    """Upstream's MIG choice on device ``j``: the smallest profile with enough memory that has a
-    placement free of ``occupied`` (placements in their try order). (profile, placement)
-    indexes, or (-1, -1)."""
-    mig_prof_off, mig_prof_len, prof_mem = table.mig_prof_off, table.mig_prof_len, table.prof_mem
-    prof_place_off, prof_place_len, place_mask = table.prof_place_off, table.prof_place_len, table.place_mask
-    for p in range(mig_prof_off[j], mig_prof_off[j] + mig_prof_len[j]):
-        if prof_mem[p] < mem:
+def mig_plan(table, j, occupied, mem, want, prof_rank):
+    """Up to ``want`` MIG instances of ``mem`` MiB each on device ``j`` beside ``occupied``, placed
+    together: a list of (profile, placement) indexes, as many as one arrangement holds.
+
+    The candidates are the free placements of every profile with enough memory: the pod's
+    preferred profiles first (``prof_rank``, 1 = most preferred, per profile of the table; empty
+    when the pod states none), then the rest smallest first (the table's order), each profile's
+    placements in their try order. A depth-first search takes candidates in that order (each
+    arrangement once: a later instance takes a later candidate), so its first path is the greedy
+    one, instance by instance the first candidate still free; it backtracks only when that path
+    holds fewer than ``want``, skips a branch that cannot beat the best arrangement found (free
+    slices the remaining candidates cover, over their smallest size), and stops at the first
+    arrangement of ``want`` instances or after MIG_SEARCH_BUDGET placements tried, keeping the
+    best found so far: never fewer instances than the greedy path."""
+    cands = []
+    for p in _profile_order(table, j, prof_rank):
+        if table.prof_mem[p] < mem:
             continue
-        for q in range(prof_place_off[p], prof_place_off[p] + prof_place_len[p]):
-            if not place_mask[q] & occupied:
-                return p, q
-    return -1, -1
+        off = table.prof_place_off[p]
+        for q in range(off, off + table.prof_place_len[p]):
+            if not table.place_mask[q] & occupied:
+                cands.append((p, q, table.place_mask[q]))
+    want = min(want, MAX_MIG_INSTANCES)
+    best = []
+    chosen = []
+    budget = [MIG_SEARCH_BUDGET]
+
+    def search(start, occ):
+        """True to stop: ``want`` reached or the budget spent."""
+        nonlocal best
+        if len(chosen) > len(best):
+            best = list(chosen)
+        if len(chosen) >= want:
+            return True
+        for i in range(start, len(cands)):
+            if cands[i][2] & occ:
+                continue
+            if len(chosen) + _mig_bound(cands, i, occ) <= len(best):
+                return False
+            if budget[0] <= 0:
+                return True
+            budget[0] -= 1
+            chosen.append(cands[i][:2])
+            if search(i + 1, occ | cands[i][2]):
+                return True
+            chosen.pop()
+        return False
+
+    search(0, occupied)
+    return best
+
+
+def _profile_order(table, j, prof_rank):
+    """Device ``j``'s profiles in try order: ranked (preferred) ones by rank, then the others,
+    each group in the table's order (memory, then slices)."""
+    first, last = table.mig_prof_off[j], table.mig_prof_off[j] + table.mig_prof_len[j]
+    if not len(prof_rank):
+        return range(first, last)
+    rank = [prof_rank[p] if p < len(prof_rank) and prof_rank[p] > 0 else _UNRANKED for p in range(first, last)]
+    return [first + i for _, i in sorted((r, i) for i, r in enumerate(rank))]
+
+
+def _mig_bound(cands, i, occ):
+    """How many more instances candidates ``i..`` could add beside ``occ``, at most: the free
+    slices they cover over the smallest of them."""
+    union, smallest = 0, MAX_MIG_INSTANCES + 1
+    for _, _, m in cands[i:]:
+        if not m & occ:
+            union |= m
+            smallest = min(smallest, m.bit_count())
+    return union.bit_count() // smallest if union else 0
 
 
 # -- among all that fit -----------------------------------------------------------------------

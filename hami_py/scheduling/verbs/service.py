@@ -24,6 +24,7 @@ from hami_py.scheduling.verbs.bind import BindError, Binder, BindRequest
 from hami_py.scheduling.verbs.identity import PodIdentity, Refused, require_uid
 from hami_py.scheduling.eviction.defrag_holds import DefragHolds
 from hami_py.scheduling.decision.filter import FilterDecision, Filterer
+from hami_py.scheduling.gangs.planner import Gangs
 from hami_py.scheduling.verbs.podlocks import PodBusy, PodLocks
 from hami_py.scheduling.decision.policies import PolicyError
 from hami_py.scheduling.verbs.preempt_verb import PreemptArgsError, process_preemption
@@ -79,6 +80,11 @@ class SchedulerService:
         # pod watch (observe) and its requeue hook (on_waiting).
         self.defrag_holds = DefragHolds(cache=cache, filterer=filterer, vendors=vendors, metrics=metrics,
                                         enabled=self.synced.is_set)
+        # Gangs (scheduling/gangs/): a gang's members reserved all together or not at all. The app
+        # feeds it the pod and PodGroup watches and its wake-up hooks. Preemption passes members over.
+        self.gangs = Gangs(cache=cache, filterer=filterer, vendors=vendors, metrics=metrics)
+        if preemptor is not None:
+            preemptor.search.spared = self.gangs.book.is_member
         # --filter-mode=all (scheduling/verbs/prioritize.py): every fitting node, /prioritize, refit at bind.
         self.all_nodes = self._all_nodes(filter_mode)
 
@@ -154,9 +160,16 @@ class SchedulerService:
         namespace = meta.get("namespace") or "default"   # as decide() reserves it
         stale = may_carry_decision(self.cache, pod, uid)   # before decide drops the charge
         try:
+            # A gang's member: placed with its gang or not at all (its planned decision, reserved
+            # when the gang was planned; under --filter-mode=all too, its planned node alone).
+            decision = self.gangs.resume(pod, node_names, request)
+            if isinstance(decision, dict):
+                count_outcome(self.metrics, "filter", request.vendors, "no_fit")
+                return filter_result(failed=decision)
             # Room held for the pod (the defragmenter's, then a preemption's): its victims still
             # leaving is the answer; once they are gone, the decision on its held node.
-            decision = self.defrag_holds.resume(pod, node_names, request)
+            if decision is None:
+                decision = self.defrag_holds.resume(pod, node_names, request)
             if isinstance(decision, dict):
                 return filter_result(failed=decision)
             if decision is None and self.preemptor is not None:
@@ -300,7 +313,8 @@ class SchedulerService:
         reads extender failures."""
         if not await self._wait_synced():
             return {"NodeNameToMetaVictims": None}, "scheduler cache is not synced yet"
-        search = self.preemptor.search if self.preemptor is not None else VictimSearch(self.cache, self.filterer)
+        search = self.preemptor.search if self.preemptor is not None else VictimSearch(
+            self.cache, self.filterer, spared=self.gangs.book.is_member)
         try:
             return process_preemption(args, search=search, vendors=self.vendors,
                                       vendor_ids=self.cache.vendor_ids), ""
@@ -387,6 +401,7 @@ class SchedulerService:
         bind's lock and Binding, a preemption's evictions are never left half done) for up to a
         bind's answer time, then cancelled (one hung on an API server that never answers must not
         hold the shutdown); then the Binder's own work."""
+        self.gangs.close()
         if self._unanswered:
             await asyncio.wait(list(self._unanswered), timeout=self.bind_answer_s)
             for work in list(self._unanswered):
