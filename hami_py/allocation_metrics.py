@@ -18,6 +18,16 @@ delays a /filter by one chunk, not by the whole scrape; the text is then sent on
 at a time. Each node and each pod is rendered in one synchronous stretch and is thus
 self-consistent; different nodes may be read a few milliseconds apart.
 
+A pooled family's devices (remote GPUs, served over the network to pods on other nodes) are
+left out of the per-node families, as upstream leaves them out (#3004: its pool is listed under
+every client node, so per-node series would repeat each card), and reported per server instead:
+``hami_remote_gpu_memory_limit_bytes`` (the card's memory), ``hami_remote_gpu_allocated`` (1 when
+the card is given to a pod, cards are given whole) and ``hami_remote_gpu_overview`` (the memory
+allocated, in bytes: the card's when given), labelled ``server``, ``endpoint``, ``device_uuid``
+(the pool's id, ``<server>/<GPU-UUID>``, as in the pods' annotations), ``device_index``,
+``device_type`` and ``zone``. Upstream's names and label names are from its change; what its
+overview's value is was not found, so it follows ``hami_node_gpu_overview`` (docs/devices/remotegpu.md).
+
 Quota gauges (``hami_resource_quota_used`` / ``_limit``) come from the ``quotas`` callable
 (``quota_samples`` of the cache's QuotaBook); without one nothing is emitted for them.
 """
@@ -83,6 +93,11 @@ LEGACY_POD_FAMILIES = (
     ("nodeGPUMigInstance",
      "A MIG instance created on a GPU (always 1; legacy name, migname is <profile>-<GPU instance id>)."),
 )
+REMOTE_GPU_FAMILIES = (
+    ("hami_remote_gpu_memory_limit_bytes", "Memory of a remote GPU (a card a lupine server serves), in bytes."),
+    ("hami_remote_gpu_allocated", "1 when a remote GPU is given to a pod (cards are given whole), else 0."),
+    ("hami_remote_gpu_overview", "Remote GPU memory allocated to pods, in bytes (the whole card when given)."),
+)
 QUOTA_FAMILIES = (
     ("hami_resource_quota_used", "Device resource used in a namespace quota."),
     ("hami_resource_quota_limit", "Device resource limit of a namespace quota."),
@@ -124,6 +139,7 @@ class _DeviceLabels:
     g4: str     # legacy: + devicetype
     g5: str     # legacy: + devicecores
     g6: str     # legacy: + devicecores, devicememorylimit
+    remote: str = ""   # a pooled family's device: server, endpoint, device_uuid, device_index, device_type
 
 
 @dataclass(slots=True)
@@ -147,7 +163,7 @@ class AllocationMetrics:
         self.legacy = legacy
         self.zone = escape(zone)
         self.quotas = quotas
-        self.device_families = DEVICE_FAMILIES + (LEGACY_DEVICE_FAMILIES if legacy else ())
+        self.device_families = DEVICE_FAMILIES + (LEGACY_DEVICE_FAMILIES if legacy else ()) + REMOTE_GPU_FAMILIES
         self.pod_families = POD_FAMILIES + (LEGACY_POD_FAMILIES if legacy else ())
         self._nodes: dict[str, _NodeLines] = {}
         self._pods: dict[str, _PodLines] = {}
@@ -272,6 +288,11 @@ class AllocationMetrics:
             cores, mem = cache.total_cores[j], cache.total_mem[j]
             base = f'node="{node}",device_uuid="{uuid}",device_index="{idx}"'
             old = f'nodeid="{node}",deviceuuid="{uuid}",deviceidx="{idx}"'
+            remote = ""
+            if self._vendor_of_id[cache.vendor[j]].pooled:
+                endpoint = escape(str((dev.custom or {}).get("endpoint") or ""))
+                remote = (f'server="{node}",endpoint="{endpoint}",device_uuid="{uuid}",device_index="{idx}",'
+                          f'device_type="{typ}",zone="{z}"')
             out.append(_DeviceLabels(
                 l4=f'{base},device_type="{typ}",zone="{z}"',
                 l5=f'{base},device_cores="{cores}",device_type="{typ}",zone="{z}"',
@@ -280,6 +301,7 @@ class AllocationMetrics:
                 g4=f'{old},devicetype="{typ}",zone="{z}"',
                 g5=f'{old},devicecores="{cores}",devicetype="{typ}",zone="{z}"',
                 g6=f'{old},devicecores="{cores}",devicememorylimit="{mem}",devicetype="{typ}",zone="{z}"',
+                remote=remote,
             ))
         return out
 
@@ -287,11 +309,17 @@ class AllocationMetrics:
         cache = self.cache
         cols: list[list[str]] = [[] for _ in self.device_families]
         (mem_limit, core_limit, mem_alloc, shared, core_alloc, overview, mem_ratio) = cols[:7]
-        legacy = cols[7:]
+        legacy = cols[7:-len(REMOTE_GPU_FAMILIES)]
+        remote_limit, remote_allocated, remote_overview = cols[-len(REMOTE_GPU_FAMILIES):]
         for k, (dev, lab) in enumerate(zip(entry.devices, labels)):
             j = entry.offset + k
             total_mem, total_cores = cache.total_mem[j], cache.total_cores[j]
             used, used_mem, used_cores = cache.used[j], cache.used_mem[j], cache.used_cores[j]
+            if lab.remote:      # a pooled family's card: per server, not per node (see the docstring)
+                remote_limit.append(f"hami_remote_gpu_memory_limit_bytes{{{lab.remote}}} {total_mem * MIB}\n")
+                remote_allocated.append(f"hami_remote_gpu_allocated{{{lab.remote}}} {1 if used > 0 else 0}\n")
+                remote_overview.append(f"hami_remote_gpu_overview{{{lab.remote}}} {used_mem * MIB}\n")
+                continue
             cores_limit, cores_alloc = self._vendor_of_id[cache.vendor[j]].core_metrics(total_cores, used_cores)
             limit_bytes, used_bytes = total_mem * MIB, used_mem * MIB
             mem_limit.append(f"hami_gpu_memory_limit_bytes{{{lab.l4}}} {limit_bytes}\n")

@@ -346,3 +346,56 @@ async def test_leader_and_cache_synced_gauges(api):
                                        "holderIdentity": "b_2"}})
         await wait_until(lambda: follower.service.synced.is_set(), "b to lead")
         assert series(await scrape(follower), "hami_scheduler_is_leader") == {labels(): 1.0}
+
+
+def test_remote_gpus_are_reported_per_server_and_not_per_node():
+    """Upstream's hami_remote_gpu_* (#3004): one series per card a lupine server serves, labelled
+    by the server and its endpoint; the cards are left out of the per-node gauges. A card given
+    to a pod (whole) is allocated 1 with its memory in the overview."""
+    from tests.test_family_remotegpu import ALLOCATED, card, client_node, device_config, remote_pod, server_node
+    cache = UsageCache(build_vendors(device_config()))
+    cache.upsert_node(server_node("gpu-a", "10.0.0.5", [card("GPU-A0", index=0), card("GPU-A1", 81920, index=1)]))
+    cache.upsert_node(client_node("cpu-1"))
+    cache.upsert_node(gpu_node("local", gpus=1))
+    samples = parse(AllocationMetrics(cache, legacy=True).render_now().decode())
+
+    def card_labels(uuid: str, index: int) -> frozenset:
+        return labels(server="gpu-a", endpoint="10.0.0.5:14833", device_uuid=f"gpu-a/{uuid}",
+                      device_index=str(index), device_type="RemoteGPU", zone="vGPU")
+
+    a0, a1 = card_labels("GPU-A0", 0), card_labels("GPU-A1", 1)
+    assert series(samples, "hami_remote_gpu_memory_limit_bytes") == {a0: 40960 * MIB, a1: 81920 * MIB}
+    assert series(samples, "hami_remote_gpu_allocated") == {a0: 0, a1: 0}
+    assert series(samples, "hami_remote_gpu_overview") == {a0: 0, a1: 0}
+    # the per-node gauges list the local GPU only, legacy names too
+    for name in ("hami_gpu_memory_limit_bytes", "hami_node_gpu_overview", "GPUDeviceMemoryLimit"):
+        assert {dict(k).get("node", dict(k).get("nodeid")) for k in series(samples, name)} == {"local"}, name
+
+    text = "gpu-a/GPU-A0,RemoteGPU,40960,100:gpu-a/GPU-A1,RemoteGPU,81920,100:;"
+    pod = remote_pod("p", {"name": "main"})
+    pod["metadata"].update(uid="uid-p", resourceVersion="5", annotations={"hami.io/vgpu-node": "cpu-1", ALLOCATED: text})
+    pod["spec"]["nodeName"] = "cpu-1"
+    cache.on_pod_event("ADDED", pod)
+    samples = parse(AllocationMetrics(cache).render_now().decode())
+    assert series(samples, "hami_remote_gpu_allocated") == {a0: 1, a1: 1}
+    assert series(samples, "hami_remote_gpu_overview") == {a0: 40960 * MIB, a1: 81920 * MIB}
+    # off (the chart's default): no remote series at all
+    off = _cache_with(server_node("gpu-a", "10.0.0.5", [card("GPU-A0")]))
+    assert not [k for k in parse(AllocationMetrics(off).render_now().decode()) if k[0].startswith("hami_remote_gpu")]
+
+
+def test_remote_gpu_series_follow_the_cache_between_scrapes():
+    """Lines are cached per node until its usage changes: a card given and released shows."""
+    from tests.test_family_remotegpu import ALLOCATED, card, device_config, remote_pod, server_node
+    cache = UsageCache(build_vendors(device_config()))
+    cache.upsert_node(server_node("gpu-b", "10.0.0.6", [card("GPU-B0")]))
+    metrics = AllocationMetrics(cache)
+    assert list(series(parse(metrics.render_now().decode()), "hami_remote_gpu_allocated").values()) == [0]
+    pod = remote_pod("p", {"name": "main"})
+    pod["metadata"].update(uid="uid-p", resourceVersion="5",
+                           annotations={"hami.io/vgpu-node": "cpu-1", ALLOCATED: "gpu-b/GPU-B0,RemoteGPU,40960,100:;"})
+    pod["spec"]["nodeName"] = "cpu-1"
+    cache.on_pod_event("ADDED", pod)
+    assert list(series(parse(metrics.render_now().decode()), "hami_remote_gpu_allocated").values()) == [1]
+    cache.on_pod_event("DELETED", pod)
+    assert list(series(parse(metrics.render_now().decode()), "hami_remote_gpu_allocated").values()) == [0]

@@ -253,6 +253,15 @@ def test_every_example_loads():
     cluster, workload, _ = _load(str(EXAMPLES / "realistic/cluster.yaml"), str(EXAMPLES / "realistic/workload.yaml"))
     assert (len(cluster.nodes), sum(len(d) for d in cluster.devices.values())) == (16, 128)
     assert 200 <= workload.total_pods <= 400
+    # remote GPUs: the CLIs turn the family on for a cluster with servers (hami_py/offline/remote_gpus.py)
+    from hami_py.offline.remote_gpus import with_remote_gpus
+    remote_cluster = str(EXAMPLES / "remote-gpu/cluster.yaml")
+    config, note = with_remote_gpus(remote_cluster, DeviceConfig.default())
+    vendors = build_vendors(config)
+    cluster = load_cluster(remote_cluster, vendors=vendors)
+    workload = load_workload(str(EXAMPLES / "remote-gpu/workload.yaml"), vendors=vendors, device_config=config)
+    assert note and cluster.devices["cpu-0"] == [] and len(cluster.devices["lupine-big"]) == 4
+    assert workload.total_pods == 5
 
 
 def test_each_pod_device_shows_its_share_of_the_device_s_compute(capsys):

@@ -25,6 +25,7 @@ from hami_py.defrag.world import (
 )
 from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.logs import configure_logging
+from hami_py.offline.remote_gpus import with_remote_gpus
 from hami_py.offline.source import InputError
 from hami_py.scheduling.eviction.defrag_holds import MAX_HOLD_S
 from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES
@@ -116,9 +117,14 @@ def main(argv: list[str] | None = None) -> int:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         check_flags(ns)
         device_config = load_device_config(ns.device_config_file) if ns.device_config_file else DeviceConfig.default()
+        # A dump with lupine servers needs the remote-GPU family on (off in the chart's default);
+        # offline, no server's /metrics is read (a live cluster's either: the plan is the books').
+        device_config, remote_note = with_remote_gpus(ns.cluster, device_config)
         configure_logging(json=False, level=logging.WARNING)   # before the vendors, which may log
         vendors = build_vendors(device_config, EVERY_FAMILY)
         snapshot = load_snapshot(ns.cluster, vendors=vendors, scheduler_name=ns.scheduler_name) if ns.cluster else None
+        if remote_note:
+            snapshot.notes.insert(0, remote_note)
     except (UsageError, ConfigError, InputError) as exc:
         return _fail(str(exc))
     try:

@@ -116,7 +116,8 @@ def _wanted_devices(planner: Search, wanted: str) -> dict[str, list[Device]]:
         if entry is None:
             continue
         occupants: dict[str, set[str]] = {}
-        for uid in cache.node_pods.get(node, ()):
+        # With the pods running elsewhere and charged here (a pooled family: remote GPUs).
+        for uid in (*cache.node_pods.get(node, ()), *cache.ledger.foreign_pods.get(node, ())):
             for e in cache.pods[uid].entries:
                 occupants.setdefault(e.uuid, set()).add(uid)
         for k, d in enumerate(cache.device_usage(node)):

@@ -22,7 +22,7 @@ from hami_py.fakeapi.family_nodes import (
     AMD_MI300X_MEMORY, KUNLUN_CARD_MEMORY, METAX_SGPU_MEMORY, DeviceModel, GiB, NvidiaModel, amd_parts,
     ascend_config, ascend_parts, awsneuron_parts, biren_parts, cambricon_parts, enflame_parts, hygon_parts,
     iluvatar_parts, kunlun_parts, kunlun_vxpu_parts, metax_gpu_parts, metax_sgpu_parts, mthreads_parts, nvidia_parts,
-    vastai_card_parts, vastai_die_parts)
+    remotegpu_parts, vastai_card_parts, vastai_die_parts)
 from hami_py.fakeapi.objects import GPU_MODELS
 
 
@@ -76,6 +76,18 @@ def _nvidia_models() -> list[DeviceModel]:
                                build=nvidia_parts, vendor_type=spec["type"],
                                settable=("splitCount", "memory", "unhealthy")))
     return out
+
+
+def _remote_models() -> list[DeviceModel]:
+    """Lupine servers of each NVIDIA model (family ``remotegpu``): every card served over the
+    network, none left to the node itself. No demo pods: the family is off in the chart's default
+    device config (hami-scheduler simulate turns it on for a cluster with servers)."""
+    return [NvidiaModel(key=f"remotegpu-{short.lower()}", family="remotegpu", model=short, vendor_key="RemoteGPU",
+                        devmem=spec["devmem"], description=f"a lupine server of {spec['type']} served remotely "
+                        "(nvidia.com/remote-gpu; needs the device config's remotegpu section)",
+                        build=remotegpu_parts, vendor_type=spec["type"], primary=False,
+                        settable=("memory", "unhealthy"))
+            for short, spec in GPU_MODELS.items()]
 
 
 def _models() -> list[DeviceModel]:
@@ -158,7 +170,7 @@ def _models() -> list[DeviceModel]:
                     demo_limits=(("amd-half", {"amd.com/gpu": "1", "amd.com/gpumem": "65536",
                                                "amd.com/gpucores": "50"}),)),
     ]
-    return models + _nvidia_models()
+    return models + _nvidia_models() + _remote_models()
 
 
 MODELS: list[DeviceModel] = _models()

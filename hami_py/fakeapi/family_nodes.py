@@ -33,6 +33,8 @@ AWS Neuron         No annotation: capacity ``aws.amazon.com/neuron`` (devices) a
                    ``node.kubernetes.io/instance-type`` (``inf2.48xlarge``, ``trn1.32xlarge``).
 AMD MI300X         ``hami.io/node-amd-register``: a JSON list (type ``AMD-MI300X``, 196608 MiB,
                    ``devcore`` = 304 compute units, 4 shares a GPU), capacity ``amd.com/gpu``.
+Remote GPU server  NVIDIA's ``hami.io/node-nvidia-register`` with every entry in mode ``remote``, the
+(lupine)           label ``hami.io/lupine-server`` (empty: the default port) and an InternalIP.
 =================  ==========================================================================
 
 
@@ -44,6 +46,7 @@ family; the catalogue of models that uses them, its lookup and its command line 
 from __future__ import annotations
 
 import uuid as uuidlib
+import zlib
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -66,6 +69,7 @@ class NodeParts:
     annotations: dict[str, str] = field(default_factory=dict)
     labels: dict[str, str] = field(default_factory=dict)
     capacity: dict[str, str] = field(default_factory=dict)
+    internal_ip: str = ""         # the kubelet's InternalIP address, where a family reads it
 
     def metadata_patch(self) -> dict:
         """``kubectl patch node N --type=merge -p …``"""
@@ -118,11 +122,14 @@ class DeviceModel:
 
 def family_node(name: str, parts: NodeParts, *, labels: dict | None = None, annotations: dict | None = None) -> dict:
     capacity = {"cpu": "64", "memory": "512Gi", **parts.capacity}
+    status: dict = {"capacity": dict(capacity), "allocatable": dict(capacity)}
+    if parts.internal_ip:
+        status["addresses"] = [{"type": "InternalIP", "address": parts.internal_ip}]
     return {
         "apiVersion": "v1", "kind": "Node",
         "metadata": {"name": name, "labels": {**parts.labels, **(labels or {})},
                      "annotations": {**parts.annotations, **(annotations or {})}},
-        "status": {"capacity": dict(capacity), "allocatable": dict(capacity)},
+        "status": status,
     }
 
 
@@ -408,6 +415,32 @@ def nvidia_parts(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
     built = gpu_node(node, gpus=o.devices, split=split, devices=devices)
     return NodeParts(annotations=built["metadata"]["annotations"], labels={"gpu": "on"},
                      capacity={"nvidia.com/gpu": built["status"]["capacity"]["nvidia.com/gpu"]})
+
+
+# -- Remote GPUs (lupine servers) ------------------------------------------------------------------
+# A lupine server: its NVIDIA plugin registers the served cards in ``hami.io/node-nvidia-register``
+# with mode ``remote``; the node is labelled ``hami.io/lupine-server`` (empty: the default port) and
+# has an InternalIP, which clients reach. A fake server's address is in 198.18.0.0/15 (RFC 2544,
+# benchmarking: no real host answers there), derived from its name, so nothing is ever read from
+# it: the scheduler's poll of the servers' /metrics finds no busy card.
+
+REMOTE_SERVER_LABEL = "hami.io/lupine-server"
+
+
+def fake_server_ip(node: str) -> str:
+    n = zlib.crc32(node.encode()) % (1 << 17)
+    return f"198.{18 + (n >> 16)}.{(n >> 8) & 0xFF}.{n & 0xFF}"
+
+
+def remotegpu_parts(model: DeviceModel, node: str, o: BuildOptions) -> NodeParts:
+    built = nvidia_parts(model, node, o)
+    key = "hami.io/node-nvidia-register"
+    devices = orjson.loads(built.annotations[key])
+    for dev in devices:
+        dev["mode"] = "remote"
+    built.annotations[key] = orjson.dumps(devices).decode()
+    return NodeParts(annotations=built.annotations, labels={REMOTE_SERVER_LABEL: ""}, capacity={},
+                     internal_ip=fake_server_ip(node))
 
 
 @dataclass(frozen=True)

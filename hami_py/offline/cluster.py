@@ -21,15 +21,26 @@ Two forms are accepted.
         - name: odd-box
           devices:            # explicit registrations, HAMi's fields
             - {type: NVIDIA A100-SXM4-40GB, devmem: 40960, count: 4}
+        - name: lupine        # remote-GPU servers: every card served over the network
+          family: remotegpu
+          model: A100-40GB
+          gpus: 4
+        - name: cpu           # GPU-less nodes: they host only pods asking for remote GPUs
+          count: 8
+          gpus: 0
 
   Families (``family:``): nvidia (the default), ascend, cambricon, hygon, kunlun, kunlun-vxpu,
-  enflame; their models and what each plugin registers are in :mod:`hami_py.fakeapi.families`.
+  enflame, remotegpu, ...; their models and what each plugin registers are in
+  :mod:`hami_py.fakeapi.families`. Remote-GPU servers need the device config's ``remotegpu``
+  section, which the offline tools turn on for a cluster that has servers
+  (:mod:`hami_py.offline.remote_gpus`); nodes without devices are kept only while it is on.
 
 * Plain Kubernetes: ``kubectl get nodes -o yaml`` (a List, or Node documents) whose nodes carry
   HAMi's registration annotations, so a planner can snapshot a real cluster. Pods in the same
   file that are bound and hold a HAMi allocation (``kubectl get nodes,pods -A -o yaml``) are
   kept as the cluster's current usage, and its PodDisruptionBudgets are kept for whoever moves
-  those pods.
+  those pods. Nodes without a registration are dropped, unless a pooled family (remote GPUs) is
+  on: then they are kept, as the nodes its pods run on.
 
 Every registration is decoded here with the scheduler's own vendor code, so a node the scheduler
 would reject is reported with its file and line before anything runs. Both offline tools read
@@ -51,6 +62,7 @@ from hami_py.fakeapi.families import FAMILIES, MODELS, find_device_model
 from hami_py.fakeapi.family_nodes import DeviceModel
 from hami_py.fakeapi.objects import GPU_MODELS, gpu_node, gpu_uuid, registration
 from hami_py.k8s.nodelock import LOCK_ANNOTATION
+from hami_py.offline.remote_gpus import FAMILY as REMOTE_FAMILY
 from hami_py.offline.source import (
     Where, check_keys, kubernetes_objects, kind_of, load_documents, optional, plain, read_int, read_list, read_map,
     read_mib, read_str, read_str_map, required,
@@ -138,14 +150,36 @@ def _load_simulator_form(doc: dict, where: Where, *, vendors: dict[str, DeviceVe
     if not groups:
         raise groups_where.error("the cluster has no nodes")
     cluster = Cluster(path=where.path, nodes=[], devices={})
+    pooled = _pooled(vendors)
+    for i, raw in enumerate(groups):
+        if not pooled and isinstance(raw, dict) and str(raw.get("family") or "").strip().lower() == REMOTE_FAMILY:
+            raise groups_where.at(groups, i).at(raw, "family").error(
+                "remote-GPU servers need the device config's remotegpu section with a resourceCountName")
     for i, raw in enumerate(groups):
         group_where = groups_where.at(groups, i)
-        for node in _node_group(group_where, read_map(group_where, raw)):
-            if not _add_node(cluster, node, group_where, vendors=vendors):
+        group = read_map(group_where, raw)
+        deviceless = _deviceless(group)
+        nodes = _node_group(group_where, group)
+        if deviceless and not pooled:
+            raise group_where.at(group, "gpus").error(
+                "a node without devices hosts only pods asking for remote GPUs, and the remote-GPU family is off "
+                "(no remotegpu server in the cluster, no remotegpu resources in the device config)")
+        for node in nodes:
+            if not _add_node(cluster, node, group_where, vendors=vendors, keep_deviceless=deviceless):
                 raise group_where.error(
                     f'the scheduler finds no device on node "{node["metadata"]["name"]}": no vendor it runs '
                     "decodes this registration")
     return cluster
+
+
+def _pooled(vendors: dict[str, DeviceVendor]) -> bool:
+    """Whether a family whose devices serve pods on other nodes (remote GPUs) is on."""
+    return any(v.pooled for v in vendors.values())
+
+
+def _deviceless(group: dict) -> bool:
+    gpus = group.get("gpus")
+    return type(gpus) is int and gpus == 0
 
 
 def _node_group(where: Where, group: dict) -> list[dict]:
@@ -159,6 +193,12 @@ def _node_group(where: Where, group: dict) -> list[dict]:
         if not _NODE_NAME.match(node_name) or len(node_name) > 253:
             raise where.at(group, "name").error(f'"{node_name}" is not a valid node name '
                                                 "(lowercase letters, digits, '-' and '.')")
+    if _deviceless(group):
+        clash = [k for k in _GROUP_FIELDS if k not in ("name", "count", "gpus", "labels", "annotations")
+                 and group.get(k) is not None]
+        if clash:
+            raise where.at(group, clash[0]).error(f'"{clash[0]}" does not apply to a node without devices (gpus: 0)')
+        return [_plain_node(n, labels, annotations) for n in names]
     if group.get("devices") is not None:
         clash = [k for k in ("gpus", "model", "memory", "cores", "splitCount", "numaNodes", "mode", "unhealthy")
                  if group.get(k) is not None]
@@ -189,6 +229,15 @@ def _node_group(where: Where, group: dict) -> list[dict]:
             dev["health"] = dev["index"] not in unhealthy
         nodes.append(gpu_node(n, gpus=gpus, split=split, labels=labels, annotations=annotations, devices=devices))
     return nodes
+
+
+def _plain_node(name: str, labels: dict, annotations: dict) -> dict:
+    """A node with no device of its own (a remote-GPU client)."""
+    capacity = {"cpu": "64", "memory": "512Gi"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **labels},
+                         "annotations": dict(annotations)},
+            "status": {"capacity": dict(capacity), "allocatable": dict(capacity)}}
 
 
 def _known_models() -> str:
@@ -298,8 +347,9 @@ def _read_bool(where: Where, mapping: dict, key: str, default: bool) -> bool:
 
 
 def _add_node(cluster: Cluster, node: dict, where: Where, *, vendors: dict[str, DeviceVendor],
-              annotation_where: dict[str, Where] | None = None) -> bool:
-    """Decode the node's registrations with the scheduler's vendors; add it if it has devices."""
+              annotation_where: dict[str, Where] | None = None, keep_deviceless: bool = False) -> bool:
+    """Decode the node's registrations with the scheduler's vendors; add it if it has devices
+    (or, with ``keep_deviceless``, whatever it has)."""
     name = node["metadata"]["name"]
     if name in cluster.devices:      # every node added is in both, at once
         raise where.error(f'node "{name}" is defined twice')
@@ -310,7 +360,7 @@ def _add_node(cluster: Cluster, node: dict, where: Where, *, vendors: dict[str, 
         except DeviceDecodeError as exc:
             at = (annotation_where or {}).get(vendor.register_annotation or "", where)
             raise at.error(f"the scheduler rejects this registration: {exc}") from None
-    if not devices:
+    if not devices and not keep_deviceless:
         return False
     cluster.nodes.append(node)
     cluster.devices[name] = devices
@@ -325,24 +375,33 @@ def _load_kubernetes_form(docs: list[tuple[Any, Where]], path: str, *, vendors: 
     skipped_kinds: dict[str, int] = {}
     pods = []
     unregistered = []
+    clients = 0
+    pooled = _pooled(vendors)
     for obj, where in objects:
         kind = obj.get("kind")
         if kind == "Node":
             node, annotation_where = _snapshot_node(obj, where, vendors=vendors)
             if not _add_node(cluster, node, where, vendors=vendors, annotation_where=annotation_where):
-                unregistered.append(node["metadata"]["name"])
+                if not pooled:
+                    unregistered.append(node["metadata"]["name"])
+                    continue
+                # With remote GPUs on, a node without devices is where their pods run.
+                _add_node(cluster, node, where, vendors=vendors, keep_deviceless=True)
+                clients += 1
         elif kind == "Pod":
             pods.append((obj, where))
         elif kind == "PodDisruptionBudget":
             cluster.budgets.append(plain(obj))
         else:
             skipped_kinds[str(kind)] = skipped_kinds.get(str(kind), 0) + 1
-    if not cluster.nodes:
+    if not any(cluster.devices.values()):
         raise Where(path).error("no node carries a HAMi device registration annotation "
                                 f"(e.g. {NVIDIA_REGISTER_ANNOTATION}); nothing to schedule on")
     if unregistered:
         cluster.notes.append(f"ignored {len(unregistered)} node(s) without HAMi device registrations: "
                              + ", ".join(unregistered[:5]) + (" ..." if len(unregistered) > 5 else ""))
+    if clients:
+        cluster.notes.append(f"kept {clients} node(s) without devices: they may host remote-GPU pods")
     for kind, n in sorted(skipped_kinds.items()):
         cluster.notes.append(f"ignored {n} {kind} object(s)")
     _existing_pods(cluster, pods, vendors=vendors)
@@ -374,6 +433,8 @@ def _snapshot_node(obj: dict, where: Where, *, vendors: dict[str, DeviceVendor])
     node = {"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": name, "labels": labels, "annotations": annotations},
             "status": {k: plain(status[k]) for k in ("capacity", "allocatable") if isinstance(status.get(k), dict)}}
+    if isinstance(status.get("addresses"), list):
+        node["status"]["addresses"] = plain(status["addresses"])     # a remote-GPU server's endpoint
     return node, positions
 
 

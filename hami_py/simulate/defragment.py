@@ -47,6 +47,9 @@ def _world(run: ScenarioRun) -> World:
 def _pending_pods(run: ScenarioRun) -> list[dict]:
     pods = []
     for outcome in run.pending:
+        if outcome.gang:
+            # Moves never make room for one member alone: the gang is placed whole or not at all.
+            continue
         pod = run.api.get("pods", outcome.name, outcome.namespace)
         if pod is not None:
             pods.append(pod)

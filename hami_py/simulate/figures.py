@@ -13,7 +13,7 @@ from hami_py.devices.base import ContainerRequest, DeviceVendor
 from hami_py.devices.nvidia import USE_UUID_ANNOTATION, VENDOR_KEY as NVIDIA
 from hami_py.devices.template import TemplateVendor
 from hami_py.scheduling.decision.requests import parse_pod_requests
-from hami_py.simulate.results import Fragmentation
+from hami_py.simulate.results import Fragmentation, gang_refusal
 from hami_py.simulate.scenario_run import ScenarioRun
 from hami_py.simulate.workload import Template, Workload
 
@@ -43,6 +43,8 @@ def fragmentation_failures(run: ScenarioRun) -> int:
             largest[v] = max(largest.get(v, 0), cache.total_mem[i])
     failures = 0
     for outcome in run.pending:
+        if outcome.gang and gang_refusal(outcome.gang, outcome.failed_nodes) is not None:
+            continue    # it waits for its whole gang's room, not for memory to come together
         need: dict[int, int] = {}
         for per_vendor in run.arrivals[outcome.arrival].template.request.per_container:
             for key, req in per_vendor.items():

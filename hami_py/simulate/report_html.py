@@ -74,6 +74,10 @@ GLOSSARY: tuple[tuple[str, str, str, str], ...] = (
     ("stranded MiB mean", "summary.strandedMiBMean", "MEAN",
      "The same stranded memory, sampled after every arrival and averaged over the run."),
     ("pods moved", "summary.moves", "MOVES", "Pods the defragmenter moved (--defrag-every K)."),
+    ("gangs placed, waiting", "summary.gangs.placed, summary.gangs.waiting", "GANGS",
+     "With gangs in the workload (podGroup): gangs whose minMember members were placed together, and gangs "
+     "still waiting; a waiting gang's reason is the scheduler's answer (PodGroup ns/name: k of N members fit). "
+     "The scheduler places a gang whole or not at all, so a waiting gang holds no device."),
     ("placed without moves", "summary.withoutMoves.placed", "UNMOVED",
      "With --defrag-every: the pods the same arrivals place under the same policies without any move. More than "
      "placed means moving cost placements: a move changes where every later pod lands."),
@@ -185,6 +189,11 @@ def _cards(s: dict, *, mixed: bool = False) -> str:
                      "(<code>refusingTypicalMiB</code> of <code>freeMiB</code>), on "
                      f"{f['refusingTypicalGpus']} {'devices' if mixed else 'GPUs'}, cannot take the typical request "
                      f"({escape(f['typicalRequest'])}).</div>")
+    if s["gangs"]["each"]:
+        g = s["gangs"]
+        waiting = "; ".join(escape(row["reason"] or row["gang"]) for row in g["each"] if row["state"] == "waiting")
+        lines.append(f"<div>Gangs (<code>gangs</code>): {g['placed']} placed whole, {g['waiting']} waiting"
+                     f"{': ' + waiting if waiting else ''}.</div>")
     if "withoutMoves" in s:
         w = s["withoutMoves"]
         worse = w["placed"] > w["placedWithMoves"]

@@ -1,9 +1,9 @@
 """``--output json``: one object for scripts and dashboards.
 
-``summary`` (placed, pending and the utilisation figures), ``nodes`` (per node and per GPU) and
-``pods`` (one entry per workload pod: namespace, name, node or null, the devices it got, and the
-reason when pending) describe the chosen policies; ``comparison`` lists every policy pair's
-summary when --compare-policies was given. Nothing time-dependent goes in, so two runs of the
+``summary`` (placed, pending, gangs placed and waiting, and the utilisation figures), ``nodes``
+(per node and per GPU) and ``pods`` (one entry per workload pod: namespace, name, node or null,
+the devices it got, its gang, and the reason when pending) describe the chosen policies;
+``comparison`` lists every policy pair's summary when --compare-policies was given. Nothing time-dependent goes in, so two runs of the
 same files give the same bytes and can be diffed.
 """
 from __future__ import annotations

@@ -28,6 +28,8 @@ def render_table(report: Report, *, detail: bool = False) -> str:
         add(f"  note       {note}")
     add("")
     add(_pods_line(s))
+    if r.gang_sizes:
+        lines.extend(gangs_lines(s["gangs"]))
     add(f"Nodes       {s['nodes']}, {s['nodesInUse']} in use")
     if r.mixed:     # one line per family, named by its vendor key
         width = max([11] + [len(v) + 1 for v in s["devicesByVendor"]])
@@ -83,6 +85,21 @@ def _pods_line(s: dict) -> str:
         placed += f" ({s['running']} running, {s['completed']} completed)"
     existing = f"; {s['existingPods']} already running" if s["existingPods"] else ""
     return f"Pods        {s['pods']}: {placed}, {s['pending']} pending{existing}"
+
+
+def gangs_lines(g: dict) -> list[str]:
+    """``Gangs  2: 1 placed whole, 1 waiting``, then each waiting gang's answer."""
+    out = [f"Gangs       {g['placed'] + g['waiting']}: {g['placed']} placed whole, {g['waiting']} waiting"]
+    for row in g["each"]:
+        if row["state"] == "waiting":
+            held = f" ({row['placed']} of its members placed)" if row["placed"] else ""
+            out.append(f"            waiting: {row['reason'] or row['gang']}{held}")
+    return out
+
+
+def _gangs_cell(s: dict) -> str:
+    g = s["gangs"]
+    return "-" if not g["each"] else f"{g['placed']}/{g['placed'] + g['waiting']}"
 
 
 def _unmoved(s: dict) -> str:
@@ -177,11 +194,12 @@ def comparison_table(results: list[ScenarioResult], *, chosen: ScenarioResult | 
     mixed = any(x.mixed for x in results)
     width = max([16] + [len(x.label) for x in results])
     moves = any(x.defrag_every for x in results)
+    gangs = any(x.gang_sizes for x in results)
     out = ["POLICY COMPARISON (node/gpu)",
            f"  {'POLICIES':<{width}}  {'PLACED':>6}  {'PENDING':>7}  {'FRAGFAIL':>8}  {'NODES':>5}  "
            f"{'DEVS' if mixed else 'GPUS':>5}  {'WHOLE':>5}  {'MEM':>6}  {'CORES':>6}  "
            f"{'SLOTS':>6}  {'FRAGMENTED':>10}  {'STRANDED MiB':>12}  {'MEAN':>10}"
-           + ("  MOVES  UNMOVED" if moves else "")]
+           + ("  MOVES  UNMOVED" if moves else "") + ("  GANGS" if gangs else "")]
     for x in results:
         s = x.summary()
         marks = (" best" if x is best else "") + (" (chosen)" if chosen is not None and x is chosen else "")
@@ -189,8 +207,11 @@ def comparison_table(results: list[ScenarioResult], *, chosen: ScenarioResult | 
                    f"{s['nodesInUse']:>5}  {s['gpusInUse']:>5}  {s['wholeDevicesFree']:>5}  "
                    f"{s['memory']['percent']:5.1f}%  {s['cores']['percent']:5.1f}%  {s['slots']['percent']:5.1f}%  "
                    f"{s['fragmentation']['percent']:9.1f}%  {s['strandedMiBAtEnd']:>12,}  {s['strandedMiBMean']:>10,}"
-                   + (f"  {s['moves']:>5}  {_unmoved(s):>7}" if moves else "") + marks)
+                   + (f"  {s['moves']:>5}  {_unmoved(s):>7}" if moves else "")
+                   + (f"  {_gangs_cell(s):>5}" if gangs else "") + marks)
     out.append(f"  best: {BEST_RULE}")
     if moves:
         out.append("  UNMOVED: pods the same arrivals place without moves (! where that is more than with them)")
+    if gangs:
+        out.append("  GANGS: gangs placed whole, of the workload's gangs")
     return out

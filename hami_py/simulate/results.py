@@ -31,6 +31,7 @@ class PodOutcome:
     failed_nodes: dict[str, str] | None = None
     attempts: int = 0
     moved: int = 0              # times the defragmenter moved it
+    gang: str = ""              # its gang (``PodGroup ns/name``), "" for none
 
     @property
     def state(self) -> str:
@@ -42,6 +43,8 @@ class PodOutcome:
         out = {"namespace": self.namespace, "name": self.name, "template": self.template, "state": self.state,
                "node": self.node, "devices": self.devices, "arrival": self.arrival, "placedAt": self.placed_at,
                "completedAt": self.completed_at}
+        if self.gang:
+            out["gang"] = self.gang
         if self.node is None:
             out["reason"] = self.reason
             out["failedNodes"] = self.failed_nodes
@@ -131,6 +134,7 @@ class ScenarioResult:
     # With --defrag-every: the same arrivals under the same policies without moves (runner.py),
     # so that a report says what moving won or cost.
     baseline: "ScenarioResult | None" = None
+    gang_sizes: dict[str, int] = field(default_factory=dict)   # each gang of the workload: its minMember
 
     @property
     def label(self) -> str:
@@ -195,7 +199,25 @@ class ScenarioResult:
             "pendingMovesCouldPlace": self.pending_movable,
             **({"withoutMoves": self.against_baseline()} if self.baseline is not None else {}),
             "devicesByVendor": self.by_vendor(),
+            "gangs": self.gangs(),
         }
+
+    def gangs(self) -> dict:
+        """Gangs placed (at least minMember members placed, together) and waiting, each waiting
+        one with its gang's answer (``PodGroup ns/name: k of N members fit``)."""
+        rows = []
+        for gang, minimum in self.gang_sizes.items():
+            members = [p for p in self.pods if p.gang == gang]
+            placed = sum(1 for p in members if p.state != "pending")
+            row = {"gang": gang, "minMember": minimum, "members": len(members), "placed": placed,
+                   "state": "placed" if placed >= minimum else "waiting"}
+            if placed < minimum:
+                pending = [p for p in members if p.state == "pending"]
+                answers = [a for p in pending if (a := gang_refusal(gang, p.failed_nodes)) is not None]
+                row["reason"] = answers[0] if answers else (pending[0].reason if pending else "")
+            rows.append(row)
+        waiting = [r for r in rows if r["state"] == "waiting"]
+        return {"placed": len(rows) - len(waiting), "waiting": len(waiting), "each": rows}
 
     def by_vendor(self) -> dict[str, dict]:
         """Per vendor key (``NVIDIA``, ``Ascend910B3``, ``kunlun`` ...): devices, in use,
@@ -310,6 +332,16 @@ def percent(used: int | float, total: int | float) -> float:
 def natural_key(name: str) -> tuple:
     """``node-2`` before ``node-10``."""
     return tuple((1, int(part), "") if part.isdigit() else (0, 0, part) for part in re.split(r"(\d+)", name) if part)
+
+
+def gang_refusal(gang: str, failed: dict[str, str] | None) -> str | None:
+    """The gang's own answer when FailedNodes is one (every node refused with ``<gang>: ...``)."""
+    answers = set((failed or {}).values())
+    if len(answers) == 1:
+        (answer,) = answers
+        if answer.startswith(f"{gang}: "):
+            return answer
+    return None
 
 
 def summarize_failed(failed: dict[str, str] | None, total: int) -> str:

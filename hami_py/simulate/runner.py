@@ -22,6 +22,7 @@ from hami_py.devices.registry import EVERY_FAMILY
 from hami_py.embedded import embedded_options, running_scheduler, wait_for
 from hami_py.fakeapi import FakeApiServer
 from hami_py.offline.cluster import Cluster
+from hami_py.scheduling.gangs.membership import podgroup_key
 from hami_py.simulate import defragment as defragmenting
 from hami_py.simulate.figures import fragmentation, fragmentation_failures
 from hami_py.simulate.results import DeviceState, ScenarioResult
@@ -136,11 +137,15 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
                        progress: ProgressFn | None = None) -> ScenarioResult:
     """Run the workload on a fresh embedded cluster under the scenario's default policies."""
     started = time.perf_counter()
-    api = FakeApiServer()
+    # Serving scheduler-plugins' PodGroup CRD only when the workload makes gangs of it: the
+    # scheduler then watches PodGroups, as it would on such a cluster.
+    api = FakeApiServer(podgroups=bool(workload.podgroups))
     await api.start()
     try:
         for node in cluster.nodes:
             api.create("nodes", node)
+        for podgroup in workload.podgroups:
+            api.create("podgroups", podgroup)
         existing = [api.create("pods", pod) for pod in cluster.existing_pods]
         existing_uids = [pod["metadata"]["uid"] for pod in existing]
         options = embedded_options(node_scheduler_policy=scenario.node_policy,
@@ -154,6 +159,10 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
             # include them.
             await wait_for(lambda: all(uid in app.cache.pods for uid in existing_uids), timeout=WAIT_S,
                            what="the scheduler to book the pods already running")
+            # Each gang's PodGroup is known before its first member arrives.
+            specs = app.service.gangs.book.specs
+            await wait_for(lambda: all(podgroup_key(g) in specs for g in workload.podgroups), timeout=WAIT_S,
+                           what="the scheduler to watch the workload's PodGroups")
             run = ScenarioRun(api=api, app=app, cluster=cluster, progress=progress,
                               defragment=defragmenting.defragment, defrag_every=scenario.defrag_every,
                               cluster_pods=existing)
@@ -171,7 +180,7 @@ async def run_scenario(*, cluster: Cluster, workload: Workload, scenario: Scenar
                                     pending_movable=pending_movable, moves=run.moves,
                                     defrag_runs=run.defrag_runs, defrag_every=scenario.defrag_every,
                                     existing_pods=len(cluster.existing_pods),
-                                    existing_on=existing_pods_per_node(run))
+                                    existing_on=existing_pods_per_node(run), gang_sizes=dict(workload.gang_sizes))
     finally:
         await api.stop()
     result.elapsed_s = time.perf_counter() - started

@@ -11,6 +11,12 @@ the next pod arrives. A bind waits for the previous pod's allocation: the node l
 /bind until the device plugin has allocated, and kube-scheduler would retry on contention; the
 wait gives the same outcome without the retries.
 
+Gangs (docs/GANGS.md) are the scheduler's: a member's /filter is refused until its gang can be
+placed whole, and the member whose /filter makes the plan is placed at once. kube-scheduler is
+then nudged (``hami.io/requeue-time``) and retries the members it parked; here they are retried
+right after that bind, so a gang is bound whole within one arrival. A refused member's answer is
+its gang's, so the gang's other pending members carry it too (asking each again gives the same).
+
 The runner (runner.py) builds a ``ScenarioRun`` and hands it simulate/defragment.py's
 ``defragment`` for ``--defrag-every``; the figures (figures.py) and the defragmenter read the
 run, and this module imports neither of them.
@@ -29,7 +35,7 @@ from hami_py.embedded import wait_for
 from hami_py.fakeapi import FakeApiServer
 from hami_py.fakeapi.kubescheduler import ExtenderClient
 from hami_py.offline.cluster import Cluster
-from hami_py.simulate.results import PodOutcome, percent, stranded_mib, summarize_failed
+from hami_py.simulate.results import PodOutcome, gang_refusal, percent, stranded_mib, summarize_failed
 from hami_py.simulate.workload import Arrival, Workload
 
 # Generous: a scheduler that answers nothing for this long is broken, not slow.
@@ -96,6 +102,7 @@ class ScenarioRun:
         self.timeline: list[tuple[int, int, int]] = []
         self._stranded_sum = 0       # stranded MiB summed over the arrivals (its mean is reported)
         self._stranded_samples = 0
+        self._waking: set[str] = set()   # gangs whose pending members are being retried after a plan
 
     async def close(self) -> None:
         await self.extender.close()
@@ -107,7 +114,8 @@ class ScenarioRun:
             self.step = arrival.step
             await self._expire(arrival.step)
             outcome = PodOutcome(namespace=arrival.namespace, name=arrival.name, template=arrival.template.name,
-                                 arrival=arrival.step, lifetime=arrival.template.lifetime)
+                                 arrival=arrival.step, lifetime=arrival.template.lifetime,
+                                 gang=arrival.template.gang)
             self.outcomes.append(outcome)
             created = self.api.create("pods", self._manifest(arrival.manifest(), outcome.template))
             outcome.uid = created["metadata"]["uid"]
@@ -191,6 +199,8 @@ class ScenarioRun:
                        what="the scheduler to see completed pods deleted")
         failed_templates: dict[str, PodOutcome] = {}
         for outcome in list(self.pending):
+            if outcome not in self.pending:     # placed meanwhile, with its gang
+                continue
             earlier = failed_templates.get(outcome.template)
             if earlier is not None:
                 # Same template, same free capacity since its twin failed: the same answer.
@@ -203,6 +213,12 @@ class ScenarioRun:
 
     async def attempt(self, outcome: PodOutcome, pod: dict, step: int) -> None:
         outcome.attempts += 1
+        if outcome.gang:
+            # The planner counts and places the members its watch has seen: as in a cluster,
+            # where a pod is created well before kube-scheduler gets to it.
+            book = self.app.service.gangs.book
+            await wait_for(lambda: outcome.uid in book.gang_of_uid, timeout=WAIT_S, interval=0.0005,
+                           what=f"the scheduler to see gang member {outcome.namespace}/{outcome.name}")
         candidates = self._candidates(pod)
         if not candidates:
             self._still_pending(outcome, f"0/{len(self.nodes)} nodes are available: "
@@ -214,6 +230,10 @@ class ScenarioRun:
             failed = result.get("FailedNodes")
             reason = result.get("Error") or summarize_failed(failed, len(candidates))
             self._still_pending(outcome, reason, failed)
+            if outcome.gang and failed and gang_refusal(outcome.gang, failed) is not None:
+                for other in self.pending:
+                    if other.gang == outcome.gang and other is not outcome:
+                        other.reason, other.failed_nodes = reason, failed
             return
         node = names[0]
         await self.allocations_done()
@@ -235,6 +255,20 @@ class ScenarioRun:
         if outcome.lifetime:
             lifetime = self._remaining.pop(id(outcome), outcome.lifetime)
             self.expiries.setdefault(step + lifetime, []).append(outcome)
+        if outcome.gang and outcome.gang not in self._waking:
+            await self._wake_gang(outcome.gang, step)
+
+    async def _wake_gang(self, gang: str, step: int) -> None:
+        """A gang's member was placed (its plan made, or the gang already whole): its pending
+        members are tried again at once, oldest first, as the scheduler's nudge makes
+        kube-scheduler do."""
+        self._waking.add(gang)
+        try:
+            for other in [o for o in self.pending if o.gang == gang]:
+                if other in self.pending:
+                    await self.attempt(other, self.api.get("pods", other.name, other.namespace), step)
+        finally:
+            self._waking.discard(gang)
 
     @staticmethod
     async def _call(verb: str, outcome: PodOutcome, request) -> dict:
@@ -271,13 +305,19 @@ class ScenarioRun:
         for vendor in self.app.vendors.values():
             for position, devices in enumerate(vendor.decode_allocation(annotations) or []):
                 for dev in devices:
-                    info = by_uuid.get(dev.uuid)
+                    info = by_uuid.get(dev.uuid) or self._served_elsewhere(vendor, dev.uuid, outcome.node)
                     out.append({"container": containers[position] if position < len(containers) else "",
                                 "vendor": vendor.vendor_key, "uuid": dev.uuid, "index": info.index if info else None,
                                 "type": info.type if info else dev.type,
                                 "memoryMiB": dev.usedmem, "cores": dev.usedcores,
                                 "coresPercent": vendor.core_share(info.devcore, dev.usedcores) if info else None})
         return out
+
+    def _served_elsewhere(self, vendor, uuid: str, node: str):
+        """A pooled family's device (a remote GPU) is in the books of the node serving it."""
+        holder = vendor.charge_node(uuid, node)
+        entry = self.app.cache.nodes.get(holder) if holder != node else None
+        return next((d for d in entry.devices if d.id == uuid), None) if entry else None
 
     @property
     def mean_stranded_mib(self) -> int:

@@ -19,11 +19,22 @@ Two forms are accepted.
         - name: trainer
           replicas: 2
           template: {...}       # any Pod manifest, used as it is
+        - name: train
+          replicas: 4
+          gpus: 1
+          podGroup: {name: train, minMember: 4, scheduleTimeoutSeconds: 120}   # a gang: all or nothing
 
 * Plain Kubernetes: Pod manifests (a List, or one per document), and Deployments, ReplicaSets,
   StatefulSets and Jobs, whose pod template is taken ``replicas`` (``parallelism``) times. A
   manifest copied from a live cluster loses its status, node and HAMi's scheduling annotations,
   so it is scheduled afresh. ``simulate.hami-py.io/lifetime`` on a manifest gives a lifetime.
+  PodGroup objects (scheduler-plugins') are created as they are, before any pod arrives.
+
+Gangs (docs/GANGS.md): an entry's ``podGroup`` labels its replicas
+``scheduling.x-k8s.io/pod-group: <name>`` and makes the PodGroup object; ``minMember`` defaults
+to every replica the workload makes for that group (entries naming the same group are one gang
+and must agree on what they give). ``podGroup: <name>`` alone is the same with both defaults.
+Kueue's pod-group labels are read as the scheduler reads them.
 
 Time is counted in arrivals: each pod arriving is one step. Every pod is checked here with the
 scheduler's own request parser and policy reader, so a malformed quantity or annotation is
@@ -32,6 +43,7 @@ reported with its file and line before anything runs.
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +57,9 @@ from hami_py.offline.source import (
     Where, check_keys, kind_of, kubernetes_objects, load_documents, optional, plain, read_int, read_list, read_map,
     read_mib, read_str, read_str_map, required,
 )
+from hami_py.scheduling.gangs.membership import (
+    KUEUE, PODGROUP_API, PODGROUP_LABEL, GangSpecError, gang_of, kueue_spec, podgroup_key, podgroup_spec,
+)
 from hami_py.scheduling.verbs.bind import BIND_PHASE_ANNOTATION, BIND_TIME_ANNOTATION
 from hami_py.scheduling.decision.filter import VGPU_NODE_LABEL
 from hami_py.scheduling.decision.policies import (
@@ -57,7 +72,11 @@ LIFETIME_ANNOTATION = "simulate.hami-py.io/lifetime"
 ORDERS = ("as-listed", "interleaved", "shuffled")
 POLICIES = NODE_POLICIES      # binpack, spread, fragmentation-aware: node and GPU policies alike
 _ENTRY_FIELDS = ("name", "namespace", "replicas", "lifetime", "device", "gpus", "gpumem", "gpumemPercentage",
-                 "gpucores", "gpuType", "nodePolicy", "gpuPolicy", "annotations", "labels", "nodeSelector", "template")
+                 "gpucores", "gpuType", "nodePolicy", "gpuPolicy", "annotations", "labels", "nodeSelector", "template",
+                 "podGroup")
+_PODGROUP_FIELDS = ("name", "minMember", "scheduleTimeoutSeconds")
+# A label value (the members carry the name as one) that is also an object name.
+_PODGROUP_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,61}[a-z0-9])?$")
 _SHORTHAND = ("device", "gpus", "gpumem", "gpumemPercentage", "gpucores", "gpuType", "nodePolicy", "gpuPolicy",
               "annotations", "labels", "nodeSelector")
 _CONTROLLERS = ("Deployment", "ReplicaSet", "StatefulSet", "Job")
@@ -74,6 +93,7 @@ class Template:
     pod: dict
     request: PodRequest
     where: Where
+    gang: str = ""      # the gang its replicas belong to (``PodGroup ns/name``), "" for none
 
     @property
     def node_selector(self) -> dict[str, str]:
@@ -105,6 +125,8 @@ class Workload:
     order: str = "as-listed"
     seed: int = 0
     notes: list[str] = field(default_factory=list)
+    podgroups: list[dict] = field(default_factory=list)     # PodGroup objects, created before any pod
+    gang_sizes: dict[str, int] = field(default_factory=dict)  # each gang (``PodGroup ns/name``): its minMember
 
     @property
     def total_pods(self) -> int:
@@ -138,7 +160,34 @@ def load_workload(path: str, *, vendors: dict[str, DeviceVendor], device_config:
     else:
         raise where.error('expected a workload with a "pods" list, or Kubernetes Pod manifests')
     _check_unique_names(workload)
+    _mark_gangs(workload)
     return workload
+
+
+def _mark_gangs(workload: Workload) -> None:
+    """Which templates make gang members, and each gang's minimum, as the scheduler will read them."""
+    defined = {podgroup_key(obj): podgroup_spec(obj).min_member for obj in workload.podgroups}
+    orphans: dict[str, int] = {}
+    for template in workload.templates:
+        key = gang_of(template.pod)
+        if key is None:
+            continue
+        if key.kind == KUEUE:
+            try:
+                minimum = kueue_spec(template.pod).min_member
+            except GangSpecError as exc:
+                raise template.where.error(f'pod "{template.name}": {exc}') from None
+        elif key in defined:
+            minimum = defined[key]
+        else:
+            orphans[f"{key.namespace}/{key.name}"] = orphans.get(f"{key.namespace}/{key.name}", 0) + template.replicas
+            continue
+        if minimum > 1:         # 0 or 1 is no gang (the scheduler places such pods on their own)
+            template.gang = str(key)
+            workload.gang_sizes[str(key)] = minimum
+    for name, pods in orphans.items():
+        workload.notes.append(f"{pods} pod(s) labelled with PodGroup {name}, which the workload does not define: "
+                              "scheduled on their own")
 
 
 def _check_unique_names(workload: Workload) -> None:
@@ -169,11 +218,62 @@ def _load_simulator_form(doc: dict, where: Where, *, vendors: dict[str, DeviceVe
     entries_where = where.at(doc, "pods")
     entries = read_list(entries_where, doc["pods"])
     templates = []
+    groups: dict[tuple[str, str], list[tuple[Where, int | None, int | None, int]]] = {}
     for i, raw in enumerate(entries):
         entry_where = entries_where.at(entries, i)
         entry = read_map(entry_where, raw)
-        templates.append(_entry(entry_where, entry, vendors=vendors, device_config=device_config))
-    return Workload(path=where.path, templates=templates, order=order, seed=seed)
+        template = _entry(entry_where, entry, vendors=vendors, device_config=device_config)
+        group = _pod_group(entry_where, entry, template)
+        if group is not None:
+            groups.setdefault((template.namespace, group[0]), []).append((*group[1:], template.replicas))
+        templates.append(template)
+    podgroups = [_podgroup_object(namespace, name, given) for (namespace, name), given in groups.items()]
+    return Workload(path=where.path, templates=templates, order=order, seed=seed, podgroups=podgroups)
+
+
+def _pod_group(where: Where, entry: dict, template: Template) -> tuple[str, Where, int | None, int | None] | None:
+    """An entry's ``podGroup`` (a name, or name, minMember and scheduleTimeoutSeconds); its
+    replicas are labelled members. (name, where, minMember or None, timeout or None)."""
+    raw = entry.get("podGroup")
+    if raw is None:
+        return None
+    group_where = where.at(entry, "podGroup")
+    if isinstance(raw, str):
+        name, minimum, timeout, name_where = raw, None, None, group_where
+    else:
+        group = read_map(group_where, raw)
+        check_keys(group_where, group, _PODGROUP_FIELDS)
+        name = required(group_where, group, "name", read_str)
+        name_where = group_where.at(group, "name")
+        minimum = optional(group_where, group, "minMember", read_int, None, minimum=1, maximum=_MAX_PODS)
+        timeout = optional(group_where, group, "scheduleTimeoutSeconds", read_int, None, minimum=0)
+    if not _PODGROUP_NAME.match(name):
+        raise name_where.error(f'"{name}" is not a PodGroup name (lower-case letters, digits, "-" and ".", '
+                               "at most 63 characters, a letter or digit at each end)")
+    labels = template.pod["metadata"].setdefault("labels", {})
+    if labels.get(PODGROUP_LABEL, name) != name:
+        raise group_where.error(f'the pod already carries {PODGROUP_LABEL}: "{labels[PODGROUP_LABEL]}"')
+    labels[PODGROUP_LABEL] = name
+    return name, group_where, minimum, timeout
+
+
+def _podgroup_object(namespace: str, name: str, given: list[tuple[Where, int | None, int | None, int]]) -> dict:
+    """The PodGroup of entries naming the same group: what they give must agree; minMember
+    defaults to all their replicas."""
+    spec: dict[str, int] = {}
+    first: dict[str, Where] = {}
+    for where, minimum, timeout, _ in given:
+        for key, value in (("minMember", minimum), ("scheduleTimeoutSeconds", timeout)):
+            if value is None:
+                continue
+            if key in spec and spec[key] != value:
+                raise where.error(f'PodGroup "{name}" has {key} {spec[key]} at line {first[key].line}, '
+                                  f"not {value}: entries of one group must agree")
+            spec.setdefault(key, value)
+            first.setdefault(key, where)
+    spec.setdefault("minMember", sum(replicas for *_, replicas in given))
+    return {"apiVersion": PODGROUP_API, "kind": "PodGroup", "metadata": {"name": name, "namespace": namespace},
+            "spec": spec}
 
 
 def _entry(where: Where, entry: dict, *, vendors: dict[str, DeviceVendor], device_config: DeviceConfig) -> Template:
@@ -348,10 +448,16 @@ def recreated_by_owner(pod: dict, *, vendors: dict[str, DeviceVendor]) -> dict:
 
 def _load_kubernetes_form(docs: list[tuple[Any, Where]], path: str, *, vendors: dict[str, DeviceVendor]) -> Workload:
     templates: list[Template] = []
+    podgroups: list[dict] = []
+    podgroup_wheres: list[Where] = []
     no_device = 0
     skipped: dict[str, int] = {}
     for obj, where in kubernetes_objects(docs):
         kind = obj["kind"]
+        if kind == "PodGroup" and str(obj.get("apiVersion", "")).startswith("scheduling.x-k8s.io/"):
+            podgroups.append(_podgroup_manifest(obj, where))
+            podgroup_wheres.append(where)
+            continue
         if kind == "Pod":
             pod_where, pod_obj, replicas = where, obj, 1
         elif kind in _CONTROLLERS:
@@ -372,7 +478,32 @@ def _load_kubernetes_form(docs: list[tuple[Any, Where]], path: str, *, vendors: 
     notes = [f"ignored {n} {kind} object(s)" for kind, n in sorted(skipped.items())]
     if no_device:
         notes.append(f"ignored {no_device} pod(s) that ask for no managed device")
-    return Workload(path=path, templates=templates, notes=notes)
+    _check_podgroups_unique(podgroups, podgroup_wheres)
+    return Workload(path=path, templates=templates, notes=notes, podgroups=podgroups)
+
+
+def _podgroup_manifest(obj: dict, where: Where) -> dict:
+    """A PodGroup of the file, checked as the scheduler reads it and ready to be created."""
+    meta_where = where.at(obj, "metadata")
+    meta = read_map(meta_where, obj.get("metadata"))
+    name = required(meta_where, meta, "name", read_str)
+    namespace = optional(meta_where, meta, "namespace", read_str, "default")
+    manifest = {"apiVersion": PODGROUP_API, "kind": "PodGroup", "metadata": {"name": name, "namespace": namespace},
+                "spec": plain(obj.get("spec") or {})}
+    try:
+        podgroup_spec(manifest)
+    except GangSpecError as exc:
+        raise where.at(obj, "spec").error(f'PodGroup "{name}": {exc}') from None
+    return manifest
+
+
+def _check_podgroups_unique(podgroups: list[dict], wheres: list[Where]) -> None:
+    seen: dict[tuple[str, str], Where] = {}
+    for obj, where in zip(podgroups, wheres):
+        key = (obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if key in seen:
+            raise where.error(f'PodGroup "{key[0]}/{key[1]}" is also defined at line {seen[key].line}')
+        seen[key] = where
 
 
 def _kubernetes_template(obj: dict, where: Where, pod_obj: dict, pod_where: Where, replicas: int, *,

@@ -6,6 +6,10 @@ section holding them was not found in the changes we track; ``remotegpu`` follow
 habit of one lower-case word per family (``awsneuron``, ``vastai``) and is documented as ours
 (docs/devices/remotegpu.md). An empty count name turns the family off, as upstream: its section
 is absent from the chart's default device config, so a cluster opts in.
+
+``readServerMetrics`` (ours, default true) turns off the poll of the servers' ``/metrics``: the
+offline tools (simulate, defrag) set it false, since their servers are made up or a dump's, and
+their usage is what the books say.
 """
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from dataclasses import dataclass
 from hami_py.config import ConfigSection, Section
 
 SECTION = "remotegpu"
-KEYS = ("resourceCountName", "resourceMemoryName", "defaultPort", "libImage", "sessionImage")
+KEYS = ("resourceCountName", "resourceMemoryName", "defaultPort", "libImage", "sessionImage", "readServerMetrics")
+READ_METRICS_KEY = "readServerMetrics"
 CONFIG_SECTION = ConfigSection(SECTION, KEYS)
 
 # A node serving its GPUs over the network carries this label; its value is the port lupine
@@ -31,6 +36,7 @@ class RemoteGPUConfig:
     default_port: int = 0            # 0 or out of range: 14833
     lib_image: str = ""              # HAMi-core for the client pods (the webhook's injection)
     session_image: str = ""          # the leader's session stubs (hami_py/k8s/lupine_sessions.py)
+    read_server_metrics: bool = True  # poll the servers' /metrics for busy cards (off offline)
 
     @classmethod
     def from_section(cls, section: Section) -> RemoteGPUConfig:
@@ -38,7 +44,8 @@ class RemoteGPUConfig:
                    resource_memory_name=section.str("resourceMemoryName", only_strings=True),
                    default_port=section.int32("defaultPort"),
                    lib_image=section.str("libImage", only_strings=True),
-                   session_image=section.str("sessionImage", only_strings=True))
+                   session_image=section.str("sessionImage", only_strings=True),
+                   read_server_metrics=section.optional_bool(READ_METRICS_KEY) is not False)
 
     @property
     def port(self) -> int:

@@ -170,7 +170,7 @@ class RemoteGPUVendor(DeviceVendor):
         return answer
 
     def background(self, cache) -> list:
-        if not self.config.resource_count_name:
+        if not self.config.resource_count_name or not self.config.read_server_metrics:
             return []
         return [self.busy.run(lambda: {s.endpoint for s in self.servers(cache)})]
 
