@@ -6,7 +6,9 @@ import pytest
 
 from hami_py.config import ConfigError, DeviceConfig, Section
 from hami_py.devices import awsneuron
-from hami_py.devices.awsneuron import AWSNeuronConfig, allocate_core_mask, choose_window, split_cores
+from hami_py.devices.awsneuron import (
+    AWSNeuronConfig, NeuronAsk, allocate_core_mask, choose_window, device_count, split_cores,
+)
 from hami_py.devices.base import (
     FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, ContainerRequest, DeviceDecodeError, NodeView, RequestError,
 )
@@ -84,6 +86,14 @@ def test_requests_are_devices_or_cores_spread_two_a_device():
         assert NEURON.container_request(ctr({CORE: cores}), pod_annotations={}) == \
             ContainerRequest("AWSNeuron", nums, 0, 0, each)
     assert [split_cores(k) for k in (1, 2, 3, 4, 5)] == [(1,), (2,), (2, 1), (2, 2), (2, 2, 1)]
+    for k in range(1, 12):      # what a request's devices get is the split, computed per device
+        ask = NeuronAsk(nums=device_count(k), cores=k, whole=False)
+        assert tuple(ask.part(i) for i in range(ask.nums)) == split_cores(k)
+        assert (ask.largest_part, ask.smallest_part) == (max(split_cores(k)), min(split_cores(k)))
+    # A request of billions of cores is read without listing its devices' parts (that list
+    # would take gigabytes: one pod could exhaust the scheduler's memory).
+    huge = NEURON.container_request(ctr({CORE: "4000000001"}), pod_annotations={})
+    assert (huge.nums, huge.coresreq) == (2000000001, 2)
     assert NEURON.container_request(ctr({"cpu": "1"}), pod_annotations={}) is None
     # The count wins over cores, as upstream reads them.
     assert NEURON.container_request(ctr({COUNT: "1", CORE: "1"}), pod_annotations={}).coresreq == 2

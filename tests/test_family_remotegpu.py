@@ -10,6 +10,7 @@ against the in-repo API server.
 from __future__ import annotations
 
 import contextlib
+import time
 
 import orjson
 import pytest
@@ -21,7 +22,7 @@ from hami_py.devices.codec import decode_pod_devices
 from hami_py.devices.nvidia import NvidiaVendor, nvidia_config
 from hami_py.devices.registry import FamilySwitches, build_vendors
 from hami_py.devices.remotegpu import RemoteGPUConfig, RemoteGPUVendor, build_family
-from hami_py.devices.remotegpu.busy import parse_busy
+from hami_py.devices.remotegpu.busy import EARLIEST_AGAIN_S, parse_busy
 from hami_py.devices.remotegpu.config import server_port
 from hami_py.embedded import running_scheduler
 from hami_py.fakeapi.kubescheduler import ExtenderClient
@@ -393,6 +394,10 @@ async def test_a_card_busy_per_the_servers_metrics_is_not_handed_out(api):
             assert result["FailedNodes"]["cpu-1"] == "3/3 ExclusiveDeviceAllocateConflict"
             # the server's client leaves: the card is handed out again (the next poll)
             busy_text = "lupine_client_device_memory_used_bytes_other 1\n"
+            # q's conflict asked for a poll a moment ago: a second second has passed for the
+            # rate limit (its clock, not a wait), so this ask wakes the poller at once rather
+            # than the 5 s interval doing it.
+            remote.busy.clock = lambda: time.monotonic() + EARLIEST_AGAIN_S
             remote.busy.ask_early()
             await wait_until(lambda: not remote.busy.busy(endpoint, "GPU-B0"), "gpu-b free per its metrics")
             r, result = await filter_pod(api, extender, remote_pod("r", asks(1)), names)

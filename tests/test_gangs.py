@@ -269,15 +269,22 @@ async def test_preemption_and_the_defragmenter_never_move_one_member(api, app, e
     assert why_not_movable(pod, priority=0, priority_limit=10, budgets=BudgetBook([])) == \
         "it belongs to gang default/train"
     nodes = await six_gpus(api, app)
-    await create_group(api, app, "train", 1)      # a gang of one: scheduled on its own, still a member
-    created = await create_members(api, app, ["m0"], "train")
-    assert (await extender.filter(created["m0"], nodes))["NodeNames"]
-    await bind_all(api, app, extender, [created["m0"]])
-    node = app.cache.pods[created["m0"]["metadata"]["uid"]].node
+    await create_group(api, app, "train", 2)
+    await create_group(api, app, "solo", 1)       # a gang of one: scheduled on its own, spared nothing
+    created = await create_members(api, app, ["m0", "m1"], "train")
+    created.update(await create_members(api, app, ["s0"], "solo"))
+    for name in ("m0", "m1", "s0"):
+        assert (await extender.filter(created[name], nodes))["NodeNames"]
+    await bind_all(api, app, extender, list(created.values()))
     from hami_py.scheduling.eviction.victims import VictimSearch
     search = VictimSearch(app.cache, app.service.filterer, spared=app.service.gangs.book.is_member)
-    assert search.candidates(node, priority=1000) == []
-    assert [p.name for p in VictimSearch(app.cache, app.service.filterer).candidates(node, priority=1000)] == ["m0"]
+    unspared = VictimSearch(app.cache, app.service.filterer)
+    on = {name: app.cache.pods[created[name]["metadata"]["uid"]].node for name in created}
+    candidates = {p.name for node in set(on.values()) for p in search.candidates(node, priority=1000)}
+    everyone = {p.name for node in set(on.values()) for p in unspared.candidates(node, priority=1000)}
+    assert everyone == {"m0", "m1", "s0"}
+    # The gang's members are never victims; a label naming a gang of one is no shield.
+    assert candidates == {"s0"}
 
 
 async def test_in_the_loop_mode_a_planned_member_is_offered_its_planned_node_alone(api):

@@ -118,7 +118,7 @@ def test_without_a_mover_the_dumps_pods_stay_where_they_are(tmp_path, capsys):
     assert {n["name"]: n["pods"] for n in report["nodes"]} == {"gpu-a": 2, "gpu-b": 2, "gpu-c": 2}
 
 
-def _churn(*args: str) -> tuple[dict, str]:
+def _churn(*args: str, table: bool = True) -> tuple[dict, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     base = [sys.executable, "-m", "hami_py", "simulate", "--cluster", str(CHURN / "cluster.yaml"), "--workload",
             str(CHURN / "workload.yaml"), "--no-progress", "--node-scheduler-policy", "binpack",
@@ -126,14 +126,16 @@ def _churn(*args: str) -> tuple[dict, str]:
     as_json = subprocess.run([*base, "--output", "json"], capture_output=True, text=True, cwd=REPO, env=env,
                              timeout=600)
     assert as_json.returncode == 0, as_json.stderr[-3000:]
-    table = subprocess.run(base, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
-    assert table.returncode == 0, table.stderr[-3000:]
-    return json.loads(as_json.stdout), table.stdout
+    if not table:
+        return json.loads(as_json.stdout), ""
+    text = subprocess.run(base, capture_output=True, text=True, cwd=REPO, env=env, timeout=600)
+    assert text.returncode == 0, text.stderr[-3000:]
+    return json.loads(as_json.stdout), text.stdout
 
 
 def test_a_run_with_moves_says_what_they_won_or_cost_against_the_same_arrivals_without():
     with_moves, text = _churn("--defrag-every", "25")
-    without, _ = _churn()
+    without, _ = _churn(table=False)
     verdict = with_moves["summary"]["withoutMoves"]
     assert verdict["placed"] == without["summary"]["placed"]
     assert verdict["placedWithMoves"] == with_moves["summary"]["placed"]
@@ -141,10 +143,9 @@ def test_a_run_with_moves_says_what_they_won_or_cost_against_the_same_arrivals_w
     placed_without = {f"{p['namespace']}/{p['name']}" for p in without["pods"] if p["state"] != "pending"}
     assert set(verdict["placedOnlyWithMoves"]) == placed - placed_without
     assert set(verdict["placedOnlyWithoutMoves"]) == placed_without - placed
-    if verdict["placed"] > verdict["placedWithMoves"]:
-        # Worse with moves: the report says so plainly, naming the first pod it cost and why.
-        first = verdict["firstLost"]
-        assert first["pod"] == verdict["placedOnlyWithoutMoves"][0] and first["reason"]
-        assert "WORSE THAN NOT MOVING" in text and first["pod"] in text
-    else:
-        assert "WORSE THAN NOT MOVING" not in text
+    # On this example binpack/spread places fewer with moves than without (223 against 224,
+    # docs/FRAGMENTATION.md): the report says so plainly, naming the first pod it cost and why.
+    assert verdict["placed"] > verdict["placedWithMoves"], verdict
+    first = verdict["firstLost"]
+    assert first["pod"] == verdict["placedOnlyWithoutMoves"][0] and first["reason"]
+    assert "WORSE THAN NOT MOVING" in text and first["pod"] in text

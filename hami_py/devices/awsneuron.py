@@ -95,9 +95,21 @@ class NeuronAsk:
     whole: bool
     count_in_limits: bool = False
 
-    def parts(self) -> tuple[int, ...]:
-        """The cores each device of a core request gets, in window order."""
-        return split_cores(self.cores)
+    def part(self, i: int) -> int:
+        """The cores device ``i`` (window order) of a core request gets (:func:`split_cores`),
+        computed, never listed: a request may name billions of cores."""
+        if self.cores <= SPLIT_CORES:
+            return self.cores
+        last = device_count(self.cores) - 1
+        return (self.cores - SPLIT_CORES * last) if i == last else SPLIT_CORES
+
+    @property
+    def largest_part(self) -> int:
+        return min(self.cores, SPLIT_CORES)
+
+    @property
+    def smallest_part(self) -> int:
+        return self.part(device_count(self.cores) - 1)
 
 
 def validate(raw: object, resource: str, maximum: int) -> int:
@@ -199,8 +211,8 @@ class NeuronCharge(DeviceCharge):
         if ask.whole:
             check = mask
         else:
-            need = min(ask.parts())
-            if max(ask.parts()) > popcount(mask):
+            need = ask.smallest_part
+            if ask.largest_part > popcount(mask):
                 return CARD_INSUFFICIENT_CORE      # a device here has fewer cores than one part
             check = (1 << need) - 1
         return 0, max(1, min(check, 100)), 1
@@ -219,7 +231,7 @@ class NeuronCharge(DeviceCharge):
                 return NUMA_NOT_FIT
             window = [free[i] for i in range(start, start + nums)]
             masks = ([devices[p].devcore for p in window] if ask.whole
-                     else [(1 << part) - 1 for part in ask.parts()])
+                     else [(1 << ask.part(i)) - 1 for i in range(len(window))])
             return [(p, 0, mask, self.data(devices[p], cpd, ask)) for p, mask in zip(window, masks)]
         for p in positions:
             dev = devices[p]
@@ -326,7 +338,7 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
             return None
         # Cores a device, as the generic readers of a request (the webhook's quota pre-check) take
         # them: a whole device counts its 2 common cores; the charger gives each device its mask.
-        return ContainerRequest(NEURON_KEY, ask.nums, 0, 0, SPLIT_CORES if ask.whole else max(ask.parts()))
+        return ContainerRequest(NEURON_KEY, ask.nums, 0, 0, SPLIT_CORES if ask.whole else ask.largest_part)
 
     def mutate_admission(self, container: dict, pod: dict) -> bool:
         """Upstream's webhook: the request is validated, with upstream's messages."""

@@ -164,7 +164,7 @@ class HygonVendor(TemplateVendor):
     def config_problems(self) -> list[str]:
         # Both generations share the factor: the HCU vendor alone reports it.
         factor = self.config.memory_factor
-        if self.superseded_by is None and factor < 0:
+        if self.generation is HCU and factor < 0:
             return [f"{SECTION}: memoryFactor must not be negative, got {factor}"]
         return []
 

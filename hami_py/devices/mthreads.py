@@ -120,7 +120,6 @@ def legal_memory(memory_per_card) -> tuple[int, ...]:
     return tuple(sorted(sizes))
 
 
-LEGAL_MEMORY = legal_memory((MEMORY_PER_GPU,))
 _CARD_SEPARATORS = re.compile(r"[-,]")
 
 

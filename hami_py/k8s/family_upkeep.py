@@ -21,9 +21,9 @@ def upkeep(*, vendors: dict[str, DeviceVendor], client: KubeClient, namespace: s
            leading: Callable[[], bool], wake: asyncio.Event) -> list[Coroutine]:
     """The coroutines to run while serving; ``wake`` is set when this replica starts leading."""
     jobs: list[Coroutine] = []
-    remote = vendors.get(REMOTE_GPU)
-    config = getattr(remote, "config", None)
-    if config is not None and config.resource_count_name and config.session_image:
+    remote = vendors.get(REMOTE_GPU)      # a RemoteGPUVendor, or None (keep_session_stubs checks the image)
+    if remote is not None and remote.pooled:
+        config = remote.config
         jobs.append(keep_session_stubs(client=client, namespace=namespace, image=config.session_image,
                                        default_port=config.port, leading=leading, wake=wake))
     return jobs

@@ -34,7 +34,9 @@ from typing import Callable
 
 import structlog
 
+from hami_py.devices.base import internal_ip
 from hami_py.devices.remotegpu.config import DEFAULT_PORT, SERVER_LABEL, server_port
+from hami_py.devices.remotegpu.vendor import endpoint_of
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 
 log = structlog.get_logger(__name__)
@@ -63,13 +65,13 @@ class SessionPass:
 
 def server_endpoint(node: dict, *, default_port: int = DEFAULT_PORT) -> str | None:
     """``<InternalIP>:<port>`` of a server node, or None when it has no InternalIP."""
-    host = next((a.get("address") for a in (node.get("status") or {}).get("addresses") or ()
-                 if isinstance(a, dict) and a.get("type") == "InternalIP" and a.get("address")), None)
-    if host is None:
+    host = internal_ip(node)
+    if not host:
         return None
-    # The family's own reading of the label, so a stub relays to the endpoint pods are given.
+    # The family's own reading of the label and spelling of the endpoint, so a stub relays to
+    # the endpoint pods are given.
     port = server_port(((node.get("metadata") or {}).get("labels") or {}).get(SERVER_LABEL) or "", default_port)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    return endpoint_of(host, port)
 
 
 def _shortened(text: str, limit: int) -> str:

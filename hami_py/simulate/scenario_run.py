@@ -86,7 +86,6 @@ class ScenarioRun:
         self._manifests: dict[int, dict] = {}   # a moved dump pod's replacement manifest (by id of its outcome)
         self.pending: list[PodOutcome] = []
         self.expiries: dict[int, list[PodOutcome]] = {}
-        self.binds = 0           # every bind, re-placements of moved pods included
         self.placed = 0          # workload pods placed (the first time)
         self.replaced = 0        # binds of moved pods' replacements
         self._counted: list[bool] | None = None    # devices that count towards peak usage
@@ -241,7 +240,6 @@ class ScenarioRun:
         if bound.get("Error"):
             self._still_pending(outcome, f"bind to {node} failed: {bound['Error']}", None)
             return
-        self.binds += 1
         if outcome.moved:        # replace() counts the move before the replacement's attempt
             self.replaced += 1
         else:
@@ -299,13 +297,14 @@ class ScenarioRun:
         spec = stored.get("spec") or {}
         containers = [c.get("name", "")
                       for c in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]]
-        entry = self.app.cache.nodes.get(outcome.node)
-        by_uuid = {d.id: d for d in entry.devices} if entry else {}
+        nodes = self.app.cache.nodes
         out = []
         for vendor in self.app.vendors.values():
             for position, devices in enumerate(vendor.decode_allocation(annotations) or []):
                 for dev in devices:
-                    info = by_uuid.get(dev.uuid) or self._served_elsewhere(vendor, dev.uuid, outcome.node)
+                    # On the pod's node, or for a pooled family (a remote GPU) the node serving it.
+                    entry = nodes.get(vendor.charge_node(dev.uuid, outcome.node))
+                    info = next((d for d in entry.devices if d.id == dev.uuid), None) if entry else None
                     out.append({"container": containers[position] if position < len(containers) else "",
                                 "vendor": vendor.vendor_key, "uuid": dev.uuid, "index": info.index if info else None,
                                 "type": info.type if info else dev.type,
@@ -313,11 +312,10 @@ class ScenarioRun:
                                 "coresPercent": vendor.core_share(info.devcore, dev.usedcores) if info else None})
         return out
 
-    def _served_elsewhere(self, vendor, uuid: str, node: str):
-        """A pooled family's device (a remote GPU) is in the books of the node serving it."""
-        holder = vendor.charge_node(uuid, node)
-        entry = self.app.cache.nodes.get(holder) if holder != node else None
-        return next((d for d in entry.devices if d.id == uuid), None) if entry else None
+    @property
+    def binds(self) -> int:
+        """Every bind: first placements and moved pods' re-placements."""
+        return self.placed + self.replaced
 
     @property
     def mean_stranded_mib(self) -> int:

@@ -114,6 +114,9 @@ class BusyCards:
                 self._wake.clear()
                 await self.poll(session, endpoints())
                 try:
-                    await asyncio.wait_for(self._wake.wait(), self.interval_s)
-                except asyncio.TimeoutError:
+                    # Not asyncio.wait_for: a wake-up racing a cancel can swallow the cancel
+                    # (see RegistrationKeeper._run), and /filter wakes this at any moment.
+                    async with asyncio.timeout(self.interval_s):
+                        await self._wake.wait()
+                except TimeoutError:
                     pass

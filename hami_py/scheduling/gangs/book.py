@@ -46,6 +46,7 @@ class GangBook:
         self.spec_errors: dict[GangKey, str] = {}
         self.members: dict[GangKey, dict[str, Member]] = {}
         self.gang_of_uid: dict[str, GangKey] = {}
+        self.kueue_minimum: dict[str, int] = {}     # uid → the size a Kueue member's annotation states
         self._relist_seen: set[str] | None = None
 
     # ------------------------------------------------------------------ PodGroups
@@ -93,10 +94,16 @@ class GangBook:
         self.members.setdefault(key, {})[uid] = Member(uid, bound, device, None if bound or not device else pod,
                                                        gated)
         self.gang_of_uid[uid] = key
+        if key.kind != PODGROUP:     # a Kueue member states its gang's size itself
+            try:
+                self.kueue_minimum[uid] = kueue_spec(pod).min_member
+            except GangSpecError:
+                self.kueue_minimum.pop(uid, None)
         return key
 
     def _drop(self, uid: str, key: GangKey) -> None:
         self.gang_of_uid.pop(uid, None)
+        self.kueue_minimum.pop(uid, None)
         members = self.members.get(key)
         if members is not None:
             members.pop(uid, None)
@@ -135,5 +142,13 @@ class GangBook:
         return {uid: m for uid, m in self.members.get(key, {}).items() if not m.gated}
 
     def is_member(self, uid: str) -> bool:
-        """Whether the pod of this UID is a gang's member (preemption and the defragmenter pass it over)."""
-        return uid in self.gang_of_uid
+        """Whether the pod of this UID is a member of a gang that is placed all or nothing
+        (preemption and the defragmenter pass it over): a label alone, naming no PodGroup the
+        watch has, a gang of one or a size that cannot be read, spares nothing."""
+        key = self.gang_of_uid.get(uid)
+        if key is None:
+            return False
+        if key.kind == PODGROUP:
+            spec = self.specs.get(key) if self.podgroups_on else None
+            return spec is not None and spec.min_member > 1
+        return self.kueue_minimum.get(uid, 0) > 1

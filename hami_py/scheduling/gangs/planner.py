@@ -71,8 +71,11 @@ class Gangs:
                  on_planned: Callable[[list[str]], None] | None = None,
                  on_waiting: Callable[[], None] | None = None,
                  on_event: Callable[[dict, str, str, str], None] | None = None,
-                 call_later: Callable | None = None):
+                 call_later: Callable | None = None, busy: Callable[[str], bool] = lambda uid: False):
         self.cache = cache
+        # Whether a pod's own request is in flight (its bind, under its pod lock): a plan never
+        # releases nor decides again a member whose Binding may be landing.
+        self.busy = busy
         self.filterer = filterer
         self.vendors = vendors
         self.metrics = metrics
@@ -100,6 +103,8 @@ class Gangs:
         if spec.min_member <= 1:
             return None
         uid = (pod.get("metadata") or {}).get("uid") or ""
+        if self._held(uid):
+            return None         # room held for it (preemption, the defragmenter): its hold decides
         plan = self.plans.get(key)
         if plan is not None:
             decision = plan.decisions.get(uid)
@@ -123,7 +128,11 @@ class Gangs:
         others = [m for m in living.values() if m.uid != uid]
         # Bound as the watch shows it, or by our own Binding the watch has not shown yet (never
         # decided again: that would release a bound pod's charge).
-        bound = {m.uid for m in others if m.bound or ((r := self.cache.pods.get(m.uid)) is not None and r.state.bound)}
+        # A member whose Binding is in flight (its pod lock busy) keeps the reservation it binds:
+        # counted when it has one, never decided again.
+        bound = {m.uid for m in others if m.bound or ((r := self.cache.pods.get(m.uid)) is not None and (
+            r.state.bound or (self.busy(m.uid) and r.state.bindable)))}
+        busy = {m.uid for m in others if m.uid not in bound and self.busy(m.uid)}
         fit = sum(1 for m in others if m.uid in bound or not m.device)
         # This pod first, on the nodes kube-scheduler offered it (a PolicyError of its own goes
         # to the caller before anything is reserved), then the others by name. A member whose
@@ -131,8 +140,8 @@ class Gangs:
         mine = self.filterer.decide(pod, node_names, request, reserve=True)
         decisions = {uid: mine} if mine.node is not None else {}
         nodes = None
-        for member in sorted((m for m in others if m.uid not in bound and m.device and m.pod is not None
-                              and not self._held(m.uid)), key=lambda m: pod_key(m.pod)):
+        for member in sorted((m for m in others if m.uid not in bound and m.uid not in busy and m.device
+                              and m.pod is not None and not self._held(m.uid)), key=lambda m: pod_key(m.pod)):
             if nodes is None:
                 nodes = list(self.cache.nodes)
             decision = self._decide_other(member, nodes)
@@ -157,7 +166,7 @@ class Gangs:
                         f"members fit; bind within {spec.timeout_s:g}s)")
         if self.on_planned is not None:
             self.on_planned(sorted(set(placed.values())))
-        return mine if mine.node is not None else mine.failed
+        return mine     # placed, or refused (the service's no-fit path: its Event, cleanup, requeue)
 
     def _decide_other(self, member: Member, nodes: list[str]) -> FilterDecision | None:
         pod = member.pod
@@ -240,7 +249,8 @@ class Gangs:
         """Release every planned reservation not bound yet; how many."""
         released = 0
         for uid, decision in plan.decisions.items():
-            if self._live(uid, decision) and decision.reservation.state.bindable:
+            # A member binding right now keeps its reservation: its bind's outcome ends it.
+            if self._live(uid, decision) and decision.reservation.state.bindable and not self.busy(uid):
                 self.cache.release_pod(uid)
                 released += 1
         self._end(plan)

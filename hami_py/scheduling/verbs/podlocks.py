@@ -37,6 +37,10 @@ class PodLocks:
         self._holders: dict[str, str] = {}   # what holds each pod's lock now
         self._pending: dict[str, str] = {}   # a follow-up waiting for the lock its filter hands on
 
+    def busy(self, key: str) -> bool:
+        """Whether anything holds or waits for pod ``key``'s lock (a bind in flight, a follow-up)."""
+        return bool(self._users.get(key))
+
     @asynccontextmanager
     async def try_hold(self, key: str, what: str):
         """Hold the lock of pod ``key`` without waiting: raises PodBusy when anything holds it or

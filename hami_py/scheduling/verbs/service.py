@@ -82,7 +82,8 @@ class SchedulerService:
                                         enabled=self.synced.is_set)
         # Gangs (scheduling/gangs/): a gang's members reserved all together or not at all. The app
         # feeds it the pod and PodGroup watches and its wake-up hooks. Preemption passes members over.
-        self.gangs = Gangs(cache=cache, filterer=filterer, vendors=vendors, metrics=metrics)
+        self.gangs = Gangs(cache=cache, filterer=filterer, vendors=vendors, metrics=metrics,
+                           busy=self.pod_locks.busy)
         if preemptor is not None:
             preemptor.search.spared = self.gangs.book.is_member
         # --filter-mode=all (scheduling/verbs/prioritize.py): every fitting node, /prioritize, refit at bind.
