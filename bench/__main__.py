@@ -41,7 +41,7 @@ from bench.gangs import gang_bench
 from bench.kernel import kernel_bench
 from bench.plans import PLANS, Plan
 from bench.procs import REPO_ROOT, BenchError
-from bench.profiling import Profiler, attach_command, merge_collapsed, summarize_collapsed
+from bench.profiling import Profiler, attach_command, merge_collapsed, render_filter_stages, summarize_collapsed
 from bench.scenarios import PHASES, run_cluster, run_mixed
 
 BENCH_DIR = Path(__file__).resolve().parent
@@ -159,8 +159,9 @@ def _write(results: dict, args: argparse.Namespace) -> Path:
     return out
 
 
-def _show_profiles(paths: list[Path]) -> None:
-    """Print where the time went; collapsed stacks of several stretches are merged first."""
+def _show_profiles(paths: list[Path], filter_results: dict | None = None) -> None:
+    """Print where the time went; collapsed stacks of several stretches are merged first. With
+    the results of a run of the filter phase alone, also its stages (bench/profiling.py)."""
     raw = [p for p in paths if p.suffix == ".txt" and p.exists()]
     for path in paths:
         if path not in raw:
@@ -171,6 +172,10 @@ def _show_profiles(paths: list[Path]) -> None:
         raw[0].name.rsplit("-run", 1)[0] + "-merged.txt"))
     _say(f"profile (collapsed stacks, for speedscope or flamegraph.pl): {merged}")
     sys.stdout.write("\n" + summarize_collapsed(merged) + "\n")
+    rows = [r for c in (filter_results or {}).get("clusters", []) for r in c.get("filter", [])]
+    if rows:
+        cpu_ms = sum(r["server_cpu_ms"] * r["n"] for r in rows) / sum(r["n"] for r in rows)
+        sys.stdout.write("\n" + render_filter_stages(merged, cpu_ms) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         report.update_docs(results, plot_path=plot_path)
         _say(f"updated {report.DOCS.relative_to(REPO_ROOT)}" + (f" and {plot_path.name}" if plot_path else
                                                                  " (matplotlib missing: no plot)"))
-    _show_profiles([Path(p) for p in results.get("profiles", [])])
+    _show_profiles([Path(p) for p in results.get("profiles", [])], results if args.phases == ("filter",) else None)
     if not args.keep_logs:
         for log in sorted(workdir.rglob("*")):
             if log.is_file():

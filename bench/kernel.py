@@ -14,6 +14,8 @@ from __future__ import annotations
 import statistics
 import time
 
+import orjson
+
 from bench.seed import FAMILY_VENDOR, ClusterShape, build_nodes, build_placed_pods, family_vendors, node_names, pending_pod
 from hami_py import _kernel
 from hami_py.cache.usage import UsageCache
@@ -102,3 +104,22 @@ def decide_by_family(shape: ClusterShape, families: tuple[str | None, ...], *, c
         times = _time_calls(lambda: decider.decide(pod, names, request, reserve=False), min_calls=calls, min_seconds=0)
         out[FAMILY_VENDOR.get(family, "NVIDIA")] = statistics.median(times) * 1e6
     return out
+
+
+def decide_alone(shape: ClusterShape, *, calls: int = 200) -> float:
+    """µs per in-process ``Filterer.decide`` (median of ``calls``, nothing reserved) for the
+    /filter phase's pod on the cluster ``shape`` seeds, each call given a freshly decoded name list
+    as a request brings one (the decode itself is the HTTP floor's, bench/floor.py)."""
+    cache, vendors = build_cache(shape)
+    names_raw = orjson.dumps(node_names(shape))
+    decider = Filterer(cache, vendors)
+    pod = pending_pod("decide-probe")
+    pod["metadata"]["uid"] = "decide-probe"
+    request = parse_pod_requests(pod, vendors, cache.vendor_ids)
+    times = []
+    for _ in range(calls):
+        names = orjson.loads(names_raw)
+        t0 = time.perf_counter()
+        decider.decide(pod, names, request, reserve=False)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6

@@ -12,6 +12,8 @@ import time
 import orjson
 
 from bench.context import Context
+from bench.floor import FloorProcess
+from bench.kernel import decide_alone
 from bench.load import filter_body, run_filters, run_schedule, run_until_bound, summarize_ms
 from bench.rounds import median_round, server_mean_ms, server_over_5ms
 from bench.seed import FAMILY_VENDOR
@@ -24,15 +26,33 @@ async def phase_filter(ctx: Context) -> list[dict]:
     """Each concurrency measured ``filter_rounds`` times at concurrency 1 (once otherwise), and
     the round with the median p99 reported: on two shared cores another process's burst can
     spoil one round's tail, and one spoilt round should not decide a 1.2× flatness ratio.
-    Every round's p99 is kept in ``p99_rounds``."""
+    Every round's p99 is kept in ``p99_rounds``.
+
+    At concurrency 1 each round also sends its bodies to the floor server (bench/floor.py), right
+    after the scheduler, and the row keeps that (``floor``) and ``decide()`` alone in process
+    (``decide_alone_us``): the floor the /filter figures are set against."""
     rows = []
-    for concurrency in ctx.plan.concurrencies:
-        rows.append(median_round([await filter_round(ctx, concurrency)
-                                  for _ in range(ctx.plan.filter_rounds if concurrency == 1 else 1)]))
+    floor = None
+    if 1 in ctx.plan.concurrencies and len(ctx.plan.filter_families) == 1:
+        floor = FloorProcess(log_path=ctx.scheduler.log_path.with_name("floor.log"))
+        await floor.start(ctx.session)
+    try:
+        for concurrency in ctx.plan.concurrencies:
+            rows.append(median_round([await filter_round(ctx, concurrency, floor=floor if concurrency == 1 else None)
+                                      for _ in range(ctx.plan.filter_rounds if concurrency == 1 else 1)]))
+    finally:
+        if floor is not None:
+            floor.stop()
+    if floor is not None:
+        decide_us = decide_alone(ctx.plan.shape)
+        for row in rows:
+            if "floor" in row:
+                row["decide_alone_us"] = decide_us
     return rows
 
 
-async def filter_round(ctx: Context, concurrency: int, samples: int | None = None) -> dict:
+async def filter_round(ctx: Context, concurrency: int, samples: int | None = None, *,
+                       floor: FloorProcess | None = None) -> dict:
     samples = ctx.plan.filter_samples if samples is None else samples
     families = ctx.plan.filter_families
     pods = await ctx.pending(samples + WARMUP_REQUESTS, what=f"filter-c{concurrency}", families=families)
@@ -57,6 +77,12 @@ async def filter_round(ctx: Context, concurrency: int, samples: int | None = Non
             family = families[(WARMUP_REQUESTS + k) % len(families)]
             by_family.setdefault(FAMILY_VENDOR.get(family, "NVIDIA"), []).append(latency)
         row["by_family"] = {name: summarize_ms(values) for name, values in by_family.items()}
+    if floor is not None:
+        await run_filters(ctx.session, floor.url, bodies[:WARMUP_REQUESTS], concurrency=1,
+                          time_limit_s=ctx.plan.phase_time_limit_s)
+        floor_run = await run_filters(ctx.session, floor.url, bodies[WARMUP_REQUESTS:], concurrency=1,
+                                      time_limit_s=ctx.plan.phase_time_limit_s)
+        row["floor"] = summarize_ms(floor_run.latencies)
     await ctx.cleanup(pods)
     return row
 

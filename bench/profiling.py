@@ -134,3 +134,71 @@ def summarize_collapsed(path: Path, *, top: int = 25) -> str:
     for func, n in total.most_common(top):
         lines.append(f"{100 * n / samples:7.1f}  {func}")
     return "\n".join(lines)
+
+
+# Where a /filter's time goes (docs/BENCHMARKS.md, issue 35): each sample goes to the stage of the
+# innermost of these functions on its stack; the order is only the table's.
+FILTER_STAGES = (
+    ("aiohttp: socket read, HTTP parse", ("_SelectorSocketTransport._read_ready",)),
+    ("aiohttp: request loop", ("RequestHandler.start",)),
+    ("body read and decoded (the pod; NodeNames when new)", ("read_json", "NodeNamesDecoder.loads")),
+    ("request shape checks", ("extender_args_error",)),
+    ("the pod's device requests", ("parse_pod_requests",)),
+    ("service: identity, pod lock, gang and hold checks", ("SchedulerService.filter", "SchedulerService._filter_live")),
+    ("decide: policies, candidates, mask, query", ("Filterer.evaluate", "device_mask", "FitQuery.__init__",
+                                                   "Filterer.policies", "CandidateLists.indices")),
+    ("kernel (Cython: Filterer.evaluate's own time)", ()),
+    ("decide: the winner's devices, annotations", ("Filterer.decide", "Filterer._allocation")),
+    ("books: the reservation", ("PodLedger.charge_of", "PodLedger.add_pod_usage", "PodLedger.release_pod")),
+    ("answer encoded, metrics", ("_respond", "build_app.<locals>.filter_handler")),
+    ("aiohttp: dispatch, answer written", ("RequestHandler._handle_request",)),
+    ("after the answer: FilteringSucceed, outcome", ("SchedulerService._placed",)),
+    ("after the answer: young garbage collection", ("collect_young",)),
+    ("idle (waiting for the next request)", ("EpollSelector.select",)),
+)
+KERNEL_STAGE = "kernel (Cython: Filterer.evaluate's own time)"
+OTHER_STAGE = "background: watches, registration upkeep, Events"
+
+
+def filter_stages(path: Path) -> list[tuple[str, float]]:
+    """(stage, share of the busy samples) for a profile of the /filter phase, idle last (its
+    share of all samples)."""
+    owner = {name: label for label, names in FILTER_STAGES for name in names}
+    counts: Counter = Counter()
+    samples = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        samples += n
+        names = [f.split(" (", 1)[0] for f in stack.split(";")]
+        label = OTHER_STAGE
+        if names[-1] == "Filterer.evaluate":
+            label = KERNEL_STAGE
+        else:
+            for name in reversed(names):
+                if name in owner:
+                    label = owner[name]
+                    break
+        counts[label] += n
+    idle_label = FILTER_STAGES[-1][0]
+    busy = samples - counts[idle_label]
+    if not busy:
+        return []
+    order = [label for label, _ in FILTER_STAGES[:-1]] + [OTHER_STAGE]
+    rows = [(label, counts[label] / busy) for label in order]
+    return rows + [(idle_label, counts[idle_label] / samples)]
+
+
+def render_filter_stages(path: Path, cpu_ms_per_request: float) -> str:
+    rows = filter_stages(path)
+    if not rows:
+        return f"{path}: no samples"
+    lines = [f"where a /filter's CPU goes ({path.name}; µs = share of the busy samples × "
+             f"{cpu_ms_per_request * 1000:.0f} µs of scheduler CPU per request)",
+             f"{'share':>7}  {'µs':>6}  stage"]
+    for label, share in rows[:-1]:
+        lines.append(f"{100 * share:6.1f}%  {share * cpu_ms_per_request * 1000:6.0f}  {label}")
+    lines.append(f"{100 * rows[-1][1]:6.1f}%  {'':>6}  {rows[-1][0]} (share of all samples)")
+    return "\n".join(lines)

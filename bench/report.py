@@ -244,6 +244,7 @@ def render_tables(results: dict) -> list[str]:
                         f"(target ≤ {P_FLATNESS}×: {_verdict(ratio <= P_FLATNESS)})"]
         out += _errors(results, "filter")
         out.append("")
+    out += render_floor(results)
 
     rows = []
     for c in _clusters(results):
@@ -350,6 +351,39 @@ def render_tables(results: dict) -> list[str]:
 
 
 MIXED_RATIO = 1.3
+FLOOR_RATIO = 2.0     # issue 35: /filter within 2× of its floor
+# Upstream's /filter p99 as issue 35 measured it (its binary, same load, its 2-core machine): for
+# scale only, since the binary does not run here.
+UPSTREAM_P99_MS = {1000: 266.0, 5000: 2094.0}
+
+
+def render_floor(results: dict) -> list[str]:
+    """/filter at concurrency 1 against its floor (bench/floor.py): the HTTP exchange alone plus
+    decide() alone, measured in the same run."""
+    rows = []
+    for c in _clusters(results):
+        r = _filter_row(c, 1)
+        if r is None or "floor" not in r or "decide_alone_us" not in r:
+            continue
+        decide_ms = r["decide_alone_us"] / 1000
+        floor50, floor99 = r["floor"]["p50"] + decide_ms, r["floor"]["p99"] + decide_ms
+        ratio50, ratio99 = r["p50"] / floor50, r["p99"] / floor99
+        upstream = UPSTREAM_P99_MS.get(c["nodes"])
+        rows.append([f"{c['nodes']:,}", f"{_num(r['p50'], 2)} / {_num(r['p99'], 2)}",
+                     f"{_num(r['floor']['p50'], 2)} / {_num(r['floor']['p99'], 2)}", _num(decide_ms, 2),
+                     f"{_num(floor50, 2)} / {_num(floor99, 2)}", f"{ratio50:.2f}× / {ratio99:.2f}×",
+                     f"{upstream / r['p99']:.0f}×" if upstream else "",
+                     f"≤ {FLOOR_RATIO:g}× {_verdict(ratio50 <= FLOOR_RATIO and ratio99 <= FLOOR_RATIO)}"])
+    if not rows:
+        return []
+    out = ["**/filter against its floor** (ms, concurrency 1, the same bodies; HTTP floor: an aiohttp server that "
+           "reads and decodes the body and answers the same size (bench/floor.py); decide(): Filterer.decide alone "
+           "in process on the same cluster; floor = the two added; upstream: its p99 as issue 35 measured it on "
+           f"its machine ({', '.join(f'{v:,.0f} ms at {k:,}' for k, v in UPSTREAM_P99_MS.items())}), over ours)", ""]
+    out += _table(["N", "/filter p50 / p99", "HTTP floor p50 / p99", "decide() alone", "floor p50 / p99",
+                   "/filter ÷ floor", "upstream p99 ÷ ours", "target"], rows)
+    out.append("")
+    return out
 
 
 def render_mixed(results: dict) -> list[str]:

@@ -41,7 +41,7 @@ CODES = {
     "MAX_TOPOLOGY_COMBOS": MAX_TOPOLOGY_COMBOS,
     "MIG_SEARCH_BUDGET": MIG_SEARCH_BUDGET, "MAX_MIG_INSTANCES": MAX_MIG_INSTANCES,
     "FLAG_EXCLUSIVE": FLAG_EXCLUSIVE, "FLAG_EQUAL_SHARE": FLAG_EQUAL_SHARE, "FLAG_CHOOSE": FLAG_CHOOSE,
-    "FLAG_CHARGE": FLAG_CHARGE,
+    "FLAG_CHARGE": FLAG_CHARGE, "FLAG_SLOTS_FIRST": FLAG_SLOTS_FIRST,
 }
 
 # Per-device scratch columns (long long), each max_len long.
@@ -172,7 +172,7 @@ cdef inline bint prefer(double sa, int na, int pa, long long ua, double fa, doub
     return pa > pb
 
 
-cdef inline int pair(const int[:] pair_score, int poff, Py_ssize_t n, int a, int b) noexcept nogil:
+cdef inline int pair(const int[::1] pair_score, int poff, Py_ssize_t n, int a, int b) noexcept nogil:
     if poff < 0:
         return 0
     return pair_score[poff + a * n + b]
@@ -187,7 +187,7 @@ cdef inline int popcount64(long long x) noexcept nogil:
     return c
 
 
-cdef inline int rank_key(const int[:] prof_rank, int p) noexcept nogil:
+cdef inline int rank_key(const int[::1] prof_rank, int p) noexcept nogil:
     """reference_fit._profile_order's sort key: a named profile's rank, else after all of them."""
     if p < prof_rank.shape[0] and prof_rank[p] > 0:
         return prof_rank[p]
@@ -230,9 +230,9 @@ cdef int mig_search(const long long *cmask, const int *csize, Py_ssize_t ncand, 
 
 
 cdef int mig_plan(Py_ssize_t j, long long occupied, long long mem, int want,
-                  const int[:] mig_prof_off, const int[:] mig_prof_len, const int[:] prof_mem,
-                  const int[:] prof_place_off, const int[:] prof_place_len, const long long[:] place_mask,
-                  const int[:] prof_rank, int *mig_i, long long *cmask, int *plan_prof,
+                  const int[::1] mig_prof_off, const int[::1] mig_prof_len, const int[::1] prof_mem,
+                  const int[::1] prof_place_off, const int[::1] prof_place_len, const long long[::1] place_mask,
+                  const int[::1] prof_rank, int *mig_i, long long *cmask, int *plan_prof,
                   int *plan_place) noexcept nogil:
     """reference_fit.mig_plan: the plan's length, its instances in ``plan_prof``/``plan_place``.
     ``mig_i`` holds the int scratch (profile order, candidates, their sizes, the search's paths)
@@ -279,7 +279,7 @@ cdef int mig_plan(Py_ssize_t j, long long occupied, long long mem, int want,
 
 
 cdef Py_ssize_t topology_pick(int *picked, long long *picked_mem, int *picked_prof, int *picked_place,
-                              Py_ssize_t npicked, int nums, const int[:] pair_score, int poff,
+                              Py_ssize_t npicked, int nums, const int[::1] pair_score, int poff,
                               Py_ssize_t n, int *combo, int *best_combo) noexcept nogil:
     """reference_fit.topology_pick: keep the best-connected ``nums`` of the picked devices, in place."""
     cdef Py_ssize_t i, j, best_i = 0, weighed = 0
@@ -402,35 +402,70 @@ cdef int charge(object chargers, int v, Py_ssize_t ni, Py_ssize_t r, int *memreq
     return 0
 
 
+cdef inline int slot_reason(long long count, long long used, int first_slots, bint exclusive,
+                            bint mutex) noexcept nogil:
+    """The walk's first device tests, before the quota: a slot left (``first_slots`` of them for a
+    FLAG_SLOTS_FIRST family), the exclusive and mutex rules. 0 when the device passes them."""
+    if count - used < first_slots:
+        if exclusive and used > 0:
+            return EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+        return CARD_TIME_SLICING_EXHAUSTED
+    if exclusive and used > 0:
+        return EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+    if mutex and used > 0:
+        return EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+    return 0
+
+
+cdef inline int share_reason(long long count, long long total_mem, long long total_cores, long long used,
+                             long long used_mem, long long used_cores, long long mem, int cores, int slots,
+                             bint free_cores, bint equal_share) noexcept nogil:
+    """The walk's device tests after the quota: memory, cores, a partition's slots, equal
+    shares, a whole card, compute units. 0 when the device takes the share."""
+    if total_mem - used_mem < mem:
+        return CARD_INSUFFICIENT_MEMORY
+    if not free_cores and total_cores - used_cores < cores:
+        return CARD_INSUFFICIENT_CORE
+    if slots > 1 and count - used < slots:
+        return CARD_TIME_SLICING_EXHAUSTED
+    if equal_share and used > 0 and used_mem != used * mem:
+        return CARD_NOT_FOUND_CUSTOM_FILTER_RULE
+    if total_cores == 100 and cores == 100 and used > 0:
+        return EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT
+    if not free_cores and total_cores != 0 and used_cores == total_cores and cores == 0:
+        return CARD_COMPUTE_UNITS_EXHAUSTED
+    return 0
+
+
 def filter_nodes(table, query):
     """reference.filter_nodes: ``table`` has the columns of fit_query.TABLE_COLUMNS, ``query``
     is a fit_query.FitQuery whose out_* arrays receive the answer; returns the winner or -1."""
     # Typed views of every input and output, taken once.
-    cdef const int[:] total_mem = table.total_mem
-    cdef const int[:] total_cores = table.total_cores
-    cdef const int[:] count = table.count
-    cdef const int[:] numa = table.numa
-    cdef const signed char[:] health = table.health
-    cdef const int[:] vendor = table.vendor
-    cdef const long long[:] used_mem = table.used_mem
-    cdef const long long[:] used_cores = table.used_cores
-    cdef const long long[:] used = table.used
-    cdef const int[:] node_offset = table.node_offset
-    cdef const int[:] node_len = table.node_len
-    cdef const int[:] pair_score = table.pair_score
-    cdef const int[:] node_pair_offset = table.node_pair_offset
-    cdef const signed char[:] dev_mig = table.dev_mig
-    cdef const long long[:] mig_used = table.mig_used
-    cdef const int[:] mig_prof_off = table.mig_prof_off
-    cdef const int[:] mig_prof_len = table.mig_prof_len
-    cdef const int[:] prof_mem = table.prof_mem
-    cdef const int[:] prof_core = table.prof_core
-    cdef const int[:] prof_place_off = table.prof_place_off
-    cdef const int[:] prof_place_len = table.prof_place_len
-    cdef const long long[:] place_mask = table.place_mask
-    cdef const int[:] candidates = query.candidates
-    cdef const int[:] rows = query.rows
-    cdef const signed char[:] mask = query.mask
+    cdef const int[::1] total_mem = table.total_mem
+    cdef const int[::1] total_cores = table.total_cores
+    cdef const int[::1] count = table.count
+    cdef const int[::1] numa = table.numa
+    cdef const signed char[::1] health = table.health
+    cdef const int[::1] vendor = table.vendor
+    cdef const long long[::1] used_mem = table.used_mem
+    cdef const long long[::1] used_cores = table.used_cores
+    cdef const long long[::1] used = table.used
+    cdef const int[::1] node_offset = table.node_offset
+    cdef const int[::1] node_len = table.node_len
+    cdef const int[::1] pair_score = table.pair_score
+    cdef const int[::1] node_pair_offset = table.node_pair_offset
+    cdef const signed char[::1] dev_mig = table.dev_mig
+    cdef const long long[::1] mig_used = table.mig_used
+    cdef const int[::1] mig_prof_off = table.mig_prof_off
+    cdef const int[::1] mig_prof_len = table.mig_prof_len
+    cdef const int[::1] prof_mem = table.prof_mem
+    cdef const int[::1] prof_core = table.prof_core
+    cdef const int[::1] prof_place_off = table.prof_place_off
+    cdef const int[::1] prof_place_len = table.prof_place_len
+    cdef const long long[::1] place_mask = table.place_mask
+    cdef const int[::1] candidates = query.candidates
+    cdef const int[::1] rows = query.rows
+    cdef const signed char[::1] mask = query.mask
     cdef int node_policy = query.node_policy
     cdef int gpu_policy = query.gpu_policy
     cdef int numa_bind = query.numa_bind
@@ -438,25 +473,25 @@ def filter_nodes(table, query):
     cdef double w_slot = query.w_slot
     cdef double w_core = query.w_core
     cdef double w_mem = query.w_mem
-    cdef const long long[:] quota_mem = query.quota_mem
-    cdef const long long[:] quota_cores = query.quota_cores
+    cdef const long long[::1] quota_mem = query.quota_mem
+    cdef const long long[::1] quota_cores = query.quota_cores
     cdef int topology = query.topology
     cdef int mig_ok = query.mig_ok
-    cdef const int[:] vendor_flags = query.vendor_flags
+    cdef const int[::1] vendor_flags = query.vendor_flags
     cdef object choosers = query.choosers
     cdef object chargers = query.chargers
-    cdef int[:] out_status = query.out_status
-    cdef int[:] out_reasons = query.out_reasons
-    cdef int[:] out_total = query.out_total
-    cdef double[:] out_score = query.out_score
-    cdef int[:] out_row = query.out_row
-    cdef int[:] out_dev = query.out_dev
-    cdef long long[:] out_mem = query.out_mem
-    cdef int[:] out_cores = query.out_cores
-    cdef int[:] out_prof = query.out_prof
-    cdef int[:] out_place = query.out_place
-    cdef int[:] out_slots = query.out_slots
-    cdef const int[:] prof_rank = query.prof_rank
+    cdef int[::1] out_status = query.out_status
+    cdef int[::1] out_reasons = query.out_reasons
+    cdef int[::1] out_total = query.out_total
+    cdef double[::1] out_score = query.out_score
+    cdef int[::1] out_row = query.out_row
+    cdef int[::1] out_dev = query.out_dev
+    cdef long long[::1] out_mem = query.out_mem
+    cdef int[::1] out_cores = query.out_cores
+    cdef int[::1] out_prof = query.out_prof
+    cdef int[::1] out_place = query.out_place
+    cdef int[::1] out_slots = query.out_slots
+    cdef const int[::1] prof_rank = query.prof_rank
 
     cdef Py_ssize_t n_rows = rows.shape[0] // ROW_WIDTH
     cdef Py_ssize_t n_cand = candidates.shape[0]
@@ -467,6 +502,8 @@ def filter_nodes(table, query):
         if candidates[c] >= 0 and node_len[candidates[c]] > max_len:
             max_len = node_len[candidates[c]]
     cdef int row_vendor
+    cdef bint any_quota = False      # a row's vendor has a quota: the pod's charge is kept per node
+    cdef bint has_mig_table = prof_mem.shape[0] > 0
     for r in range(n_rows):
         total_nums += rows[r * ROW_WIDTH + ROW_NUMS]
         # Per-vendor arrays are indexed by the rows' vendor ids unchecked below.
@@ -474,6 +511,8 @@ def filter_nodes(table, query):
         if (row_vendor < 0 or row_vendor >= vendor_flags.shape[0] or row_vendor >= quota_mem.shape[0]
                 or row_vendor >= quota_cores.shape[0]):
             raise ValueError(f"request row {r} names vendor id {row_vendor}, beyond the query's per-vendor arrays")
+        if quota_mem[row_vendor] != UNLIMITED or quota_cores[row_vendor] != UNLIMITED:
+            any_quota = True
     if max_len == 0:
         max_len = 1
     # A MIG GPU can give one container several instances (at most one per slice, and a mask has
@@ -492,6 +531,9 @@ def filter_nodes(table, query):
         raise MemoryError()
     cdef double *fcost = score + max_len
     cdef bint frag_key = has_key(gpu_policy, KEY_FRAG)
+    # Whether the device order reads the per-device score (mutex and a chain of numa/frag keys do not).
+    cdef bint score_key = (has_key(gpu_policy, KEY_BINPACK) or has_key(gpu_policy, KEY_SPREAD)
+                           or (gpu_policy < ORDER_CHAIN and gpu_policy != ORDER_MUTEX))
     cdef double delta_sum, stranded_sum, fill, tmp_f
     cdef long long lost, before_w, after_w, f_mem, f_tm
     cdef Py_ssize_t e
@@ -542,12 +584,34 @@ def filter_nodes(table, query):
     cdef double node_score, best_score = 0.0, sc, tmp_s, delta
     cdef int best = -1, status, current_container, container, v, nums, memreq, mempct, cores
     cdef int need, prev_numa, m, tmp_k, is_init, prof, place, flags, refused, slots
-    cdef int plan_len = 0, plan_pos = 0
+    cdef int plan_len = 0, plan_pos = 0, first_slots
     cdef Py_ssize_t plan_k
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
     cdef bint mixed, first
     cdef bint better, any_mig, revisit, free_cores, exclusive, equal_share, choosing, collect_all
     cdef list errors = []
+    # A pod that is one plain row (no chooser, charger, quota, NUMA binding, topology search or
+    # fragmentation score): the shortcut above the walk applies (its comment says why).
+    cdef bint quick = False
+    cdef int q_v = 0, q_nums = 0, q_memreq = 0, q_mempct = 0, q_cores = 0, q_first_slots = 1
+    cdef bint q_exclusive = False, q_equal_share = False, q_free_cores = False
+    if n_rows == 1 and not any_quota and not numa_bind and not topology and node_policy != POLICY_FRAG:
+        q_v = rows[ROW_VENDOR]
+        flags = vendor_flags[q_v]
+        if not (flags & (FLAG_CHOOSE | FLAG_CHARGE)):
+            quick = True
+            q_nums = rows[ROW_NUMS]
+            q_memreq = rows[ROW_MEMREQ]
+            q_mempct = rows[ROW_MEMPCT]
+            q_cores = rows[ROW_CORESREQ]
+            if q_cores > 100:
+                q_cores = 100
+            q_free_cores = q_cores < 0
+            if q_free_cores:
+                q_cores = 0
+            q_exclusive = (flags & FLAG_EXCLUSIVE) != 0
+            q_equal_share = (flags & FLAG_EQUAL_SHARE) != 0
+            q_first_slots = 1   # slots is 1 without a charger
     with nogil:
         for c in range(n_cand):
             ni = candidates[c]
@@ -558,28 +622,93 @@ def filter_nodes(table, query):
             off = node_offset[ni]
             n = node_len[ni]
             s_u = 0; s_c = 0; s_uc = 0; s_tc = 0; s_um = 0; s_tm = 0
-            for j in range(off, off + n):
-                s_u += used[j]
-                s_c += count[j]
-                s_uc += used_cores[j]
-                s_tc += total_cores[j]
-                s_um += used_mem[j]
-                s_tm += total_mem[j]
+            ncands = 0
+            npicked = 0
+            any_mig = False
+            if quick:
+                # reference_fit's walk, for a pod that is one plain row: each device's verdict is
+                # its own (no quota, NUMA group, partition plan or earlier row links them), so the
+                # node fits when enough devices pass, and a failing node's counts are the same
+                # whatever the order. Devices are ordered and picked only where the node would
+                # become the winner; elsewhere the outcome and the score are all there is to know.
+                # One pass over the node: the score's sums and each device's verdict.
+                memset(counts, 0, sizeof(counts))
+                for k in range(n):
+                    j = off + k
+                    s_u += used[j]
+                    s_c += count[j]
+                    s_uc += used_cores[j]
+                    s_tc += total_cores[j]
+                    s_um += used_mem[j]
+                    s_tm += total_mem[j]
+                    if vendor[j] != q_v:
+                        continue
+                    ncands += 1
+                    if dev_mig[j]:
+                        any_mig = True
+                    if any_mig:
+                        continue
+                    if not health[j]:
+                        counts[CARD_NOT_HEALTH] += 1
+                        continue
+                    m = mask[j] if has_mask else 0
+                    if m == 0:
+                        m = slot_reason(count[j], used[j], q_first_slots, q_exclusive, mutex)
+                    if m == 0:
+                        m = share_reason(count[j], total_mem[j], total_cores[j], used[j], used_mem[j], used_cores[j],
+                                         resolve_mem(q_memreq, q_mempct, total_mem[j]), q_cores, 1, q_free_cores,
+                                         q_equal_share)
+                    if m:
+                        counts[m] += 1
+                    else:
+                        npicked += 1
+            else:
+                for k in range(n):      # the node score's sums
+                    j = off + k
+                    s_u += used[j]
+                    s_c += count[j]
+                    s_uc += used_cores[j]
+                    s_tc += total_cores[j]
+                    s_um += used_mem[j]
+                    s_tm += total_mem[j]
             if s_c == 0 or s_tc == 0 or s_tm == 0:
                 node_score = 0.0
             else:
                 node_score = 10.0 * (<double> s_u / s_c + <double> s_uc / s_tc + <double> s_um / s_tm)
             out_score[c] = node_score
+            if quick and not any_mig:
+                if q_nums > ncands:
+                    out_status[c] = NODE_INSUFFICIENT_DEVICE
+                    continue
+                if npicked < q_nums:
+                    if npicked > 0:
+                        counts[ALLOCATED_CARDS_INSUFFICIENT_REQUEST] += <int> npicked
+                    out_status[c] = NODE_DEVICE_REASONS
+                    for i in range(N_DEVICE_REASONS):
+                        out_reasons[c * N_DEVICE_REASONS + i] = counts[i]
+                    out_total[c] = <int> ncands
+                    continue
+                if best >= 0 and not (node_score < best_score if node_policy == POLICY_SPREAD
+                                      else node_score > best_score):
+                    out_status[c] = NODE_FIT
+                    continue
+            for k in range(n):      # the usage the pod's rows start from
+                j = off + k
+                app_used[k] = used[j]
+                app_mem[k] = used_mem[j]
+                app_cores[k] = used_cores[j]
             delta_sum = 0.0
-            for k in range(n):
-                app_used[k] = used[off + k]
-                app_mem[k] = used_mem[off + k]
-                app_cores[k] = used_cores[off + k]
-                app_mig[k] = mig_used[off + k]
-                q_init_mem[k] = 0
-                q_init_cores[k] = 0
-                q_app_mem[k] = 0
-                q_app_cores[k] = 0
+            # Only a MIG plan reads the slices taken, and only a quota check the pod's own charge:
+            # a filter with neither (the common one) leaves those columns alone.
+            if has_mig_table:
+                for k in range(n):
+                    app_mig[k] = mig_used[off + k]
+            if any_quota:
+                for k in range(n):
+                    q_init_mem[k] = 0
+                    q_init_cores[k] = 0
+                    q_app_mem[k] = 0
+                    q_app_cores[k] = 0
             nchosen = 0
             status = NODE_FIT
             current_container = -1
@@ -596,7 +725,9 @@ def filter_nodes(table, query):
                             ini_used[k] = app_used[k]
                             ini_mem[k] = app_mem[k]
                             ini_cores[k] = app_cores[k]
-                            ini_mig[k] = app_mig[k]
+                        if has_mig_table:
+                            for k in range(n):
+                                ini_mig[k] = app_mig[k]
                     s_used = ini_used; s_mem = ini_mem; s_cores = ini_cores; s_mig = ini_mig
                 else:
                     s_used = app_used; s_mem = app_mem; s_cores = app_cores; s_mig = app_mig
@@ -642,15 +773,18 @@ def filter_nodes(table, query):
                         out_total[c] = <int> ncands
                         break
                     mempct = 0
+                first_slots = slots if flags & FLAG_SLOTS_FIRST else 1
                 # A negative core request takes no cores and skips every core check (a Metax
                 # online sGPU task: its share is enforced on the device, not booked here).
                 free_cores = cores < 0
                 if free_cores:
                     cores = 0
-                for i in range(ncands):
+                # The order's keys: the score with the request placed, the fragmentation cost. One
+                # device needs no order, and an order without a score key never reads the score.
+                for i in range(ncands if ncands > 1 else 0):
                     k = cand[i]
                     j = off + k
-                    if count[j] == 0 or total_cores[j] == 0 or total_mem[j] == 0:
+                    if not score_key or count[j] == 0 or total_cores[j] == 0 or total_mem[j] == 0:
                         score[i] = 0.0
                     else:
                         mem = resolve_mem(memreq, mempct, total_mem[j])
@@ -663,8 +797,12 @@ def filter_nodes(table, query):
                                                     cores, slots)
                     else:
                         fcost[i] = 0.0
-                # Insertion sort: nodes carry a handful of devices.
-                for i in range(1, ncands):
+                # The walk's order is prefer()'s, a strict total order (the position breaks every
+                # tie), so it is unique however it is reached. A collecting walk visits every
+                # device: sort them all (insertion sort: nodes carry a handful of devices). Any
+                # other walk usually stops after a device or two: it selects each position's
+                # device as it gets there (below), n - 1 comparisons for a first device that fits.
+                for i in range(1, ncands if collect_all else 0):
                     tmp_k = cand[i]
                     tmp_s = score[i]
                     tmp_f = fcost[i]
@@ -690,9 +828,21 @@ def filter_nodes(table, query):
                 while True:
                     if not revisit:
                         i += 1
+                        if i >= ncands:
+                            break
+                        if not collect_all:
+                            # Lazy selection: the most preferred of cand[i:] moves to position i.
+                            e = i
+                            for a in range(i + 1, ncands):
+                                if prefer(score[a], numa[off + cand[a]], cand[a], s_used[cand[a]], fcost[a],
+                                          score[e], numa[off + cand[e]], cand[e], s_used[cand[e]], fcost[e],
+                                          gpu_policy, numa_bind):
+                                    e = a
+                            if e != i:
+                                tmp_k = cand[i]; cand[i] = cand[e]; cand[e] = tmp_k
+                                tmp_s = score[i]; score[i] = score[e]; score[e] = tmp_s
+                                tmp_f = fcost[i]; fcost[i] = fcost[e]; fcost[e] = tmp_f
                     revisit = False
-                    if i >= ncands:
-                        break
                     k = cand[i]
                     j = off + k
                     if not health[j]:
@@ -703,8 +853,9 @@ def filter_nodes(table, query):
                         counts[m] += 1
                         continue
                     if numa_bind and numa[j] != prev_numa:
-                        if npicked > 0 and not collect_all:
-                            counts[NUMA_NOT_FIT] += <int> npicked
+                        if collect_all and npicked >= nums:
+                            break       # reference_fit.numa_group_done: the first NUMA node that holds the row
+                        counts[NUMA_NOT_FIT] += <int> npicked
                         npicked = 0
                         plan_k = -1
                         need = nums
@@ -714,18 +865,11 @@ def filter_nodes(table, query):
                         continue
                     # Upstream's first test is Count <= Used: is a slot left at all. A partition of several
                     # slices (slots > 1) is checked for all of them after memory and cores, so that a
-                    # card too full for it is refused for its memory, as upstream words it.
-                    if count[j] - s_used[k] < 1:
-                        if exclusive and s_used[k] > 0:
-                            counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-                        else:
-                            counts[CARD_TIME_SLICING_EXHAUSTED] += 1
-                        continue
-                    if exclusive and s_used[k] > 0:
-                        counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-                        continue
-                    if mutex and s_used[k] > 0:
-                        counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
+                    # card too full for it is refused for its memory, as upstream v2.10 words it; a
+                    # FLAG_SLOTS_FIRST family asks all of them here (first_slots).
+                    m = slot_reason(count[j], s_used[k], first_slots, exclusive, mutex)
+                    if m:
+                        counts[m] += 1
                         continue
                     mem = resolve_mem(memreq, mempct, total_mem[j])
                     if qm != UNLIMITED or qc != UNLIMITED:
@@ -750,31 +894,20 @@ def filter_nodes(table, query):
                         if (qm != UNLIMITED and tm > qm) or (qc != UNLIMITED and tc > qc):
                             counts[RESOURCE_QUOTA_NOT_FIT] += 1
                             continue
-                    if total_mem[j] - s_mem[k] < mem:
-                        counts[CARD_INSUFFICIENT_MEMORY] += 1
-                        continue
-                    if not free_cores and total_cores[j] - s_cores[k] < cores:
-                        counts[CARD_INSUFFICIENT_CORE] += 1
-                        continue
-                    if slots > 1 and count[j] - s_used[k] < slots:
-                        counts[CARD_TIME_SLICING_EXHAUSTED] += 1
-                        continue
-                    if equal_share and s_used[k] > 0 and s_mem[k] != s_used[k] * mem:
-                        counts[CARD_NOT_FOUND_CUSTOM_FILTER_RULE] += 1
-                        continue
-                    if total_cores[j] == 100 and cores == 100 and s_used[k] > 0:
-                        counts[EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT] += 1
-                        continue
-                    if not free_cores and total_cores[j] != 0 and s_cores[k] == total_cores[j] and cores == 0:
-                        counts[CARD_COMPUTE_UNITS_EXHAUSTED] += 1
+                    m = share_reason(count[j], total_mem[j], total_cores[j], s_used[k], s_mem[k], s_cores[k], mem,
+                                     cores, slots, free_cores, equal_share)
+                    if m:
+                        counts[m] += 1
                         continue
                     prof = -1
                     place = -1
                     if dev_mig[j]:
                         if plan_k != k:   # first arrival: plan the instances still needed here together
-                            plan_len = mig_plan(j, s_mig[k], mem, nums if collect_all else need, mig_prof_off,
-                                                mig_prof_len, prof_mem, prof_place_off, prof_place_len,
-                                                place_mask, prof_rank, mig_i, mig_l, plan_prof, plan_place)
+                            # (no profile table: no plan, and the slices taken were never copied)
+                            plan_len = mig_plan(j, s_mig[k] if has_mig_table else 0, mem,
+                                                nums if collect_all else need, mig_prof_off, mig_prof_len, prof_mem,
+                                                prof_place_off, prof_place_len, place_mask, prof_rank, mig_i, mig_l,
+                                                plan_prof, plan_place)
                             plan_k = k
                             plan_pos = 0
                         if plan_pos == plan_len:
@@ -835,7 +968,9 @@ def filter_nodes(table, query):
                     s_used[k] += slots
                     s_mem[k] += use_mem
                     s_cores[k] += use_cores
-                    if is_init:     # beside the sidecars so far (the app sums, while init rows run)
+                    if not any_quota:
+                        pass
+                    elif is_init:     # beside the sidecars so far (the app sums, while init rows run)
                         q_init_mem[k] = max(q_init_mem[k], q_app_mem[k] + use_mem)
                         q_init_cores[k] = max(q_init_cores[k], q_app_cores[k] + use_cores)
                     else:
@@ -924,7 +1059,7 @@ def filter_nodes(table, query):
     return best
 
 
-def best_fit_nodes(const int[:] status, const double[:] score, Py_ssize_t k, bint spread):
+def best_fit_nodes(const int[::1] status, const double[::1] score, Py_ssize_t k, bint spread):
     """``(fitting nodes, indexes of the k best of them, best first)``: best is the highest score
     (binpack) or the lowest (spread), the earlier candidate on a tie, as the kernel's own choice.
     Same as ``reference.best_fit_nodes``. An insertion-sorted buffer of k: O(n) for small k."""

@@ -76,3 +76,4 @@ cdef enum:
     FLAG_EQUAL_SHARE = 2   # a shared device takes only tasks of the memory size it already hosts
     FLAG_CHOOSE = 4        # collect every fitting device, the vendor's chooser picks
     FLAG_CHARGE = 8        # the vendor's charger says, per node, what one device of the row costs
+    FLAG_SLOTS_FIRST = 16  # a device must have all the row's slots free before memory is checked

@@ -260,7 +260,7 @@ class SchedulerApp:
                               for job in vendor.background(self.cache)]
         # ... and what they need written through the API server, by the leader (remote GPUs' session stubs).
         self._family_tasks += [asyncio.create_task(job) for job in family_upkeep(
-            vendors=self.vendors, client=background, leading=lambda: self.leadership.is_leader,
+            vendors=self.vendors, cache=self.cache, client=background, leading=lambda: self.leadership.is_leader,
             namespace=o.pod_namespace or os.environ.get("POD_NAMESPACE", ""), wake=self._upkeep_wake)]
 
         # The webhook's UPDATE rule asks the API server who may write Nodes (SubjectAccessReviews,

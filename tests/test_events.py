@@ -347,7 +347,7 @@ def test_success_message_lists_the_best_nodes_only_at_scale():
         decision = _decide_over(full + idle, pod, default_node=policy)
         assert decision.node == "idle-000"   # all tie: the first candidate wins
         message = filtering_succeeded_message(node=decision.node, best=decision.best, fit=decision.fit_count,
-                                              total_nodes=len(decision.failed) + decision.fit_count)
+                                              total_nodes=decision.total)
         assert message.startswith(f"find fit node(idle-000), 3 nodes not fit, 60 nodes fit(…{60 - LISTED_NODE_SCORES} more,")
         assert message.endswith(",idle-000:0.00)") and message.count(":") == LISTED_NODE_SCORES
 
@@ -489,7 +489,7 @@ async def test_a_burst_of_events_never_holds_up_a_pod_patch_lock_or_binding(api)
 # -- a FilteringSucceed parked until the pod's bind ------------------------------------------------
 def _decision(node="n1"):
     """What the filter hands on_filter: the few fields the FilteringSucceed message reads."""
-    return SimpleNamespace(node=node, best=[(node, 0.0)], fit_count=1, failed={})
+    return SimpleNamespace(node=node, best=[(node, 0.0)], fit_count=1, total=1)
 
 
 def _fit_message(node="n1"):

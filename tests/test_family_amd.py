@@ -129,6 +129,30 @@ def test_a_percentage_is_a_share_of_each_devices_compute_units():
     assert compute_units(0, 50) == 0
 
 
+@pytest.mark.parametrize("custom, wgp", [
+    ({"cuPerWGP": 2}, 2), ({"cuPerWGP": 2.0}, 2), ({}, 1), ({"cuPerWGP": 1}, 1),
+    ({"cuPerWGP": 2147483647}, 2147483647),
+    # upstream ignores what is not a whole JSON number above 1 (up to MaxInt32): CU by CU, as before
+    ({"cuPerWGP": 2.5}, 1), ({"cuPerWGP": "2"}, 1), ({"cuPerWGP": True}, 1), ({"cuPerWGP": 0}, 1),
+    ({"cuPerWGP": -2}, 1), ({"cuPerWGP": 2147483648}, 1), ({"cuperwgp": 2}, 1),
+])
+def test_the_wgp_size_is_the_registrations_cu_per_wgp(custom, wgp):
+    assert amd.cus_per_wgp(custom) == wgp
+
+
+def test_on_rdna_a_percentage_is_rounded_up_to_whole_wgps():
+    """HAMi after v2.10 (#3174): the plugin masks whole WGPs, so 5 % of 64 CUs (3) is 4 CUs."""
+    assert compute_units(64, 5, 2) == 4 and compute_units(64, 5) == 3
+    assert compute_units(64, 50, 2) == 32                     # already whole WGPs
+    assert compute_units(2, 50, 2) == 2 and compute_units(64, 1, 2) == 2      # one WGP at least
+    assert compute_units(4, 75, 2147483647) == 4              # never beyond the device
+    assert compute_units(0, 50, 2) == 0
+    [dev] = AMD.parse_node_devices(view(
+        '[{"id":"GPU-0","count":2,"devmem":16304,"devcore":32,"type":"AMDGPU","health":true,'
+        '"custominfo":{"cuPerWGP":2,"pciBDF":"0000:03:00.0"}}]'))
+    assert amd.cus_per_wgp(dev.custom) == 2 and amd.device_compute_units(dev, 5) == 2
+
+
 def test_core_metrics_are_percent_of_the_compute_units():
     assert AMD.core_metrics(304, 100) == (100, 33)      # ceil(100 / 304 * 100)
     assert AMD.core_metrics(304, 0) == (100, 0)
@@ -507,4 +531,44 @@ async def test_namespace_quota_on_amd_memory_holds_device_by_device(api, app, ex
     assert result["NodeNames"] == ["a1"], result
     _, result = await place(api, extender, device_pod("more", {COUNT: "1", MEM: "8000", CORES: "10"}), names)
     assert result["FailedNodes"] == {"a1": "2/2 ResourceQuotaNotFit"}, result
+    assert_books_balance(app)
+
+
+def rdna_node(name, *, cu_per_wgp=2):
+    """A node with one RDNA GPU of 32 CUs as HAMi's AMD device plugin registers it: the WGP size in
+    ``custominfo`` (``cu_per_wgp=None``: a registration without it, as from an older plugin)."""
+    entry = {"id": f"GPU-{name}", "index": 0, "count": 4, "devmem": 16304, "devcore": 32, "type": "AMDGPU",
+             "health": True, "custominfo": {"pciBDF": "0000:03:00.0"}}
+    if cu_per_wgp is not None:
+        entry["custominfo"]["cuPerWGP"] = cu_per_wgp
+    return amd_node(name, register=orjson.dumps([entry]).decode())
+
+
+@pytest.mark.parametrize("cu_per_wgp, charged", [(2, [16, 16]), (None, [16, 15])])
+async def test_on_rdna_the_books_charge_whole_wgps(api, app, extender, cu_per_wgp, charged):
+    """HAMi after v2.10 (#3174): on a GPU publishing ``cuPerWGP`` a share that is not whole WGPs is
+    charged, annotated and fitted rounded up (47 % of 32 CUs: 15, so 16), as the plugin masks it;
+    a node without the WGP size keeps the unrounded count, where 1 % more still fits."""
+    names = await register_nodes(api, app, rdna_node("r1", cu_per_wgp=cu_per_wgp))
+    for name, percent in (("half", "50"), ("most", "47")):
+        pod, result = await place(api, extender, device_pod(name, {COUNT: "1", MEM: "1024", CORES: percent}), names)
+        assert result["NodeNames"] == ["r1"], result
+        await bind_placed(api, app, extender, pod, result)
+    assert [decision_annotations(api, app, n)["hami.io/amd-devices-allocated"] for n in ("half", "most")] == \
+        [f"GPU-r1,AMDGPU,1024,{cores}:;" for cores in charged]
+    assert usage(app, "r1") == [(2, 2048, sum(charged))]
+    _, result = await place(api, extender, device_pod("one", {COUNT: "1", MEM: "1024", CORES: "1"}), names)
+    if cu_per_wgp:
+        assert result["FailedNodes"] == {"r1": "1/1 CardInsufficientCore"}, result       # a WGP is 2 CUs
+    else:
+        assert result["NodeNames"] == ["r1"], result
+    assert_books_balance(app)
+    # The charge is the annotation's: a pod placed elsewhere is charged what it says, unrounded.
+    api.delete("pods", "most", namespace="default")
+    await wait_until(lambda: usage(app, "r1")[0][2] == 16 + (0 if cu_per_wgp else 1), "most released")
+    pod = device_pod("legacy", {COUNT: "1", MEM: "1024", CORES: "47"}, annotations={
+        "hami.io/vgpu-node": "r1", "hami.io/amd-devices-allocated": "GPU-r1,AMDGPU,1024,15:;"})
+    pod["spec"]["nodeName"] = "r1"
+    api.create("pods", pod)
+    await wait_until(lambda: usage(app, "r1")[0][2] == 31 + (0 if cu_per_wgp else 1), "charged from the annotation")
     assert_books_balance(app)

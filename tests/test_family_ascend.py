@@ -154,7 +154,7 @@ def test_vendor_names_and_annotation_keys_follow_the_common_word():
     assert v.pod_marks == ("huawei.com/vnpu-mode", "huawei.com/enpu-policy")
     assert v.decision_annotations() == ("hami.io/Ascend910B3-devices-to-allocate",
                                         "hami.io/Ascend910B3-devices-allocated",
-                                        "huawei.com/Ascend910B3", "predicate-time")
+                                        "huawei.com/Ascend910B3", "predicate-time", "hami.io/effective-vnpu-mode")
     assert v.quota_resources() == ("huawei.com/Ascend910B3-memory", "huawei.com/Ascend910B3-core", 1)
     managed = managed_resource_names(chart_vendors())
     assert "huawei.com/Ascend910C" in managed and "huawei.com/Ascend310P-memory" in managed
@@ -339,13 +339,14 @@ def test_malformed_requests_are_refused_naming_container_resource_and_value(limi
 # ---------------------------------------------------------------------------------------------
 
 def mutate(v: AscendVendor, limits: dict, requests: dict | None = None, *, soft: bool = False,
-           runtime_class: str | None = None) -> tuple[bool, dict, dict]:
-    """(asks for NPUs, container, pod) after the vendor's webhook."""
+           runtime_class: str | None = None, mode: str | None = None) -> tuple[bool, dict, dict]:
+    """(asks for NPUs, container, pod) after the vendor's webhook; ``soft`` is ``mode="hami-core"``."""
     resources: dict = {"limits": dict(limits)}
     if requests is not None:
         resources["requests"] = dict(requests)
     ctr = {"name": "main", "resources": resources}
-    pod = {"metadata": {"annotations": {"huawei.com/vnpu-mode": "hami-core"} if soft else {}},
+    mode = "hami-core" if soft else mode
+    pod = {"metadata": {"annotations": {"huawei.com/vnpu-mode": mode} if mode else {}},
            "spec": {"containers": [ctr]}}
     if runtime_class is not None:
         pod["spec"]["runtimeClassName"] = runtime_class
@@ -364,18 +365,30 @@ def mutate(v: AscendVendor, limits: dict, requests: dict | None = None, *, soft:
     ("Ascend310P", 24576, "21527"),
 ])
 def test_hard_split_memory_is_rounded_up_to_the_smallest_template(cw, asked, written):
-    asks, ctr, _ = mutate(vendor(cw), {f"huawei.com/{cw}": "1", f"huawei.com/{cw}-memory": str(asked)})
+    """A template pod's memory is rounded by the webhook; a pod naming no mode keeps its memory as
+    asked (HAMi #3107: its node rounds it at fit time, or not on a hami-core node)."""
+    limits = {f"huawei.com/{cw}": "1", f"huawei.com/{cw}-memory": str(asked)}
+    asks, ctr, _ = mutate(vendor(cw), limits, mode="template")
     assert asks
     assert ctr["resources"]["limits"][f"huawei.com/{cw}-memory"] == written
     assert ctr["resources"]["requests"][f"huawei.com/{cw}-memory"] == written
+    asks, ctr, pod = mutate(vendor(cw), limits)
+    assert asks and pod["metadata"]["annotations"] == {}
+    assert ctr["resources"]["limits"][f"huawei.com/{cw}-memory"] == str(asked)
+    assert ctr["resources"]["requests"][f"huawei.com/{cw}-memory"] == str(asked)
+    # Reviewed again (reinvocationPolicy: IfNeeded): the same answer.
+    again = {"limits": dict(ctr["resources"]["limits"]), "requests": dict(ctr["resources"]["requests"])}
+    assert mutate(vendor(cw), again["limits"], again["requests"])[1]["resources"] == again
 
 
-def test_memory_no_template_nor_device_holds_is_refused_with_upstreams_message():
+@pytest.mark.parametrize("mode", ["template", None])
+def test_memory_no_template_nor_device_holds_is_refused_with_upstreams_message(mode):
+    """Refused in template mode and for a pod naming no mode alike: no node's vNPU holds it."""
     with pytest.raises(RequestError) as err:
-        mutate(vendor("Ascend310P"), {"huawei.com/Ascend310P": "1", "huawei.com/Ascend310P-memory": "24577"})
+        mutate(vendor("Ascend310P"), {"huawei.com/Ascend310P": "1", "huawei.com/Ascend310P-memory": "24577"}, mode=mode)
     assert str(err.value) == "huawei.com/Ascend310P-memory 24577 is invalid"
     with pytest.raises(RequestError) as err:
-        mutate(vendor(), {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16Gi"})
+        mutate(vendor(), {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16Gi"}, mode=mode)
     assert str(err.value) == "huawei.com/Ascend910B3-memory 17179869184 is invalid"
 
 
@@ -418,11 +431,11 @@ def test_cores_in_template_mode_are_refused_and_make_a_mode_less_pod_hami_core()
         with_mode("hami_core", limits)
     assert str(err.value) == ('huawei.com/vnpu-mode "hami_core" takes no huawei.com/Ascend910B3-core: cores are only '
                               "supported in hami-core (soft split) or enpu mode")
-    # Zero cores ask for nothing: the pod stays a template one, memory rounded.
+    # Zero cores ask for nothing: the pod names no mode still, its memory as asked (its node rounds it).
     asks, ctr, pod = with_mode(None, {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-core": "0",
                                       "huawei.com/Ascend910B3-memory": "10000"})
     assert asks and pod["metadata"]["annotations"] == {}
-    assert ctr["resources"]["limits"]["huawei.com/Ascend910B3-memory"] == "16384"
+    assert ctr["resources"]["limits"]["huawei.com/Ascend910B3-memory"] == "10000"
 
 
 def test_several_npus_with_a_template_each_are_refused():
@@ -430,6 +443,14 @@ def test_several_npus_with_a_template_each_are_refused():
         mutate(vendor(), {"huawei.com/Ascend910B3": "2", "huawei.com/Ascend910B3-memory": "16384"})
     assert str(err.value) == "vNPU not supported for multiple devices"
     asks, ctr, _ = mutate(vendor(), {"huawei.com/Ascend910B3": "2", "huawei.com/Ascend910B3-memory": "65536"})
+    assert asks and ctr["resources"]["limits"]["huawei.com/Ascend910B3-memory"] == "65536"
+    # A pod naming no mode is judged by what a template node would give it: 40000 MiB rounds up to
+    # the whole NPU there, so it is admitted (memory kept as asked) ...
+    asks, ctr, _ = mutate(vendor(), {"huawei.com/Ascend910B3": "2", "huawei.com/Ascend910B3-memory": "40000"})
+    assert asks and ctr["resources"]["limits"]["huawei.com/Ascend910B3-memory"] == "40000"
+    # ... and so is a template pod, rounded.
+    asks, ctr, _ = mutate(vendor(), {"huawei.com/Ascend910B3": "2", "huawei.com/Ascend910B3-memory": "40000"},
+                          mode="template")
     assert asks and ctr["resources"]["limits"]["huawei.com/Ascend910B3-memory"] == "65536"
 
 
@@ -475,8 +496,8 @@ def test_webhook_review_patches_ascend_pods_and_denies_with_upstreams_message():
     assert response["allowed"]
     assert patched["spec"]["schedulerName"] == "hami-scheduler"
     assert patched["spec"]["containers"][0]["resources"] == {
-        "limits": {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "16384"},
-        "requests": {"huawei.com/Ascend910B3-memory": "16384"}}
+        "limits": {"huawei.com/Ascend910B3": "1", "huawei.com/Ascend910B3-memory": "10000"},
+        "requests": {"huawei.com/Ascend910B3-memory": "10000"}}
     pod = make_pod(container(limits={"huawei.com/Ascend910C": "3"}))
     response, _ = admit(pod, vendors=vendors)
     assert not response["allowed"]
@@ -539,7 +560,8 @@ def test_allocation_annotations_are_upstreams_text():
         "predicate-time": "1767225600",
         "huawei.com/Ascend910A": '[{"UUID":"device-0","temp":"vir08","memory":8738,"core":1}]',
     }
-    assert set(out) == set(v.decision_annotations())
+    # Encoded without a filter's decision (no settled mode): everything but the effective mode.
+    assert set(out) == set(v.decision_annotations()) - {"hami.io/effective-vnpu-mode"}
     assert v.decode_allocation(out) == [[ContainerDevice("device-0", "Ascend910A", 8738, 1)]]
     assert v.encode_allocation([[], []]) == {}
 

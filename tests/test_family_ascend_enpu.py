@@ -216,7 +216,8 @@ def test_an_invalid_enpu_policy_is_refused_and_other_modes_keep_theirs():
     _, _, pod = enpu_admit(v, limits={"huawei.com/Ascend910B3": "1"}, annotations={"huawei.com/enpu-policy": "3"})
     assert pod["metadata"]["annotations"]["huawei.com/enpu-policy"] == "best-effort"
     # A hami-core or template pod is not an ENPU one: its policy annotation is none of our business.
-    for mode, memory in (("hami-core", "20480"), ("template", "32768"), (None, "32768")):
+    # (A pod naming no mode keeps its memory as asked: its node rounds it, HAMi #3107.)
+    for mode, memory in (("hami-core", "20480"), ("template", "32768"), (None, "20480")):
         ann = {"huawei.com/enpu-policy": "invalid-ENPU-only-override"}
         if mode:
             ann["huawei.com/vnpu-mode"] = mode

@@ -387,20 +387,81 @@ async def test_an_upstream_placed_pod_is_charged_from_its_annotation(api, app, e
     assert_books_balance(app)
 
 
-async def test_namespace_quota_tracks_the_core_masks(api, app, extender):
-    """Upstream's quota book counts ``aws.amazon.com/neuroncore`` as the allocations carry it:
-    core masks (core 0 = 1, core 1 = 2, a whole two-core device = 3)."""
+async def test_namespace_quota_counts_neuroncores_not_mask_values(api, app, extender):
+    """HAMi after v2.10 (#3082) counts ``limits.aws.amazon.com/neuroncore`` in cores, the bits of
+    the masks the books hold: a whole two-core device is 2 (its mask is 3), core 1 is 1 (mask 2)."""
     names = await register_nodes(api, app, neuron_node("n1", devices=2))
-    await create_quota(api, app, {"limits.aws.amazon.com/neuroncore": "4"}, namespace="default")
+    await create_quota(api, app, {"limits.aws.amazon.com/neuroncore": "3"}, namespace="default")
     _, result = await place(api, extender, device_pod("whole", {COUNT: "1"}), names)
     assert result["NodeNames"] == ["n1"], result
-    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 3
+    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 2
     _, result = await place(api, extender, device_pod("core", {CORE: "1"}), names)
-    assert result["NodeNames"] == ["n1"], result
-    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 4
+    assert result["NodeNames"] == ["n1"], result       # 3 cores, where the masks add up to 4
+    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 3
     _, result = await place(api, extender, device_pod("over", {CORE: "1"}), names)
-    assert result["FailedNodes"] == {"n1": "2/2 ResourceQuotaNotFit"}
+    assert "ResourceQuotaNotFit" in result["FailedNodes"]["n1"], result
+    assert result["FailedNodes"] == {"n1": "1/2 CardInsufficientCore, 1/2 ResourceQuotaNotFit"}
+    # Another namespace has no quota: the same pod fits there.
+    other = device_pod("elsewhere", {CORE: "1"})
+    other["metadata"]["namespace"] = "free"
+    _, result = await place(api, extender, other, names)
+    assert result["NodeNames"] == ["n1"], result
     assert_books_balance(app)
+
+
+async def test_a_whole_inferentia1_device_counts_its_four_cores_against_the_quota(api, app, extender):
+    names = await register_nodes(api, app, inf1_node("i1", devices=2))
+    await create_quota(api, app, {"limits.aws.amazon.com/neuroncore": "5"}, namespace="default")
+    _, result = await place(api, extender, device_pod("whole", {COUNT: "1"}), names)
+    assert result["NodeNames"] == ["i1"], result
+    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 4      # mask 15
+    _, result = await place(api, extender, device_pod("two", {CORE: "2"}), names)
+    assert "ResourceQuotaNotFit" in result["FailedNodes"]["i1"], result
+    _, result = await place(api, extender, device_pod("one", {CORE: "1"}), names)
+    assert result["NodeNames"] == ["i1"], result
+    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 5
+    assert_books_balance(app)
+
+
+async def test_the_quota_counts_the_init_peak_or_the_app_sum_whichever_is_larger(api, app, extender):
+    """An init container runs before the app containers: a pod holds the larger of its init
+    containers' cores and its app containers' sum on a device, at the filter and in the books."""
+    names = await register_nodes(api, app, neuron_node("n1", devices=4))
+    await create_quota(api, app, {"limits.aws.amazon.com/neuroncore": "2"}, namespace="default")
+    pod = device_pod("staged", {CORE: "1"})
+    pod["spec"]["initContainers"] = [{"name": "warm", "image": "busybox",
+                                      "resources": {"limits": {CORE: "2"}}}]
+    _, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["n1"], result       # max(2, 1) cores, not 3
+    assert app.cache.quota.used["default"][("AWSNeuron", "cores")] == 2
+    # App containers run together: their cores add up (1 + 2 > 2), though each alone would fit.
+    await create_quota(api, app, {"limits.aws.amazon.com/neuroncore": "2"}, namespace="team")
+    pod = device_pod("sum", {CORE: "1"})
+    pod["metadata"]["namespace"] = "team"
+    pod["spec"]["containers"].append({"name": "second", "image": "busybox", "resources": {"limits": {CORE: "2"}}})
+    _, result = await place(api, extender, pod, names)
+    assert "ResourceQuotaNotFit" in result["FailedNodes"]["n1"], result
+    pod = device_pod("alone", {CORE: "2"})
+    pod["metadata"]["namespace"] = "team"
+    _, result = await place(api, extender, pod, names)
+    assert result["NodeNames"] == ["n1"], result
+    assert_books_balance(app)
+
+
+def test_the_webhooks_quota_pre_check_counts_the_cores_asked():
+    """3 cores count 3 (two devices, 2 and 1 cores), a whole device the 2 cores every device has."""
+    calls = []
+
+    def fit_quota(namespace, vendor, memory, cores):
+        calls.append((vendor, memory, cores))
+        return cores <= 3
+
+    response, _ = admit(make_pod(container(limits={CORE: "3"})), fit_quota=fit_quota)
+    assert response["allowed"] and calls == [("AWSNeuron", 0, 3)]
+    calls.clear()
+    response, _ = admit(make_pod(container(limits={COUNT: "2"})), fit_quota=fit_quota)
+    assert not response["allowed"] and calls == [("AWSNeuron", 0, 4)]
+    assert response["status"]["message"] == "exceeding resource quota"
 
 
 async def test_a_device_count_in_requests_only_is_annotated_with_core_indexes(api, app, extender):

@@ -322,17 +322,17 @@ async def test_two_drs_pods_fill_a_card_by_slices_and_a_third_is_refused(api, ap
     assert_books_balance(app)
 
 
-async def test_a_card_too_full_is_refused_for_its_memory_and_a_missing_profile_reads_mode_not_fit(api, app, extender):
+async def test_a_card_too_full_is_refused_for_its_slices_and_a_missing_profile_reads_mode_not_fit(api, app, extender):
     names = await register_nodes(api, app, enflame_node("e1", drs=ONE_CARD))
     for i in range(4):          # four 1-slice partitions: 4 slices, 24 GB of 40
         _, result = await place(api, extender, gcu_pod(f"s{i}", {"enflame.com/drs-gcu": "1"}), names)
         assert result["NodeNames"] == ["e1"], result
     assert usage(app, "e1") == (4, 4 * 6144, 4 * 17)
-    # 3 more slices (20 GB) do not fit: 2 slices and 16 GB are left. The kernel tests the slices
-    # after memory and cores (v2.10's order, which said memory); HAMi since #2877 tests them first
-    # and says CardTimeSlicingExhausted (docs/devices/enflame.md).
+    # 3 more slices (20 GB) do not fit: 2 slices and 16 GB are left. HAMi since #2877 tests the
+    # slices first and says CardTimeSlicingExhausted (v2.10 tested them after memory and said
+    # memory; docs/devices/enflame.md).
     _, result = await place(api, extender, gcu_pod("big", {"enflame.com/drs-gcu": "3"}), names)
-    assert result["FailedNodes"] == {"e1": "1/1 CardInsufficientMemory"}
+    assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}
     _, result = await place(api, extender, gcu_pod("two", {"enflame.com/drs-gcu": "2"}), names)
     assert result["FailedNodes"] == {"e1": "1/1 ModeNotFit"}          # no 2-slice profile
     assert_books_balance(app)
@@ -390,11 +390,11 @@ async def test_a_by_spec_request_gets_the_smallest_fitting_profile(api, app, ext
         assert ann["hami.io/enflame-vgpu-devices-allocated"].split(",")[2:] == fields, name
     # 6 slices on one card, 3 + 1 on the other.
     assert sorted(usage(app, "e1", i)[0] for i in range(2)) == [4, 6]
-    # A value above twice the largest profile is MiB: 15000 MiB is 15 GB, a 3g.20gb, which the
-    # 2 slices (14 GB) left cannot hold: that card is refused for its memory, the full one for its
-    # slices (upstream counts tasks, not slices, in its slot test, so it says memory for both).
+    # A value above twice the largest profile is MiB: 15000 MiB is 15 GB, a 3g.20gb, which neither
+    # the 2 slices (14 GB) left on one card nor the full other card can hold: both are refused for
+    # their slices, tested before memory since HAMi #2877.
     _, result = await place(api, extender, gcu_pod("mib", {"enflame.com/gcu-memory": "15000"}), names)
-    assert result["FailedNodes"] == {"e1": "1/2 CardInsufficientMemory, 1/2 CardTimeSlicingExhausted"}
+    assert result["FailedNodes"] == {"e1": "2/2 CardTimeSlicingExhausted"}
     _, result = await place(api, extender, gcu_pod("huge", {"enflame.com/gcu-memory": "41"}), names)
     assert result["FailedNodes"] == {"e1": "1/2 ModeNotFit"}
     assert_books_balance(app)
@@ -420,7 +420,7 @@ async def test_a_restarted_scheduler_charges_drs_pods_from_their_annotations(api
         client = ExtenderClient(second.url)
         try:
             _, result = await place(api, client, gcu_pod("c", {"enflame.com/drs-gcu": "3"}), ["e1"])
-            assert result["FailedNodes"] == {"e1": "1/1 CardInsufficientMemory"}   # 2 slices, 14 GB left
+            assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}   # 2 slices, 14 GB left
         finally:
             await client.close()
 
@@ -437,7 +437,7 @@ async def test_upstreams_drs_pods_are_charged_their_slices(api, app, extender):
     await wait_until(lambda: usage(app, "e1") == (3, 20480, 50), "the upstream DRS pod charged its 3 slices")
     assert_books_balance(app)
     _, result = await place(api, extender, gcu_pod("d", {"enflame.com/drs-gcu": "6"}), names)
-    assert result["FailedNodes"] == {"e1": "1/1 CardInsufficientMemory"}       # upstream's words
+    assert result["FailedNodes"] == {"e1": "1/1 CardTimeSlicingExhausted"}     # upstream's words (#2877)
     _, result = await place(api, extender, gcu_pod("d3", {"enflame.com/drs-gcu": "3"}), names)
     assert result["NodeNames"] == ["e1"]
     assert usage(app, "e1") == (6, 40960, 100)

@@ -132,6 +132,29 @@ def test_nodes_that_serve_nothing():
         v.parse_node_devices(view(garbled))
 
 
+def test_every_server_node_is_refused_as_a_client_and_only_while_it_is_one():
+    """Upstream's lupine node offers no device at all: a labelled node hosts no remote-GPU pod
+    whether it serves cards, serves none yet or has no address; a node that loses the label, or
+    leaves, is no server any more (also for the leader's session stubs)."""
+    from hami_py.cache.usage import UsageCache
+    vendors = build_vendors(device_config(), FamilySwitches())
+    remote, cache = vendors["RemoteGPU"], UsageCache(vendors)
+    serving = server_node("gpu-a", "10.0.0.5", [card("GPU-A0")])
+    no_ip = server_node("no-ip", "10.0.0.7", [card("GPU-C0")])
+    no_ip["status"]["addresses"] = []
+    for node in (serving, server_node("bare", "10.0.0.6", [], port="24000"), no_ip, client_node("cpu-1")):
+        cache.upsert_node(node)
+    refused = {n: remote.pool_refusal(cache, n) for n in ("gpu-a", "bare", "no-ip", "cpu-1", "unknown")}
+    assert refused == {"gpu-a": "NodeInsufficientDevice", "bare": "NodeInsufficientDevice",
+                       "no-ip": "NodeInsufficientDevice", "cpu-1": None, "unknown": None}
+    assert remote.server_nodes(cache) == {"bare": "10.0.0.6:24000", "gpu-a": "10.0.0.5:14833", "no-ip": ""}
+    del serving["metadata"]["labels"][SERVER_LABEL]
+    cache.upsert_node(serving)
+    cache.remove_node("bare")
+    assert remote.pool_refusal(cache, "gpu-a") is None and remote.pool_refusal(cache, "bare") is None
+    assert remote.server_nodes(cache) == {"no-ip": ""}
+
+
 def test_family_is_off_without_a_count_name():
     off = build_vendors(DeviceConfig.default())["RemoteGPU"]
     assert off.resource_names() == [] and off.pooled is False and off.background(None) == []
@@ -418,6 +441,52 @@ async def test_a_remote_and_nvidia_pod_takes_its_gpu_on_the_client_and_the_serve
         ann = reservation(app, pod)
         assert ann[ENDPOINT] == "127.0.0.3:14833" and ann["hami.io/vgpu-devices-allocated"]
         assert_books_balance(app)
+
+
+def _big_fleet() -> list[dict]:
+    # Four one-card servers, so four remote pods can be placed; a GPU node listed first.
+    from hami_py.fakeapi.objects import gpu_node
+    servers = [server_node(f"gpu-{k}", f"127.0.0.{10 + k}", [card(f"GPU-{k}")]) for k in range(4)]
+    return [gpu_node("local", gpus=1), *servers, client_node("cpu-1"), client_node("cpu-2")]
+
+
+def _with_policy(pod: dict, policy: str) -> dict:
+    pod["metadata"]["annotations"] = {"hami.io/node-scheduler-policy": policy}
+    return pod
+
+
+async def test_a_remote_only_pod_goes_to_a_node_without_devices_by_the_node_policy(api):
+    """The pod uses none of its node's devices: a GPU node is kept for the pods that need its
+    GPUs, and the node policy decides between the device-less nodes by the pods already there."""
+    async with scheduler(api) as (app, extender):
+        names = await cluster(api, app, *_big_fleet())
+        assert names[0] == "local"          # kube-scheduler's order would have put the pod there
+        placed = []
+        for k in range(2):                  # binpack (the default): onto the fullest client
+            _, result = await filter_pod(api, extender, remote_pod(f"bin-{k}", asks(1)), names)
+            placed += result["NodeNames"]
+        assert placed == ["cpu-1", "cpu-1"]
+        _, result = await filter_pod(api, extender, _with_policy(remote_pod("spread", asks(1)), "spread"), names)
+        assert result["NodeNames"] == ["cpu-2"]                   # spread: onto the emptiest
+        # No device-less candidate left: a node with devices of its own hosts it after all.
+        _, result = await filter_pod(api, extender, remote_pod("last", asks(1)), ["local", "gpu-0"])
+        assert result["NodeNames"] == ["local"], result
+        assert_books_balance(app)
+
+
+async def test_filter_mode_all_ranks_device_less_nodes_first(api):
+    from hami_py.embedded import embedded_options
+    async with running_scheduler(api, options=embedded_options(filter_mode="all"),
+                                 device_config=device_config()) as app:
+        extender = ExtenderClient(app.url)
+        try:
+            names = await cluster(api, app, *_big_fleet())
+            pod, result = await filter_pod(api, extender, remote_pod("p", asks(1)), names)
+            assert sorted(result["NodeNames"]) == ["cpu-1", "cpu-2", "local"], result
+            scores = {h["Host"]: h["Score"] for h in await extender.prioritize(pod, result["NodeNames"])}
+            assert scores["cpu-1"] == scores["cpu-2"] > scores["local"], scores
+        finally:
+            await extender.close()
 
 
 async def test_filter_mode_all_lists_every_client_and_the_bind_takes_the_server(api):

@@ -29,9 +29,9 @@ from hami_py.scheduling.kernel import reference as kernel_ref
 from hami_py.scheduling.kernel import reference_fit
 from hami_py.scheduling.kernel.fit_query import TABLE_COLUMNS, FitQuery
 from hami_py.scheduling.kernel.reference import (
-    CHAIN_BASE as B, FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_FRAG, KEY_NUMA,
-    KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN, ORDER_MUTEX, ORDER_SPREAD, POLICY_BINPACK, POLICY_FRAG, POLICY_SPREAD,
-    ROW_WIDTH, UNLIMITED,
+    CHAIN_BASE as B, FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, FLAG_SLOTS_FIRST, KEY_BINPACK,
+    KEY_FRAG, KEY_NUMA, KEY_SPREAD, ORDER_BINPACK, ORDER_CHAIN, ORDER_MUTEX, ORDER_SPREAD, POLICY_BINPACK,
+    POLICY_FRAG, POLICY_SPREAD, ROW_WIDTH, UNLIMITED,
 )
 
 KERNEL_CODES = Path(__file__).resolve().parent.parent / "cython_core" / "kernel_codes.pxd"
@@ -284,7 +284,7 @@ def _compare(*args, **kwargs):
 vendor_flag_sets = st.sampled_from([0, 0, 0, FLAG_EXCLUSIVE, FLAG_EQUAL_SHARE, FLAG_CHOOSE, FLAG_CHOOSE,
                                     FLAG_EXCLUSIVE | FLAG_CHOOSE, FLAG_EQUAL_SHARE | FLAG_CHOOSE,
                                     FLAG_EXCLUSIVE | FLAG_EQUAL_SHARE, FLAG_CHARGE, FLAG_CHARGE | FLAG_CHOOSE,
-                                    FLAG_CHARGE | FLAG_EXCLUSIVE])
+                                    FLAG_CHARGE | FLAG_EXCLUSIVE, FLAG_CHARGE | FLAG_SLOTS_FIRST])
 chooser_refusals = st.sampled_from([R.CARD_NOT_FOUND_CUSTOM_FILTER_RULE, R.NUMA_NOT_FIT, R.CARD_NOT_HEALTH])
 
 
@@ -837,3 +837,69 @@ def test_the_device_score_takes_the_memory_request_before_the_percentage():
                              vendor_flags=(0,))
         assert best == 0 and (out["dev"][0], out["mem"][0]) == (device, mem), (memreq, mempct)
     assert [kernel_ref.resolve_mem(r, p, 8000) for r, p in ((1000, 50), (0, 50), (0, 101), (0, 0))] == [1000, 4000, 0, 0]
+
+
+# -- NUMA binding when every fitting device is collected ------------------------------------------
+
+def _two_numa_nodes(fits_on_first):
+    """Four devices of vendor 0, two per NUMA node; the walk (spread under NUMA binding) takes NUMA
+    node 1 first. NUMA node 1 has ``fits_on_first`` idle devices (the others full), NUMA node 0
+    one idle and one full: a row of two fits only on NUMA node 1, and only when both are idle."""
+    cols = _plain_node(used=[0, 0, 0, 1], used_mem=[0, 0, 0, 16384])
+    cols["numa"] = [1, 1, 0, 0]
+    for k in range(fits_on_first, 2):
+        cols["used"][k], cols["used_mem"][k] = 1, 16384
+    return cols
+
+
+_NUMA_SPREAD = (0, ORDER_SPREAD, 1, 0, 1.0, 1.0, 1.0)
+
+
+@pytest.mark.parametrize("topology, flags", [(0, 0), (1, 0), (0, FLAG_CHOOSE)],
+                         ids=["first-nums", "topology-aware", "chooser"])
+def test_numa_binding_keeps_the_first_numa_node_that_holds_the_row(topology, flags):
+    """nvidia.com/numa-bind: all of a row's devices on one NUMA node. A walk that collects every
+    fitting device (topology-aware, a family's chooser) used to start over on each NUMA node and
+    keep only the last one's devices, refusing a node whose first NUMA node holds the row; it now
+    keeps the first NUMA node that holds it, as the walk that stops at ``nums`` devices does."""
+    best, out = _compare(_two_numa_nodes(2), [0], [4], [0], _one_row(nums=2), [], _NUMA_SPREAD, _UNLIMITED,
+                         topology, vendor_flags=(flags,), refusals=(R.CARD_NOT_HEALTH if flags else None,))
+    assert best == 0 and sorted(out["dev"]) == [0, 1]
+
+
+@pytest.mark.parametrize("topology, flags", [(0, 0), (1, 0), (0, FLAG_CHOOSE)],
+                         ids=["first-nums", "topology-aware", "chooser"])
+def test_numa_binding_refusal_reads_alike_whether_or_not_the_walk_collects(topology, flags):
+    """No NUMA node holds two: the first one's pick is NumaNotFit, the last one's too few."""
+    best, out = _compare(_two_numa_nodes(1), [0], [4], [0], _one_row(nums=2), [], _NUMA_SPREAD, _UNLIMITED,
+                         topology, vendor_flags=(flags,), refusals=(R.CARD_NOT_HEALTH if flags else None,))
+    assert best == -1
+    assert _failure_text(out) == "1/4 AllocatedCardsInsufficientRequest, 1/4 NumaNotFit, 2/4 CardInsufficientMemory"
+
+
+# -- a partition's slices before its memory (FLAG_SLOTS_FIRST) -----------------------------------
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+def test_a_slots_first_family_refuses_a_card_without_the_slices_before_its_memory(impl):
+    """HAMi #2877 (Enflame DRS): a card of 6 slices with 3 taken and too little memory left for a
+    6-slice partition reads CardTimeSlicingExhausted for a FLAG_SLOTS_FIRST family, where the
+    v2.10 order (slices after memory) reads CardInsufficientMemory. The row's own memory and
+    slices are the charger's; a card with the slices and the memory takes it either way."""
+    cols = _plain_node(used=[3, 0], used_mem=[20480, 0], total_mem=40960, count=6)
+
+    def charger(node_index, row):
+        return 40960, 100, 6       # a 6-slice partition of the whole card
+
+    nr = R.N_DEVICE_REASONS
+    for flags, reason in ((FLAG_CHARGE, R.CARD_INSUFFICIENT_MEMORY),
+                          (FLAG_CHARGE | FLAG_SLOTS_FIRST, R.CARD_TIME_SLICING_EXHAUSTED)):
+        query = FitQuery(array("i", [0]), array("i", _one_row()), 1, gpu_policy=ORDER_SPREAD,
+                         quota_mem=array("q", [UNLIMITED]), quota_cores=array("q", [UNLIMITED]),
+                         vendor_flags=array("i", [flags]), choosers=[None], chargers=[charger])
+        assert impl(_table(cols, [0], [2]), query) == 0
+        assert list(query.out_dev) == [1] and list(query.out_slots) == [6]
+        query = FitQuery(array("i", [0]), array("i", _one_row()), 1, gpu_policy=ORDER_SPREAD,
+                         quota_mem=array("q", [UNLIMITED]), quota_cores=array("q", [UNLIMITED]),
+                         vendor_flags=array("i", [flags]), choosers=[None], chargers=[charger])
+        assert impl(_table(_plain_node(used=[3], used_mem=[20480], total_mem=40960, count=6), [0], [1]), query) == -1
+        assert {r: query.out_reasons[r] for r in range(nr) if query.out_reasons[r]} == {reason: 1}

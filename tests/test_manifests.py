@@ -462,17 +462,15 @@ async def plugin_answers(app, pod: dict) -> None:
 async def session_stubs_once(api, tmp_path) -> None:
     """One pass of the leader's remote-GPU session stubs (hami_py/k8s/lupine_sessions.py, run by
     the leader when the remotegpu section names a sessionImage) in the scheduler's namespace: a
-    stub created for a server, a stale one deleted."""
-    api.create("nodes", {"apiVersion": "v1", "kind": "Node",
-                         "metadata": {"name": "lupine-1", "labels": {"hami.io/lupine-server": ""}},
-                         "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.5"}]}})
+    stub created for a server (as the node watch knows it), a stale one deleted."""
     api.create("pods", {"apiVersion": "v1", "kind": "Pod",
                         "metadata": {"name": "lupine-session-gone", "namespace": NAMESPACE,
                                      "labels": {"hami.io/lupine-session": "gone"}},
                         "spec": {"nodeName": "gone", "containers": [{"name": "relay", "image": "socat"}]}})
     client = KubeClient(await load_configuration(str(write_kubeconfig(tmp_path / "kubeconfig", api.url))), qps=0)
     try:
-        done = await reconcile_session_stubs(client=client, namespace=NAMESPACE, image="socat")
+        done = await reconcile_session_stubs(client=client, namespace=NAMESPACE, image="socat",
+                                             servers={"lupine-1": "10.0.0.5:14833"})
     finally:
         await client.close()
     assert (done.created, done.deleted) == (["lupine-session-lupine-1"], ["lupine-session-gone"]), done

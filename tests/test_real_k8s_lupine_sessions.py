@@ -43,8 +43,11 @@ async def test_stubs_are_valid_pods_follow_their_servers_and_wait_out_a_terminat
             "metadata": {"name": stub_name(gone), "namespace": SA_NAMESPACE, "labels": {SESSION_LABEL: gone}},
             "spec": {"nodeName": gone, "containers": [{"name": "relay", "image": IMAGE}]}})
 
+        # The servers as the scheduler's node watch knows them (tests/test_lupine_sessions.py).
+        servers = {plain: "10.0.0.5:14833", deep: "10.0.0.6:24000"}
+
         async def reconcile():
-            return await reconcile_session_stubs(client=client, namespace=SA_NAMESPACE, image=IMAGE)
+            return await reconcile_session_stubs(client=client, namespace=SA_NAMESPACE, image=IMAGE, servers=servers)
 
         done = await reconcile()
         assert sorted(done.created) == sorted([stub_name(plain), stub_name(deep)]) and not done.failed, done
@@ -62,6 +65,7 @@ async def test_stubs_are_valid_pods_follow_their_servers_and_wait_out_a_terminat
         assert {n: p["metadata"]["uid"] for n, p in (await _stubs(real_kube)).items()} == uids
 
         await real_kube.patch("nodes", plain, {"metadata": {"labels": {"hami.io/lupine-server": None}}})
+        del servers[plain]
         dropped = await reconcile()
         assert dropped.deleted == [stub_name(plain)] and not dropped.created, dropped
         # Terminating now (no kubelet here): neither deleted again nor replaced under its name.

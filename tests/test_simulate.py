@@ -255,8 +255,9 @@ def test_every_example_loads():
     assert 200 <= workload.total_pods <= 400
     # remote GPUs: the CLIs turn the family on for a cluster with servers (hami_py/offline/remote_gpus.py)
     from hami_py.offline.remote_gpus import with_remote_gpus
+    from hami_py.offline.source import load_documents
     remote_cluster = str(EXAMPLES / "remote-gpu/cluster.yaml")
-    config, note = with_remote_gpus(remote_cluster, DeviceConfig.default())
+    config, note = with_remote_gpus(load_documents(remote_cluster), DeviceConfig.default())
     vendors = build_vendors(config)
     cluster = load_cluster(remote_cluster, vendors=vendors)
     workload = load_workload(str(EXAMPLES / "remote-gpu/workload.yaml"), vendors=vendors, device_config=config)

@@ -17,7 +17,7 @@ from hami_py.defrag import cli as defrag_cli
 from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.offline.cluster import load_cluster
 from hami_py.offline.remote_gpus import with_remote_gpus
-from hami_py.offline.source import InputError
+from hami_py.offline.source import InputError, load_documents
 from hami_py.simulate import cli as simulate_cli
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -45,8 +45,9 @@ def _write(tmp_path: Path, name: str, text: str) -> str:
 
 
 def _load(path: str, config: DeviceConfig | None = None):
-    config, note = with_remote_gpus(path, config or DeviceConfig.default())
-    return load_cluster(path, vendors=build_vendors(config, EVERY_FAMILY)), config, note
+    documents = load_documents(path)        # as the CLIs: parsed once, for the decision and the loader
+    config, note = with_remote_gpus(documents, config or DeviceConfig.default())
+    return load_cluster(path, vendors=build_vendors(config, EVERY_FAMILY), documents=documents), config, note
 
 
 # -- the cluster file ------------------------------------------------------------------------------
@@ -69,11 +70,12 @@ def test_servers_and_clients_in_the_simulator_form(tmp_path):
 def test_the_section_is_turned_on_only_for_a_cluster_with_servers(tmp_path):
     default = DeviceConfig.default()
     plain = _write(tmp_path, "plain.yaml", "nodes:\n  - {name: g, gpus: 2, model: A100-40GB}\n")
-    assert with_remote_gpus(plain, default) == (default, None)
+    assert with_remote_gpus(load_documents(plain), default) == (default, None)
+    assert with_remote_gpus(None, default) == (default, None)
     # a config naming its own resources is kept as given (only the servers' metrics are not read)
     own = DeviceConfig.default()
     own.sections["remotegpu"] = {"resourceCountName": "example.com/rgpu", "defaultPort": 9000}
-    config, note = with_remote_gpus(_write(tmp_path, "c.yaml", CLUSTER), own)
+    config, note = with_remote_gpus(load_documents(_write(tmp_path, "c.yaml", CLUSTER)), own)
     assert note is None
     assert config.sections["remotegpu"] == {"resourceCountName": "example.com/rgpu", "defaultPort": 9000,
                                             "readServerMetrics": False}
@@ -212,3 +214,47 @@ def test_defrag_free_counts_the_remote_pods_charged_on_a_server(tmp_path, capsys
     assert plan["satisfied"], plan
     assert [m["pod"] for m in plan["moves"]] == ["default/p1"]
     assert sorted(d["id"] for d in plan["freedDevices"]) == ["gpu-a/GPU-A0", "gpu-a/GPU-A1"]
+
+
+async def test_defrag_of_a_live_cluster_turns_the_family_on_for_its_servers(api, tmp_path, capsys):
+    """``defrag --kubeconfig``: the dump's objects served by the in-repo API server, the chart's
+    default device config (no remotegpu section). The servers listed turn the family on as for
+    the dump (and say so), so the same plan, and nothing is written without --execute."""
+    import asyncio
+
+    from hami_py.fakeapi import write_kubeconfig
+
+    items = orjson.loads(Path(_dump(tmp_path)).read_text())["items"]
+    for item in items:
+        api.create("nodes" if item["kind"] == "Node" else "pods", item)
+    nodes = [i["metadata"]["name"] for i in items if i["kind"] == "Node"]
+    versions = {n: api.get("nodes", n)["metadata"]["resourceVersion"] for n in nodes}
+    kubeconfig = str(write_kubeconfig(str(tmp_path / "kubeconfig"), api.url))
+    # main() runs its own event loop: in a thread, while this one serves the API.
+    code = await asyncio.to_thread(defrag_cli.main, ["--kubeconfig", kubeconfig, "--output", "json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    plan = json.loads(out.out)
+    assert plan["satisfied"] and [m["pod"] for m in plan["moves"]] == ["default/p1"]
+    assert [(p["pod"], p["after"]) for p in plan["placements"]] == [("default/q", ["default/p1"])]
+    code = await asyncio.to_thread(defrag_cli.main, ["--kubeconfig", kubeconfig, "--output", "table"])
+    out = capsys.readouterr()
+    assert code == 0 and f"using {COUNT} and {COUNT}-memory" in out.out, out.out
+    assert {n: api.get("nodes", n)["metadata"]["resourceVersion"] for n in nodes} == versions
+    assert api.get("pods", "q", "default")["spec"].get("nodeName") is None
+
+
+def test_a_live_clusters_objects_decide_as_a_dumps():
+    from hami_py.offline.remote_gpus import with_remote_gpus_listed
+    default = DeviceConfig.default()
+    client = _client("cpu-0")
+    assert with_remote_gpus_listed([client], default) == (default, None)
+    config, note = with_remote_gpus_listed([client, _server("gpu-a", "10.0.0.2", [_card("GPU-A0")])], default)
+    assert note and config.sections["remotegpu"] == {"resourceCountName": COUNT, "resourceMemoryName": f"{COUNT}-memory",
+                                                     "readServerMetrics": False}
+    # a config naming its own resources is kept; its servers are still not polled
+    own = DeviceConfig.default()
+    own.sections["remotegpu"] = {"resourceCountName": "example.com/rgpu"}
+    config, note = with_remote_gpus_listed([client], own)
+    assert note is None and config.sections["remotegpu"] == {"resourceCountName": "example.com/rgpu",
+                                                             "readServerMetrics": False}

@@ -46,12 +46,13 @@ def test_metax_gpu_node_with_every_card_taken_is_refused_in_upstreams_words():
     _assert_all(answers, (None, {"m1": "2/2 CardTimeSlicingExhausted"}))
 
 
-def test_enflame_drs_card_too_full_for_a_partition_is_refused_for_its_memory():
+def test_enflame_drs_card_too_full_for_a_partition_is_refused_for_its_slices():
     # One card of 6 slices and 40 GB: a 3-slice partition (20 GB) leaves no room for a 6-slice one.
+    # HAMi after v2.10 (#2877) checks the partition's slices before its memory (v2.10 said memory).
     world = World([_drs_node("e1", 1)])
     answers = _answers_in_every_state(
         world, [_pod("a", {"enflame.com/drs-gcu": 3})], _pod("probe", {"enflame.com/drs-gcu": 6}))
-    _assert_all(answers, (None, {"e1": "1/1 CardInsufficientMemory"}))
+    _assert_all(answers, (None, {"e1": "1/1 CardTimeSlicingExhausted"}))
 
 
 def test_kunlun_vxpu_that_fits_nowhere_on_the_node_is_numa_not_fit_as_upstream():

@@ -14,6 +14,7 @@ from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
 from hami_py.fakeapi.objects import A100_80, H200, L40S, gpu_node, gpu_pod, registration
 from hami_py.scheduling.decision.filter import Filterer
+from hami_py.scheduling.decision.device_mask import device_mask, kind_mask
 from hami_py.scheduling.kernel.fit_query import TABLE_COLUMNS
 from hami_py.scheduling.decision.requests import parse_pod_requests
 
@@ -51,7 +52,7 @@ def test_device_mask_gives_every_device_its_selectors_reason(nodes, gates):
     pod = gpu_pod("p", gpumem=1000, annotations=gates)
     request = parse_pod_requests(pod, VENDORS, cache.vendor_ids)
     cand_idx = [cache.node_index_of.get(n, -1) for n in names]
-    mask = Filterer(cache, VENDORS)._device_mask(gates, names, cand_idx, request)
+    mask = device_mask(cache, VENDORS, gates, names, cand_idx, request)
     vendor = VENDORS["NVIDIA"]
     for name in names:
         entry = cache.nodes[name]
@@ -75,7 +76,7 @@ def test_a_model_gate_is_judged_once_per_kind_not_per_device():
         asked.append(dev.type)
         return real(dev)
     counting.per_kind = real.per_kind
-    mask = Filterer(cache, VENDORS)._kind_mask({cache.vendor_ids["NVIDIA"]: counting})
+    mask = kind_mask(cache, {cache.vendor_ids["NVIDIA"]: counting})
     assert sorted(asked) == sorted(m["type"] for m in MODELS)
     assert sum(1 for code in mask if code) == 400 * 8      # the A100 and L40S nodes' GPUs
 

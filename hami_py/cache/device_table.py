@@ -18,6 +18,7 @@ from __future__ import annotations
 from array import array
 from typing import Callable, Iterable
 
+from hami_py.cache.candidates import CandidateLists
 from hami_py.cache.records import NodeEntry, UsageEntry
 from hami_py.devices.base import DeviceInfo
 
@@ -55,6 +56,8 @@ class DeviceTable:
         self.node_pair_offset = array("i")
         # name → node index for nodes with devices: one dict lookup per candidate in /filter.
         self.node_index_of: dict[str, int] = {}
+        # Candidate lists mapped to node indexes, remembered until node_index_of changes.
+        self.candidates = CandidateLists(self.node_index_of)
         self._free_node_indexes: list[int] = []
         self._owners: dict[int, NodeEntry] = {}       # node index → the entry holding it
         self.dead_slots = 0
@@ -123,14 +126,17 @@ class DeviceTable:
         self.node_len[entry.index] = entry.length
         self._place_pair_scores(entry)
         if entry.length:
-            self.node_index_of[entry.name] = entry.index
-        else:
-            self.node_index_of.pop(entry.name, None)
+            if self.node_index_of.get(entry.name) != entry.index:
+                self.node_index_of[entry.name] = entry.index
+                self.candidates.forget()
+        elif self.node_index_of.pop(entry.name, None) is not None:
+            self.candidates.forget()
 
     def release(self, entry: NodeEntry) -> None:
         """The node is gone: its slice goes dead and its index is free for the next node."""
         self.kill_slice(entry)
-        self.node_index_of.pop(entry.name, None)
+        if self.node_index_of.pop(entry.name, None) is not None:
+            self.candidates.forget()
         self._free_node_indexes.append(entry.index)
         self._owners.pop(entry.index, None)
 

@@ -2,13 +2,15 @@
 
 Upstream tracks only ``spec.hard`` keys ``limits.<memory or core resource>`` (the names each family's
 ``quota_resources()`` gives, e.g. ``limits.<vendor>/gpumem``) with exact integer values. Usage is
-the sum of the namespace's pod allocations as the usage cache charges them, updated as the cache
-changes, so a filter reads the headroom in O(1). When several quotas in one namespace limit the
-same resource, the smallest limit applies (Kubernetes enforces every quota; HAMi does the same
-since #3094, and kept whichever it saw last before); adding, changing or deleting one recomputes
-the namespace. A scoped quota (``spec.scopes``, or a ``scopeSelector`` with match expressions)
-limits only the pods its scopes select, which this book does not tell apart: it is skipped, as
-HAMi #3094 skips it. An explicit 0 is a limit (nothing of that resource fits), not "no quota".
+the sum of the namespace's pod allocations as the usage cache charges them (cores as the family
+counts them against a quota, ``DeviceVendor.quota_cores``: a core mask counts its cores), updated
+as the cache changes, so a filter reads the headroom in O(1). When several quotas in one namespace
+limit the same resource, the smallest limit applies (Kubernetes enforces every quota; HAMi does
+the same since #3094, and kept whichever it saw last before); adding, changing or deleting one
+recomputes the namespace. A scoped quota (``spec.scopes``, or a ``scopeSelector`` with match
+expressions) limits only the pods its scopes select, which this book does not tell apart: it is
+skipped, as HAMi #3094 skips it. An explicit 0 is a limit (nothing of that resource fits), not
+"no quota".
 """
 from __future__ import annotations
 
@@ -35,6 +37,10 @@ class QuotaBook:
         # resource name → (vendor key, "mem" | "cores")
         self.resources: dict[str, tuple[str, str]] = {}
         self.factors: dict[str, int] = {}
+        # What a device's charged cores count against a quota (DeviceVendor.quota_cores), and the
+        # families whose choosers check their quota themselves (the kernel is told no limit).
+        self.core_counts = {key: vendor.quota_cores for key, vendor in vendors.items()}
+        self.own_checks = {key for key, vendor in vendors.items() if vendor.quota_in_chooser}
         for key, vendor in vendors.items():
             mem_name, core_name, factor = vendor.quota_resources()
             if mem_name:
@@ -96,8 +102,10 @@ class QuotaBook:
     # ------------------------------------------------------------------ usage
     def charge(self, namespace: str, entries, sign: int) -> None:
         used = self.used.setdefault(namespace, {})
+        counts = self.core_counts
         for e in entries:
-            for kind, amount in (("mem", e.mem), ("cores", e.cores)):
+            count = counts.get(e.vendor)
+            for kind, amount in (("mem", e.mem), ("cores", e.cores if count is None else count(e.cores))):
                 key = (e.vendor, kind)
                 used[key] = max(0, used.get(key, 0) + sign * amount)
 
@@ -107,7 +115,8 @@ class QuotaBook:
         return limit * factor if kind == "mem" and factor > 1 else limit
 
     def headroom(self, namespace: str) -> tuple[array, array]:
-        """Per vendor id, memory and cores the namespace may still take (UNLIMITED if no quota)."""
+        """Per vendor id, memory and cores the namespace may still take (UNLIMITED if no quota, and
+        for a family whose chooser checks its quota itself)."""
         n = len(self.vendor_ids)
         mem = array("q", [UNLIMITED] * n)
         cores = array("q", [UNLIMITED] * n)
@@ -115,6 +124,8 @@ class QuotaBook:
         if limits:
             used = self.used.get(namespace, {})
             for (vendor, kind), limit in limits.items():
+                if vendor in self.own_checks:
+                    continue
                 left = self._effective_limit(vendor, kind, limit) - used.get((vendor, kind), 0)
                 target = mem if kind == "mem" else cores
                 target[self.vendor_ids[vendor]] = left

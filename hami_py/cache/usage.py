@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 # What each part shows through the facade, by name (state and verbs alike).
-_TABLE_ATTRIBUTES = ("device_ids", "kind_ids", "kind_samples", "node_index_of")
+_TABLE_ATTRIBUTES = ("device_ids", "kind_ids", "kind_samples", "node_index_of", "candidates")
 _PARTITION_ATTRIBUTES = ("prof_names", "place_spans", "mig_doubts")
 _LEDGER_ATTRIBUTES = (
     "pods", "node_pods", "released", "deleted", "live_pods",

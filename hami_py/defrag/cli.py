@@ -21,12 +21,13 @@ from hami_py.defrag.planner import Planner
 from hami_py.defrag.plan import Plan
 from hami_py.defrag.report import Header, render_html, render_json, render_table
 from hami_py.defrag.world import (
-    DEFAULT_SCHEDULER_NAME, World, live_client, load_snapshot, open_world, snapshot_live,
+    DEFAULT_SCHEDULER_NAME, World, list_live, live_client, live_source, load_snapshot, open_world,
+    snapshot_from_objects, snapshot_live,
 )
 from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.logs import configure_logging
-from hami_py.offline.remote_gpus import with_remote_gpus
-from hami_py.offline.source import InputError
+from hami_py.offline.remote_gpus import with_remote_gpus, with_remote_gpus_listed
+from hami_py.offline.source import InputError, load_documents
 from hami_py.scheduling.eviction.defrag_holds import MAX_HOLD_S
 from hami_py.scheduling.decision.policies import GPU_POLICY_TOKENS, NODE_POLICIES
 
@@ -117,19 +118,23 @@ def main(argv: list[str] | None = None) -> int:
         ns = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
         check_flags(ns)
         device_config = load_device_config(ns.device_config_file) if ns.device_config_file else DeviceConfig.default()
-        # A dump with lupine servers needs the remote-GPU family on (off in the chart's default);
-        # offline, no server's /metrics is read (a live cluster's either: the plan is the books').
-        device_config, remote_note = with_remote_gpus(ns.cluster, device_config)
         configure_logging(json=False, level=logging.WARNING)   # before the vendors, which may log
-        vendors = build_vendors(device_config, EVERY_FAMILY)
-        snapshot = load_snapshot(ns.cluster, vendors=vendors, scheduler_name=ns.scheduler_name) if ns.cluster else None
-        if remote_note:
-            snapshot.notes.insert(0, remote_note)
+        snapshot = vendors = None       # a live cluster's: once listed (_run)
+        if ns.cluster:
+            # A dump with lupine servers needs the remote-GPU family on (off in the chart's
+            # default); no server's /metrics is read (the plan is the books'). Parsed once.
+            documents = load_documents(ns.cluster)
+            device_config, remote_note = with_remote_gpus(documents, device_config)
+            vendors = build_vendors(device_config, EVERY_FAMILY)
+            snapshot = load_snapshot(ns.cluster, vendors=vendors, scheduler_name=ns.scheduler_name,
+                                     documents=documents)
+            if remote_note:
+                snapshot.notes.insert(0, remote_note)
     except (UsageError, ConfigError, InputError) as exc:
         return _fail(str(exc))
     try:
         return asyncio.run(_run(ns, snapshot=snapshot, vendors=vendors, device_config=device_config))
-    except (InputError, UsageError) as exc:
+    except (InputError, UsageError, ConfigError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
         return _fail("interrupted", EXIT_INTERRUPTED)
@@ -140,12 +145,17 @@ def main(argv: list[str] | None = None) -> int:
 async def _run(ns: argparse.Namespace, *, snapshot, vendors, device_config: DeviceConfig) -> int:
     if snapshot is None:
         try:
-            snapshot = await snapshot_live(kubeconfig=ns.kubeconfig, context=ns.context, vendors=vendors,
-                                           scheduler_name=ns.scheduler_name)
-        except InputError:
-            raise
+            objects = await list_live(kubeconfig=ns.kubeconfig, context=ns.context)
         except Exception as exc:  # noqa: BLE001 - a kubeconfig or API failure, said in one line
             raise UsageError(f"cannot list the cluster of {ns.kubeconfig}: {' '.join(str(exc).split())}") from None
+        # As for a dump: lupine servers in the cluster turn the remote-GPU family on, and no
+        # server's /metrics is read. Decided once: a replan (--execute) uses the same families.
+        device_config, remote_note = with_remote_gpus_listed(objects, device_config)
+        vendors = build_vendors(device_config, EVERY_FAMILY)
+        snapshot = snapshot_from_objects(objects, source=live_source(ns.kubeconfig, ns.context), vendors=vendors,
+                                         scheduler_name=ns.scheduler_name)
+        if remote_note:
+            snapshot.notes.insert(0, remote_note)
     async with open_world(snapshot, device_config=device_config, node_policy=ns.node_scheduler_policy,
                           gpu_policy=ns.gpu_scheduler_policy) as world:
         plan = make_plan(world, ns)

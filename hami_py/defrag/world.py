@@ -25,6 +25,7 @@ import os
 import tempfile
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -75,13 +76,14 @@ class World:
 
 # -- loading ------------------------------------------------------------------------------------
 
-def load_snapshot(path: str, *, vendors: dict[str, DeviceVendor],
-                  scheduler_name: str = DEFAULT_SCHEDULER_NAME) -> Snapshot:
+def load_snapshot(path: str, *, vendors: dict[str, DeviceVendor], scheduler_name: str = DEFAULT_SCHEDULER_NAME,
+                  documents: list[tuple[Any, Where]] | None = None) -> Snapshot:
     """A dump (``kubectl get nodes,pods,pdb -A -o yaml``, or the simulator's cluster form);
-    InputError naming file, line and field when it cannot be used."""
-    cluster = load_cluster(path, vendors=vendors)
+    InputError naming file, line and field when it cannot be used. ``documents``: its YAML
+    documents when the caller has parsed them (the file is parsed once either way)."""
+    docs = documents if documents is not None else load_documents(path)
+    cluster = load_cluster(path, vendors=vendors, documents=docs)
     snapshot = Snapshot(cluster=cluster)
-    docs = load_documents(path)
     if all(isinstance(doc, dict) and "kind" in doc for doc, _ in docs):
         _extend(snapshot, kubernetes_objects(docs), vendors=vendors, scheduler_name=scheduler_name)
     return snapshot
@@ -222,6 +224,14 @@ def books_world(*, nodes: list[dict], running: list[dict], vendors: dict[str, De
 async def snapshot_live(*, kubeconfig: str, context: str | None, vendors: dict[str, DeviceVendor],
                         scheduler_name: str = DEFAULT_SCHEDULER_NAME) -> Snapshot:
     """Nodes, pods (all namespaces) and PodDisruptionBudgets, listed read-only."""
+    objects = await list_live(kubeconfig=kubeconfig, context=context)
+    return snapshot_from_objects(objects, source=live_source(kubeconfig, context), vendors=vendors,
+                                 scheduler_name=scheduler_name)
+
+
+async def list_live(*, kubeconfig: str, context: str | None) -> list[dict]:
+    """The objects ``snapshot_live`` loads, listed read-only (the remote-GPU decision reads them
+    before the families are built: hami_py/offline/remote_gpus.py)."""
     client = await live_client(kubeconfig=kubeconfig, context=context)
     try:
         objects = []
@@ -230,8 +240,11 @@ async def snapshot_live(*, kubeconfig: str, context: str | None, vendors: dict[s
             objects.extend(await _list_all(client, path, kind))
     finally:
         await client.close()
-    source = kubeconfig + (f" (context {context})" if context else "")
-    return snapshot_from_objects(objects, source=source, vendors=vendors, scheduler_name=scheduler_name)
+    return objects
+
+
+def live_source(kubeconfig: str, context: str | None) -> str:
+    return kubeconfig + (f" (context {context})" if context else "")
 
 
 async def live_client(*, kubeconfig: str, context: str | None):

@@ -12,8 +12,10 @@ A container asks in **limits only**: ``amd.com/gpu: n`` devices, optionally ``am
 (``amd.com/gpumem-percentage``, limits else requests, an integer 0..100: each device is charged
 ``max(its memory x percent / 100, 1)`` MiB; 0 = the whole device; ``gpumem`` wins when both are
 set), and ``amd.com/gpucores``, a percentage of each device's CUs (default 100). Each device is
-charged ``clamp(floor(CUs x percent / 100), 1, CUs)`` CUs, so the charge depends on the device:
-the family is FLAG_CHARGE | FLAG_CHOOSE (hami_py/devices/perdevice.py). Pods pick devices by
+charged ``clamp(floor(CUs x percent / 100), 1, CUs)`` CUs, rounded up to whole WGPs on a device
+whose registration publishes ``custominfo.cuPerWGP`` (RDNA: the plugin can only mask whole WGPs, so
+it carves the rounded count and the books must hold what it carves). The charge depends on the
+device: the family is FLAG_CHARGE | FLAG_CHOOSE (hami_py/devices/perdevice.py). Pods pick devices by
 product type (``amd.com/use-gputype`` / ``amd.com/nouse-gputype``), by id
 (``amd.com/use-gpu-uuid`` / ``amd.com/nouse-gpu-uuid``) and may ask for all of a container's
 GPUs on one NUMA node (``amd.com/numa-bind``, read with Go's ParseBool). A namespace
@@ -35,15 +37,16 @@ from typing import ClassVar
 from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py.devices.base import (
     FLAG_CHARGE, FLAG_CHOOSE, ContainerDevice, ContainerRequest, DeviceInfo, DeviceVendor, NoDevicesRegistered,
-    PodDevices, RequestError,
+    PodDevices,
 )
 from hami_py.devices.codec import decode_json_devices, decode_pod_devices, encode_pod_devices, parse_go_bool
 from hami_py.devices.gates import uuid_selector
 from hami_py.devices.perdevice import DeviceCharge, PerDeviceCharging
 from hami_py.devices.template import (
-    MISSING, device_count, ensure_limits, integer_between, invalid_request, lookup, percentage, resource_lists,
-    shown_value, whole_number,
+    MISSING, device_count, ensure_limits, invalid_request, lookup, percentage, resource_lists, shown_value,
+    whole_number,
 )
+from hami_py.devices.webhook_values import checked_integers
 from hami_py.quantity import INT32_MAX, parse_exact_int
 from hami_py.reasons import CARD_INSUFFICIENT_CORE, CARD_INSUFFICIENT_MEMORY, NUMA_NOT_FIT, RESOURCE_QUOTA_NOT_FIT
 
@@ -58,6 +61,9 @@ NOUSE_UUID = "amd.com/nouse-gpu-uuid"
 NUMA_BIND = "amd.com/numa-bind"
 # The container env the priority resource becomes; amd-hami-core reads it (0 = the high class).
 TASK_PRIORITY_ENV = "AMD_TASK_PRIORITY"
+# The registration's custom-info key holding how many CUs the device plugin hands out together:
+# 2 on RDNA (gfx10 and later), whose CU mask is applied a WGP at a time; absent or 1 elsewhere.
+CU_PER_WGP = "cuPerWGP"
 
 
 @dataclass(slots=True, frozen=True)
@@ -81,12 +87,34 @@ class AMDConfig:
 CONFIG_SECTION = ConfigSection("amd", AMDConfig.KEYS)
 
 
-def compute_units(devcore: int, percent: int) -> int:
-    """The CUs a device of ``devcore`` CUs gives a request of ``percent`` (at least one, at most
-    all); 0 for a device without CUs (which no request fits)."""
+def cus_per_wgp(custom: dict) -> int:
+    """How many CUs the device plugin masks together on this device: the registration's
+    ``custominfo.cuPerWGP`` when it is a whole number above 1 (up to MaxInt32), else 1. Upstream
+    reads the key as a JSON number and ignores anything else (a string, a fraction, a boolean)
+    rather than refusing the inventory: such a device is booked CU by CU, as before."""
+    value = custom.get(CU_PER_WGP)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 1
+    if not 1 < value <= INT32_MAX or value != int(value):
+        return 1
+    return int(value)
+
+
+def compute_units(devcore: int, percent: int, wgp: int = 1) -> int:
+    """The CUs a device of ``devcore`` CUs gives a request of ``percent``: at least one, rounded up
+    to whole WGPs of ``wgp`` CUs (what the plugin masks on RDNA), at most all; 0 for a device
+    without CUs (which no request fits)."""
     if devcore <= 0:
         return 0
-    return min(max(devcore * percent // 100, 1), devcore)
+    cus = max(devcore * percent // 100, 1)
+    if wgp > 1:
+        cus = -(-cus // wgp) * wgp
+    return min(cus, devcore)
+
+
+def device_compute_units(device: DeviceInfo, percent: int) -> int:
+    """What ``device`` is charged for ``percent`` of its CUs (whole WGPs where it publishes them)."""
+    return compute_units(device.devcore, percent, cus_per_wgp(device.custom))
 
 
 def numa_bound(pod_annotations: dict[str, str]) -> bool:
@@ -131,7 +159,7 @@ class AMDCharge(DeviceCharge):
         family = [devices[p] for p in self.family_positions(node_index)]
         sizes = {ask.device_memory(d.devmem) for d in family}
         memory = sizes.pop() if len(sizes) == 1 else min(sizes, default=0)
-        needs = {compute_units(d.devcore, ask.percent) for d in family}
+        needs = {device_compute_units(d, ask.percent) for d in family}
         cores = needs.pop() if len(needs) == 1 else 1
         return min(memory, INT32_MAX), max(1, min(cores, 100)), 1
 
@@ -183,7 +211,7 @@ class AMDCharge(DeviceCharge):
             if total_mem[j] - used_mem[j] - held_mem < memory:
                 refused[CARD_INSUFFICIENT_MEMORY] += 1
                 continue
-            need = compute_units(dev.devcore, ask.percent)
+            need = device_compute_units(dev, ask.percent)
             if need <= 0 or total_cores[j] - used_cores[j] - held_cores < need:
                 refused[CARD_INSUFFICIENT_CORE] += 1
                 continue
@@ -196,6 +224,11 @@ class AMDCharge(DeviceCharge):
 
     def finish(self, node_index: int, position: int, device: ContainerDevice, data) -> None:
         device.type = data       # upstream keeps the registered product type in the allocation
+
+
+def _core_refusal(resource: str, raw: object) -> str:
+    """Upstream's webhook words for a core limit that is no percentage of 1..100."""
+    return f"{resource} must be an integer percentage between 1 and 100"
 
 
 def _worst(refused: dict[int, int]) -> int:
@@ -227,6 +260,11 @@ class AMDVendor(PerDeviceCharging, DeviceVendor):
     def resource_names(self) -> list[str]:
         # Upstream's GetResourceNames: a percentage alone is given the count at admission.
         return [n for n in (self.count_resource, self.memory_resource, self.core_resource) if n]
+
+    def request_resource_names(self) -> frozenset[str]:
+        """What :meth:`ask` reads: the count (which gates the rest), memory, its share and cores."""
+        return frozenset(n for n in (self.count_resource, self.memory_resource, self.share_resource,
+                                     self.core_resource) if n)
 
     def quota_resources(self) -> tuple[str, str, int]:
         """Memory only (HAMi after v2.10, #3180): the core quota would be percent, the charge CUs."""
@@ -304,11 +342,9 @@ class AMDVendor(PerDeviceCharging, DeviceVendor):
         limits, requests = resource_lists(container)
         name = str(container.get("name") or "")
         asked = bool(self.count_resource) and self.count_resource in limits
-        if asked and self.core_resource and self.core_resource in limits:
-            percent = parse_exact_int(limits[self.core_resource])
-            if percent is None or not 1 <= percent <= 100:
-                raise RequestError(f"{self.core_resource} must be an integer percentage between 1 and 100")
-        self.memory_share(name, limits, requests)
+        if asked:
+            checked_integers(name, ((self.core_resource, 1, 100),), limits, refusal=_core_refusal)
+        checked_integers(name, ((self.share_resource, 0, 100),), limits, requests, first_only=True)
         self._set_priority(container, name, limits)
         if not asked and self.memory_resource:
             asked = self.memory_resource in limits
@@ -329,7 +365,7 @@ class AMDVendor(PerDeviceCharging, DeviceVendor):
         a variable of that name the container sets: the resource is the one source of the value."""
         if not self.priority_resource or self.priority_resource not in limits:
             return
-        value = str(integer_between(name, self.priority_resource, limits[self.priority_resource], 0, INT32_MAX))
+        value = str(checked_integers(name, ((self.priority_resource, 0, INT32_MAX),), limits)[self.priority_resource])
         env = container.get("env")
         if not isinstance(env, list):
             env = container["env"] = []
@@ -347,9 +383,10 @@ class AMDVendor(PerDeviceCharging, DeviceVendor):
 
     def numa_bind(self, pod_annotations: dict[str, str]) -> bool:
         """False even for ``amd.com/numa-bind``: the kernel's NUMA regrouping hands a choosing
-        family only the devices of the last NUMA node it walks, which would refuse a node whose
-        first NUMA node fits. AMD's chooser applies the binding itself, over every device that fits
-        (:meth:`chooser`)."""
+        family the devices of the first NUMA node where enough of them pass the kernel's check,
+        which measures every device by the row's common charge; AMD's chooser measures each by its
+        own CUs and the quota, so that NUMA node may still not hold the container while a later one
+        does. The chooser applies the binding itself, over every device that fits (:meth:`chooser`)."""
         return False
 
     def charger(self, cache, pod: dict, row_container: list[int]) -> AMDCharge:

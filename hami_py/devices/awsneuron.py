@@ -34,7 +34,7 @@ from hami_py.devices.gates import uuid_selector
 from hami_py.devices.perdevice import DeviceCharge, PerDeviceCharging
 from hami_py.devices.template import MAX_CAPACITY_CARDS, MISSING, lookup, quote_value, resource_lists
 from hami_py.quantity import INT32_MAX, parse_exact_int
-from hami_py.reasons import CARD_INSUFFICIENT_CORE, NUMA_NOT_FIT
+from hami_py.reasons import CARD_INSUFFICIENT_CORE, NUMA_NOT_FIT, RESOURCE_QUOTA_NOT_FIT
 
 NEURON_KEY = "AWSNeuron"
 ALLOCATED = "hami.io/aws-neuron-devices-allocated"
@@ -193,6 +193,10 @@ class NeuronCharge(DeviceCharge):
     def __init__(self, cache, asks, row_container, shape):
         super().__init__(cache, NEURON_KEY, asks, row_container, shape)
         self._node: dict[int, tuple[int, int, int, str]] = {}
+        self.namespace = "default"
+        # node -> device position -> the most cores an ordinary init container (with the sidecars
+        # started before it) holds there: the init side of the pod's per-device quota peak.
+        self._init_cores: dict[int, dict[int, int]] = {}
 
     def node_shape(self, node_index: int) -> tuple[int, int, int, str]:
         """(cores per device, full mask, devices, instance type) of the node's Neuron devices."""
@@ -218,6 +222,34 @@ class NeuronCharge(DeviceCharge):
         return 0, max(1, min(check, 100)), 1
 
     def pick(self, node_index: int, ask: NeuronAsk, positions, nums, extra):
+        answer = self.place(node_index, ask, positions, nums, extra)
+        if isinstance(answer, int) or (NEURON_KEY, "cores") not in self.cache.quota.limits.get(self.namespace, {}):
+            return answer
+        return answer if self.quota_fits(node_index, answer, extra) else RESOURCE_QUOTA_NOT_FIT
+
+    def quota_fits(self, node_index: int, answer, extra) -> bool:
+        """Upstream's NeuronCore quota check (HAMi after v2.10, #3082), in cores (the masks' bits):
+        the pod's cores on this node with this row's devices in, each device counting the larger
+        of its ordinary init containers' peak and its app containers' (and sidecars') sum, as the
+        books charge it, against what the namespace's quota leaves."""
+        init = self.shape.is_init(self.row_container[self._row[node_index]])
+        app = {p: popcount(held[1]) for p, held in self._app.get(node_index, {}).items()}
+        peak = dict(self._init_cores.get(node_index, {}))
+        for position, _, mask, _ in answer:
+            if init:
+                beside = popcount(extra[position][1]) if position in extra else 0
+                peak[position] = max(peak.get(position, 0), beside + popcount(mask))
+            else:
+                app[position] = app.get(position, 0) + popcount(mask)
+        cores = sum(max(peak.get(p, 0), app.get(p, 0)) for p in peak.keys() | app.keys())
+        if not self.cache.quota.fits(self.namespace, NEURON_KEY, 0, cores):
+            return False
+        if init:
+            self._init_cores[node_index] = peak
+        return True
+
+    def place(self, node_index: int, ask: NeuronAsk, positions, nums, extra):
+        """Upstream's placement of one row: a window of unused devices, or one run of free cores."""
         cache = self.cache
         off = cache.node_offset[node_index]
         devices = cache.devices_at(node_index)
@@ -254,6 +286,8 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
     uses_node_lock = False
     kernel_flags = FLAG_CHARGE | FLAG_CHOOSE
     charge_type = NeuronCharge
+    # The books charge core masks (core 1 is 2), a quota counts cores: the chooser checks it.
+    quota_in_chooser = True
 
     def __init__(self, config: AWSNeuronConfig):
         self.count_resource = config.resource_count_name
@@ -263,8 +297,22 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
     def resource_names(self) -> list[str]:
         return [n for n in (self.count_resource, self.core_resource) if n]
 
+    def request_resource_names(self) -> frozenset[str]:
+        """Devices or cores, each alone asks (:meth:`ask`)."""
+        return frozenset(self.resource_names())
+
     def quota_resources(self) -> tuple[str, str, int]:
         return "", self.core_resource, 1
+
+    def quota_cores(self, cores: int) -> int:
+        """A device's charge is a core mask: it counts its cores (HAMi after v2.10, #3082)."""
+        return popcount(cores)
+
+    def quota_request(self, container: dict, request: ContainerRequest) -> tuple[int, int]:
+        """The cores a core request asks in all (3 cores: 3, not 2 a device on 2 devices); a whole
+        device counts the 2 cores every Neuron device has (its own count is the node's)."""
+        ask = self.ask(container)
+        return 0, (ask.cores if ask is not None and not ask.whole else SPLIT_CORES * request.nums)
 
     # -- inventory ---------------------------------------------------------------------------------
 
@@ -351,6 +399,11 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
 
     def device_selector(self, pod_annotations, node_annotations):
         return uuid_selector(pod_annotations, (USE_UUID,), (NOUSE_UUID,))
+
+    def charger(self, cache, pod: dict, row_container: list[int]) -> NeuronCharge:
+        charge = super().charger(cache, pod, row_container)
+        charge.namespace = (pod.get("metadata") or {}).get("namespace") or "default"
+        return charge
 
     # -- allocation annotations --------------------------------------------------------------------
 

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 # Re-exported for the families: see "Kernel flags" below.
-from hami_py.kernel_codes import FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE  # noqa: F401
+from hami_py.kernel_codes import (  # noqa: F401
+    FLAG_CHARGE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, FLAG_SLOTS_FIRST,
+)
 
 
 class DeviceDecodeError(ValueError):
@@ -138,6 +140,8 @@ DeviceSelector = Callable[[DeviceInfo], int]
 #   FLAG_EQUAL_SHARE  a shared device takes only tasks of the memory size it already hosts
 #   FLAG_CHOOSE       collect every fitting device of the node, then the vendor's chooser picks
 #   FLAG_CHARGE       what a device of the row costs depends on the node: its Charger says
+#   FLAG_SLOTS_FIRST  a device without all the slots one device of the row takes is refused for
+#                     its slots (CardTimeSlicingExhausted) before memory and cores are checked
 
 # The vendor's per-node choice among the devices that fit one request row (FLAG_CHOOSE):
 #     chooser(node_index, positions, nums) -> (chosen positions, node score adjustment) | reason
@@ -230,6 +234,10 @@ class DeviceVendor:
     # ``pool_choice`` picks its devices once per /filter, ``pool_refusal`` says which nodes may
     # not host such a pod, and ``charge_node`` which node's books a given device is charged to.
     pooled: bool = False
+    # The family checks the namespace quota on its resources in its own chooser, because what
+    # its devices are charged is not what a quota counts (see ``quota_cores``): the kernel's quota
+    # sum, which adds charges, leaves the family out (``QuotaBook.headroom``).
+    quota_in_chooser: bool = False
 
     # -- resources and config --------------------------------------------------------------
 
@@ -244,10 +252,29 @@ class DeviceVendor:
         names = self.resource_names()
         return (names[0] if names else "", "", "", 1)
 
+    def request_resource_names(self) -> frozenset[str] | None:
+        """Every container resource name (a key of ``resources.limits`` or ``resources.requests``)
+        whose presence can make :meth:`container_request` answer a request or raise; None when
+        something else can (a pod annotation alone, say). The filter asks a family only about the
+        containers naming one of these (every container when None), so a name left out here is a
+        request silently ignored: a family declares everything its ``container_request`` reads."""
+        return None
+
     def quota_resources(self) -> tuple[str, str, int]:
         """(memory resource, core resource, memory factor) that namespace quotas may limit;
         empty names when upstream checks no quota for the family."""
         return "", "", 1
+
+    def quota_cores(self, cores: int) -> int:
+        """What one device charged ``cores`` (the books' value) counts against a core quota: the
+        value itself, except for a family whose charge is no count of cores (a core mask)."""
+        return cores
+
+    def quota_request(self, container: dict, request: ContainerRequest) -> tuple[int, int]:
+        """(memory MiB, cores) one container's request counts against the namespace's quota at
+        admission (``request`` is :meth:`container_request`'s answer for it): each device's
+        share times the devices, unless the family's request is no per-device share."""
+        return request.memreq * request.nums, request.coresreq * request.nums
 
     def config_problems(self) -> list[str]:
         """What is wrong with this family's configured values, each one phrase starting with the

@@ -8,8 +8,9 @@ DRS partitions are hardware slices of a card, announced in ``enflame.com/gcu-drs
 for slices directly or for memory/cores "by spec"; the profile it gets depends on the node, so
 the family is a FLAG_CHARGE one: its :class:`DrsCharger` tells the kernel, per node, what one
 partition costs there (the profile's memory, cores and slices), and the kernel checks and
-charges each card with that (``count - used >= slices``). The decision's annotations are
-upstream's; a pod's slices are read back from ``assigned-containers`` (docs/devices/enflame.md).
+charges each card with that (``count - used >= slices``, before memory: FLAG_SLOTS_FIRST, as
+HAMi after v2.10, #2877). The decision's annotations are upstream's; a pod's slices are read
+back from ``assigned-containers`` (docs/devices/enflame.md).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import orjson
 from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py import reasons as R
 from hami_py.devices.base import (
-    FLAG_CHARGE, FLAG_EXCLUSIVE, Charger, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor,
+    FLAG_CHARGE, FLAG_EXCLUSIVE, FLAG_SLOTS_FIRST, Charger, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceVendor,
     NoDevicesRegistered, PodDevices,
 )
 from hami_py.devices.codec import decode_pod_devices, encode_pod_devices, parse_go_int
@@ -393,7 +394,9 @@ class EnflameDRSVendor(DeviceVendor):
     register_annotation = DRS_CAPACITY
     allocated_annotation = DRS_ALLOCATED
     uses_node_lock = False
-    kernel_flags = FLAG_CHARGE
+    # The charger says what a partition costs here; its slices are checked before its memory
+    # (HAMi #2877: a card too full for the partition is CardTimeSlicingExhausted).
+    kernel_flags = FLAG_CHARGE | FLAG_SLOTS_FIRST
 
     def __init__(self, config: EnflameConfig):
         self.count_resource, self.memory_resource, self.core_resource = config.drs_names()
@@ -401,6 +404,10 @@ class EnflameDRSVendor(DeviceVendor):
 
     def resource_names(self) -> list[str]:
         return [self.count_resource, self.memory_resource, self.core_resource]
+
+    def request_resource_names(self) -> frozenset[str]:
+        """A partition is asked by slices, or by memory or cores alone (:meth:`parse_request`)."""
+        return frozenset(n for n in (self.count_resource, self.memory_resource, self.core_resource) if n)
 
     def parse_node_devices(self, node) -> list[DeviceInfo]:
         text = node.annotations.get(DRS_CAPACITY)

@@ -45,8 +45,9 @@ from dataclasses import dataclass
 from hami_py.config import ConfigSection, DeviceConfig, Section
 from hami_py.devices.base import DeviceInfo, NodeView
 from hami_py.devices.template import (
-    MISSING, TemplateSpec, TemplateVendor, integer_between, lookup, resource_lists, whole_number,
+    MISSING, TemplateSpec, TemplateVendor, lookup, resource_lists, whole_number,
 )
+from hami_py.devices.webhook_values import checked_integers
 from hami_py.quantity import INT32_MAX
 
 SECTION = "hygon"
@@ -189,11 +190,8 @@ class HygonVendor(TemplateVendor):
         spec = self.spec
         limits, requests = resource_lists(container)
         name = str(container.get("name") or "")
-        for resource, high in ((spec.count_resource, INT32_MAX), (spec.memory_resource, INT32_MAX),
-                               (spec.core_resource, 100)):
-            for values in (limits, requests):
-                if resource and resource in values:
-                    integer_between(name, resource, values[resource], 0, high)
+        checked_integers(name, ((spec.count_resource, 0, INT32_MAX), (spec.memory_resource, 0, INT32_MAX),
+                                (spec.core_resource, 0, 100)), limits, requests)
         return super().mutate_admission(container, pod)
 
     def request_memory(self, container: str, limits: dict, requests: dict) -> int:

@@ -211,6 +211,12 @@ class TemplateVendor(DeviceVendor):
         spec = self.spec
         return spec.count_resource, spec.memory_resource, spec.core_resource, max(spec.memory_unit, 1)
 
+    def request_resource_names(self) -> frozenset[str]:
+        """The spec's three names: the count gates every request (no count, no request and no
+        error), and the families built on this read their memory and cores from the spec too."""
+        spec = self.spec
+        return frozenset(n for n in (spec.count_resource, spec.memory_resource, spec.core_resource) if n)
+
     def quota_resources(self) -> tuple[str, str, int]:
         spec = self.spec
         if not spec.quota:

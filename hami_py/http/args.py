@@ -32,9 +32,21 @@ def _kind(value: Any) -> str:
 
 def may_nest_deeper(body: bytes, *, limit: int = MAX_JSON_DEPTH) -> bool:
     """False when the JSON text cannot nest deeper than ``limit``: it has no more opening
-    brackets than that (strings may hold some too, which only makes this an overestimate). At C
-    speed, so the common filter request (a pod has some sixty) skips ``nesting_error``'s walk."""
-    return body.count(b"{") + body.count(b"[") > limit
+    brackets than that (strings may hold some too, which only makes this an overestimate), so
+    the common filter request (a pod has some sixty) skips ``nesting_error``'s walk.
+
+    Brackets are found with ``bytes.find`` (memchr: the thousands of node names between them
+    are skipped many bytes at a time) and counted up to ``limit``: several times quicker than
+    ``bytes.count`` over a body of thousands of names."""
+    found = 0
+    for bracket in (b"{", b"["):
+        at = body.find(bracket)
+        while at >= 0:
+            found += 1
+            if found > limit:
+                return True
+            at = body.find(bracket, at + 1)
+    return False
 
 
 def nesting_error(value: Any, *, limit: int = MAX_JSON_DEPTH) -> str | None:

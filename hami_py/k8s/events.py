@@ -281,8 +281,7 @@ class EventRecorder:
     def _filter_succeeded(self, pod: dict, decision) -> None:
         # Only the few values the message needs are kept, not the decision (whose failed-node map
         # can hold thousands of reasons), since a parked job may wait for the whole window.
-        node, best, fit = decision.node, decision.best, decision.fit_count
-        total = len(decision.failed) + fit
+        node, best, fit, total = decision.node, decision.best, decision.fit_count, decision.total
 
         def build() -> list[EventSpec]:
             return [(NORMAL, FILTERING_SUCCEED, filtering_succeeded_message(node=node, best=best, fit=fit,

@@ -8,14 +8,16 @@ moment a session starts. This is upstream's ``ReconcileSessionStubs`` (HAMi #301
 coroutine of the Kubernetes layer:
 
 * the servers are the nodes labelled ``hami.io/lupine-server`` (the value is the port: empty,
-  unreadable or out of range means the configured default, 14833) that have an InternalIP;
+  unreadable or out of range means the configured default, 14833) that have an InternalIP, as
+  the scheduler's node watch knows them: the remote-GPU family's server set
+  (``RemoteGPUVendor.server_nodes``, confirmed by the books), so a pass lists only the stubs;
 * each gets the pod ``lupine-session-<node>``, assigned to the node (no scheduler places it: a
   server node offers no devices), tolerating every taint, labelled ``hami.io/lupine-session=<node>``,
   relaying its server's port to ``LUPINE_ENDPOINT`` (``<InternalIP>:<port>``) with socat;
 * a stub whose server is gone, whose endpoint or image no longer matches, or that has finished
   (evicted) is deleted, and a fresh one is created in its place once the old one has gone;
-* a pass that cannot list the servers or the stubs changes nothing: acting on half a view would
-  delete the stubs of servers that are still there.
+* a pass before the node watch has listed every node, or that cannot list the stubs, changes
+  nothing: acting on half a view would delete the stubs of servers that are still there.
 
 Only the leader reconciles (two replicas would create and delete each other's stubs), and only
 when a session image is configured: without one nobody asked for stubs, and none is made.
@@ -30,13 +32,11 @@ import asyncio
 import hashlib
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Mapping
 
 import structlog
 
-from hami_py.devices.base import internal_ip
-from hami_py.devices.remotegpu.config import DEFAULT_PORT, SERVER_LABEL, server_port
-from hami_py.devices.remotegpu.vendor import endpoint_of
+from hami_py.devices.remotegpu.config import DEFAULT_PORT, SERVER_LABEL
 from hami_py.k8s.client import KubeApiError, KubeClient, pod_path
 
 log = structlog.get_logger(__name__)
@@ -46,6 +46,7 @@ STUB_PREFIX = "lupine-session-"
 ENDPOINT_ENV = "LUPINE_ENDPOINT"
 RELAY_CONTAINER = "relay"
 INTERVAL_S = 15.0       # the pace of the leader's other upkeep (registration sweeps)
+UNSYNCED_RETRY_S = 1.0  # how soon a pass skipped for the node watch's first list is tried again
 
 _POD_NAME_MAX = 253     # a DNS subdomain
 _LABEL_VALUE_MAX = 63
@@ -58,21 +59,10 @@ class SessionPass:
     created: list[str] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)    # writes the API server refused
-    skipped: bool = False                              # a list failed: nothing was touched
+    skipped: bool = False                              # no full view: nothing was touched
 
 
 # -- what the stubs should be --------------------------------------------------------------------
-
-def server_endpoint(node: dict, *, default_port: int = DEFAULT_PORT) -> str | None:
-    """``<InternalIP>:<port>`` of a server node, or None when it has no InternalIP."""
-    host = internal_ip(node)
-    if not host:
-        return None
-    # The family's own reading of the label and spelling of the endpoint, so a stub relays to
-    # the endpoint pods are given.
-    port = server_port(((node.get("metadata") or {}).get("labels") or {}).get(SERVER_LABEL) or "", default_port)
-    return endpoint_of(host, port)
-
 
 def _shortened(text: str, limit: int) -> str:
     """``text`` if it fits, else a prefix and a hash of the whole (still unique, still valid)."""
@@ -137,26 +127,25 @@ def _matches(stub: dict, *, endpoint: str, image: str) -> bool:
 # -- one pass -------------------------------------------------------------------------------------
 
 async def reconcile_session_stubs(*, client: KubeClient, namespace: str, image: str,
-                                  default_port: int = DEFAULT_PORT) -> SessionPass:
-    """Bring the stubs in ``namespace`` in line with the server nodes, once."""
+                                  servers: Mapping[str, str] | None) -> SessionPass:
+    """Bring the stubs in ``namespace`` in line with ``servers`` (server node → its endpoint,
+    "" when it has no InternalIP; None: the node watch has not listed the nodes yet), once."""
     done = SessionPass()
-    pods = f"/api/v1/namespaces/{namespace}/pods"
-    try:
-        nodes = (await client.get("/api/v1/nodes", query=[("labelSelector", SERVER_LABEL)])).get("items") or []
-        stubs = (await client.get(pods, query=[("labelSelector", SESSION_LABEL)])).get("items") or []
-    except KubeApiError as exc:
-        log.warning("session stubs left alone: cannot list the lupine servers or their stubs", error=str(exc))
+    if servers is None:
+        log.debug("session stubs left alone until the node watch has listed the nodes")
         done.skipped = True
         return done
-    wanted: dict[str, str] = {}     # node -> endpoint
-    for node in nodes:
-        name = (node.get("metadata") or {}).get("name")
-        if name and not (node.get("metadata") or {}).get("deletionTimestamp"):
-            endpoint = server_endpoint(node, default_port=default_port)
-            if endpoint is None:
-                log.info("lupine server without an InternalIP: no session stub", node=name)
-            else:
-                wanted[name] = endpoint
+    try:
+        stubs = (await client.get(f"/api/v1/namespaces/{namespace}/pods",
+                                  query=[("labelSelector", SESSION_LABEL)])).get("items") or []
+    except KubeApiError as exc:
+        log.warning("session stubs left alone: cannot list them", error=str(exc))
+        done.skipped = True
+        return done
+    wanted = {node: endpoint for node, endpoint in servers.items() if endpoint}
+    if len(wanted) < len(servers):
+        log.debug("lupine servers without an InternalIP: no session stub",
+                  nodes=sorted(set(servers) - set(wanted)))
 
     settled: set[str] = set()       # nodes whose stub is right, or still terminating under its name
     for stub in stubs:
@@ -215,11 +204,12 @@ async def _create(client: KubeClient, stub: dict, done: SessionPass) -> None:
 # -- the leader's loop ----------------------------------------------------------------------------
 
 async def keep_session_stubs(*, client: KubeClient, namespace: str, image: str, leading: Callable[[], bool],
-                             default_port: int = DEFAULT_PORT, interval_s: float = INTERVAL_S,
+                             servers: Callable[[], Mapping[str, str] | None], interval_s: float = INTERVAL_S,
                              wake: asyncio.Event | None = None) -> None:
-    """Reconcile every ``interval_s`` (or when ``wake`` is set, e.g. on winning leadership)
-    while ``leading()``; runs until cancelled. Returns at once, doing nothing, without a
-    session image or a namespace to run the stubs in."""
+    """Reconcile with ``servers()`` (see ``reconcile_session_stubs``) every ``interval_s`` (or
+    when ``wake`` is set, e.g. on winning leadership; within ``UNSYNCED_RETRY_S`` while the
+    node watch has not listed the nodes) while ``leading()``; runs until cancelled. Returns at
+    once, doing nothing, without a session image or a namespace to run the stubs in."""
     if not image:
         log.debug("no lupine session image configured: no session stubs")
         return
@@ -228,11 +218,15 @@ async def keep_session_stubs(*, client: KubeClient, namespace: str, image: str, 
         return
     wake = wake if wake is not None else asyncio.Event()
     while True:
+        pause = interval_s
         if leading():
-            await reconcile_session_stubs(client=client, namespace=namespace, image=image, default_port=default_port)
+            known = servers()
+            await reconcile_session_stubs(client=client, namespace=namespace, image=image, servers=known)
+            if known is None:
+                pause = min(interval_s, UNSYNCED_RETRY_S)
         try:
             # Not asyncio.wait_for: see RegistrationKeeper._run (a wake-up can swallow a cancel).
-            async with asyncio.timeout(interval_s):
+            async with asyncio.timeout(pause):
                 await wake.wait()
         except TimeoutError:
             pass
@@ -240,5 +234,4 @@ async def keep_session_stubs(*, client: KubeClient, namespace: str, image: str, 
 
 
 __all__ = ["DEFAULT_PORT", "ENDPOINT_ENV", "SERVER_LABEL", "SESSION_LABEL", "STUB_PREFIX", "SessionPass",
-           "keep_session_stubs", "reconcile_session_stubs", "server_endpoint", "session_label_value",
-           "session_stub", "stub_name"]
+           "keep_session_stubs", "reconcile_session_stubs", "session_label_value", "session_stub", "stub_name"]

@@ -128,8 +128,10 @@ def registered_type(product: str) -> str:
     return product if product.startswith("NVIDIA") else f"NVIDIA-{product}"
 
 
-def load_cluster(path: str, *, vendors: dict[str, DeviceVendor]) -> Cluster:
-    docs = load_documents(path)
+def load_cluster(path: str, *, vendors: dict[str, DeviceVendor],
+                 documents: list[tuple[Any, Where]] | None = None) -> Cluster:
+    """``path``'s cluster; ``documents``: its YAML documents when the caller has parsed them."""
+    docs = documents if documents is not None else load_documents(path)
     first, where = docs[0]
     if isinstance(first, dict) and "nodes" in first and first.get("kind") in (None, "Cluster"):
         if len(docs) > 1:

@@ -15,7 +15,7 @@ from hami_py.devices.registry import EVERY_FAMILY, build_vendors
 from hami_py.logs import configure_logging
 from hami_py.offline.cluster import Cluster, load_cluster
 from hami_py.offline.remote_gpus import with_remote_gpus
-from hami_py.offline.source import InputError
+from hami_py.offline.source import InputError, load_documents
 from hami_py.scheduling.decision.policies import BINPACK, FRAGMENTATION_AWARE, SPREAD
 from hami_py.simulate.progress import ProgressBar
 from hami_py.simulate.report_html import render_html
@@ -84,11 +84,13 @@ def main(argv: list[str] | None = None) -> int:
         if ns.report_file is not None and ns.output != "html":
             raise UsageError("--report-file goes with --output html")
         device_config = load_device_config(ns.device_config_file) if ns.device_config_file else DeviceConfig.default()
-        # A cluster with lupine servers needs the remote-GPU family on (off in the chart's default).
-        device_config, remote_note = with_remote_gpus(ns.cluster, device_config)
+        # A cluster with lupine servers needs the remote-GPU family on (off in the chart's
+        # default): decided on the file's documents, which the loader then reads (parsed once).
+        documents = load_documents(ns.cluster)
+        device_config, remote_note = with_remote_gpus(documents, device_config)
         configure_logging(json=False, level=logging.WARNING)   # before the vendors, which may log
         vendors = build_vendors(device_config, EVERY_FAMILY)
-        cluster = load_cluster(ns.cluster, vendors=vendors)
+        cluster = load_cluster(ns.cluster, vendors=vendors, documents=documents)
         if remote_note:
             cluster.notes.insert(0, remote_note)
         workload = load_workload(ns.workload, vendors=vendors, device_config=device_config)

@@ -1,7 +1,8 @@
 """Huawei Ascend NPUs: one vendor per ``vnpus.configs`` entry, only with ``--enable-ascend``.
 
 See :mod:`.vendor` for the annotations and the webhook, :mod:`.modes` for the three vNPU modes
-(template, hami-core, ENPU) and who may share a node and an NPU, :mod:`.chooser` and
+(template, hami-core, ENPU) and who may share a node and an NPU, :mod:`.charger` for what an NPU
+costs on each candidate node (a mode-less pod's memory, HAMi #3107), :mod:`.chooser` and
 :mod:`.topology` for the choice of NPUs (oversell, 910C module pairs, NetworkID groups) and
 :mod:`.config` for the ``vnpus`` section.
 """

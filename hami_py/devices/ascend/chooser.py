@@ -15,6 +15,10 @@ already; above it only this chooser sees the holders. Upstream's ``hamiCoreExclu
 says no more than that such an NPU is not oversold; the rule for a row asking 100 is ours,
 HAMi's meaning of 100.
 
+A row asking no memory asks for whole NPUs: the charger (charger.py) charges the node's smallest
+NPU memory, so on a node whose NPUs differ an NPU partly used could pass the kernel's check; this
+chooser keeps only NPUs nothing holds memory of (CardInsufficientMemory for the others).
+
 The pods on an NPU are read from the books (``cache.device_marks``: their charge and their mode
 annotations, ``DeviceVendor.pod_marks``); the pod's own earlier app rows on the node, which the
 books do not hold yet, are tracked here.
@@ -25,7 +29,7 @@ from hami_py.devices.ascend import topology
 from hami_py.devices.ascend.modes import PERCENT_BASE, NodeModes, npu_refuses
 from hami_py.reasons import (
     ALLOCATED_CARDS_INSUFFICIENT_REQUEST, CARD_COMPUTE_UNITS_EXHAUSTED, CARD_INSUFFICIENT_CORE,
-    EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, MODE_NOT_FIT,
+    CARD_INSUFFICIENT_MEMORY, EXCLUSIVE_DEVICE_ALLOCATE_CONFLICT, MODE_NOT_FIT,
 )
 
 
@@ -53,10 +57,11 @@ class AscendChooser:
         row = self.calls.get(node_index, 0)
         self.calls[node_index] = row + 1
         cores = min(self.rows[row].coresreq, PERCENT_BASE) if row < len(self.rows) else 0
+        whole = row < len(self.rows) and self.rows[row].memreq == 0
         # Upstream fits each init container from the node as it was before the pod.
         init = self.init_rows[row] if row < len(self.init_rows) else False
         own = [] if init else self.own.setdefault(node_index, [])
-        kept, refusal = self._sharable(node_index, positions, cores, own)
+        kept, refusal = self._sharable(node_index, positions, cores, own, whole)
         if len(kept) < nums:
             return refusal or ALLOCATED_CARDS_INSUFFICIENT_REQUEST
         answer = self._choose(node_index, kept, nums)
@@ -69,12 +74,13 @@ class AscendChooser:
     # -- which NPUs the pod may share ------------------------------------------------------------
 
     def _sharable(self, node_index: int, positions: list[int], cores: int,
-                  own: list[tuple[int, int]]) -> tuple[list[int], int]:
-        """The positions the row may take, and the reason for the others (0: none refused)."""
+                  own: list[tuple[int, int]], whole: bool) -> tuple[list[int], int]:
+        """The positions the row may take, and the reason for the others (0: none refused).
+        ``whole``: the row asks for whole NPUs (no memory named)."""
         cache = self.cache
         devices = cache.devices_at(node_index)
         offset = cache.node_offset[node_index]
-        used = cache.used
+        used, used_mem = cache.used, cache.used_mem
         mine: dict[int, list[int]] = {}
         for p, c in own:
             mine.setdefault(p, []).append(c)
@@ -83,11 +89,15 @@ class AscendChooser:
         kept: list[int] = []
         mode_refused = 0
         core_refusal = 0
+        memory_refused = 0
         for p in positions:
             busy = used[offset + p] > 0
             ours = mine.get(p, ())
             if not busy and not ours:
                 kept.append(p)
+                continue
+            if whole and (ours or used_mem[offset + p] > 0):
+                memory_refused += 1
                 continue
             held: list[int] = list(ours)
             if busy:
@@ -107,7 +117,9 @@ class AscendChooser:
                                                     else CARD_INSUFFICIENT_CORE)
                     continue
             kept.append(p)
-        return kept, (MODE_NOT_FIT if mode_refused else core_refusal)
+        if mode_refused:
+            return kept, MODE_NOT_FIT
+        return kept, core_refusal or (CARD_INSUFFICIENT_MEMORY if memory_refused else 0)
 
     # -- which of them -----------------------------------------------------------------------------
 

@@ -24,6 +24,11 @@ an ENPU pod never shares an NPU (a DIE) with a hami-core pod, nor with a mode-le
 running hami-core; no other pod shares one with an ENPU pod; ENPU pods on one NPU have one
 policy, and an ENPU pod there whose recorded policy is missing or unknown shares with none.
 
+A pod naming no mode resolves to one per node (HAMi #3107, ``effective_mode``): hami-core on a
+node running hami-core (memory as asked), template elsewhere (memory rounded to a template, at
+fit time: charger.py). The decision writes the answer for the chosen node into
+``hami.io/effective-vnpu-mode``.
+
 Policies (``normalize_policy``): ``1``/``fixed``/``fixed-share``/``fixed_share`` → fixed-share,
 ``2``/``elastic`` → elastic, ``3``/``best-effort``/``best_effort``/``besteffort`` → best-effort, in
 any case and padding. A pod's comes from, first non-blank: its annotation
@@ -42,6 +47,8 @@ from hami_py.reasons import MODE_NOT_FIT
 VNPU_MODE_ANNOTATION = "huawei.com/vnpu-mode"
 ENPU_POLICY_ANNOTATION = "huawei.com/enpu-policy"
 SOFT_SHARE_POLICY_KEY = "huawei.com/scheduler.softShareDev.policy"   # annotation, then label
+# Written by the decision: the mode the pod resolves to on the chosen node (template, hami-core, enpu).
+EFFECTIVE_MODE_ANNOTATION = "hami.io/effective-vnpu-mode"
 
 VNPU_MODE_TEMPLATE = "template"
 VNPU_MODE_HAMI_CORE = "hami-core"
@@ -158,6 +165,17 @@ def node_refuses(mode: str | None, node: NodeModes) -> bool:
     if mode in ENPU_MODES:
         return not node.enpu
     return node.enpu and not node.hami_core         # a mode-less pod on an ENPU-only node
+
+
+def effective_mode(mode: str | None, node: NodeModes) -> str:
+    """The mode a pod naming ``mode`` runs in on ``node``: its own (ENPU's runtime names as
+    ``enpu``), or for a pod naming none (or a value no rule knows) hami-core where the node runs
+    it, else template. Where the node refuses the pod (``node_refuses``) the answer is unused."""
+    if mode in ENPU_MODES:
+        return VNPU_MODE_ENPU
+    if mode in (VNPU_MODE_HAMI_CORE, VNPU_MODE_TEMPLATE):
+        return mode
+    return VNPU_MODE_HAMI_CORE if node.hami_core else VNPU_MODE_TEMPLATE
 
 
 def npu_refuses(mode: str | None, policy: str | None, node: NodeModes, tenants: Iterable[Mapping[str, str]]) -> int:

@@ -8,12 +8,15 @@ node annotations ``hami-vnpu-core`` and ``hami.io/enpu`` which soft splits the n
 
 A pod asks for a count, memory (MiB × ``memoryFactor``) and, in the soft modes only, cores; its
 mode (``huawei.com/vnpu-mode``: template, hami-core, enpu) decides how it is admitted and where it
-may go (:mod:`.modes`). The webhook rounds hard-split memory up to the smallest vNPU template that
-holds it. The decision writes the allocation (``hami.io/<cw>-devices-to-allocate`` /
-``-allocated``), ``predicate-time`` and the runtime JSON ``huawei.com/<cw>`` the plugin turns into a
-vNPU (template name, memory, cores). The fit is upstream's generic template; the node-wide mode
-rules are the device selector's, and the chooser (:mod:`.chooser`) keeps the pod off NPUs it may
-not share and chooses among the rest (910C module pairs, NetworkID groups, the node score).
+may go (:mod:`.modes`). Hard-split memory is rounded up to the smallest vNPU template that holds
+it: by the webhook for a template pod, per candidate node for a pod naming no mode (HAMi #3107,
+:mod:`.charger`: rounded on template nodes, as asked on hami-core ones). The decision writes the
+allocation (``hami.io/<cw>-devices-to-allocate`` / ``-allocated``), ``predicate-time``, the runtime
+JSON ``huawei.com/<cw>`` the plugin turns into a vNPU (template name, memory, cores) and the mode
+the pod resolved to on the node (``hami.io/effective-vnpu-mode``). The fit is upstream's generic
+template with the charger's per-node charge; the node-wide mode rules are the device selector's,
+and the chooser (:mod:`.chooser`) keeps the pod off NPUs it may not share and chooses among the
+rest (910C module pairs, NetworkID groups, the node score).
 """
 from __future__ import annotations
 
@@ -22,17 +25,18 @@ from typing import Mapping
 import orjson
 import structlog
 
+from hami_py.devices.ascend.charger import AscendCharger, settled_mode
 from hami_py.devices.ascend.chooser import AscendChooser
 from hami_py.devices.ascend.config import VnpuConfig
 from hami_py.devices.ascend import topology
 from hami_py.devices.ascend.modes import (
-    ENPU_POLICY_ANNOTATION, NODE_ENPU_ANNOTATION, NODE_HAMI_CORE_ANNOTATION, PERCENT_BASE, POLICY_CHOICES,
-    VNPU_MODE_ANNOTATION, VNPU_MODE_HAMI_CORE, VNPU_MODE_TEMPLATE, NodeModes, PolicyChoice, is_enpu, is_soft,
-    node_refuses, pod_policy,
+    EFFECTIVE_MODE_ANNOTATION, ENPU_POLICY_ANNOTATION, NODE_ENPU_ANNOTATION, NODE_HAMI_CORE_ANNOTATION,
+    PERCENT_BASE, POLICY_CHOICES, VNPU_MODE_ANNOTATION, VNPU_MODE_HAMI_CORE, VNPU_MODE_TEMPLATE, NodeModes,
+    PolicyChoice, is_enpu, is_soft, node_refuses, pod_policy,
 )
 from hami_py.devices.base import (
-    FLAG_CHOOSE, Chooser, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector, NoDevicesRegistered,
-    PodDevices, RequestError,
+    FLAG_CHARGE, FLAG_CHOOSE, Chooser, ContainerRequest, DeviceDecodeError, DeviceInfo, DeviceSelector,
+    NoDevicesRegistered, PodDevices, RequestError,
 )
 from hami_py.devices.codec import decode_json_devices, encode_pod_devices, go_quote
 from hami_py.devices.overwrite_env import overwrite_env
@@ -80,8 +84,9 @@ class AscendVendor(TemplateVendor):
     # Which pods may share an NPU depends on the modes (and ENPU policies) of those already on it.
     pod_marks = (VNPU_MODE_ANNOTATION, ENPU_POLICY_ANNOTATION)
     # Every kind chooses among all fitting NPUs (the mode rules per NPU; 910 kinds add NetworkID
-    # groups, 910C pairs and the node score).
-    kernel_flags = FLAG_CHOOSE
+    # groups, 910C pairs and the node score), and charges per node: a pod naming no mode is
+    # charged a template's memory on a template node, its request on a hami-core one (HAMi #3107).
+    kernel_flags = FLAG_CHOOSE | FLAG_CHARGE
 
     def __init__(self, config: VnpuConfig, *, mode: str = VNPU_MODE_TEMPLATE, enpu_policy: str = "",
                  family_resources: tuple[str, ...] = ()):
@@ -231,11 +236,13 @@ class AscendVendor(TemplateVendor):
         when present), other odd counts are refused; a core request above 0 is refused in
         template mode, and makes a pod naming no mode a hami-core one (the webhook writes
         ``huawei.com/vnpu-mode: hami-core``, HAMi #2975); memory (limits only) is kept as asked in
-        hami-core mode, else rounded up to the smallest template holding it (or
-        ``memoryAllocatable`` when only the whole device holds it), and without a memory limit it
-        is ``memoryAllocatable``; several NPUs with less than a whole one each are refused outside
-        hami-core mode; the memory goes into limits and requests; ``runtimeClassName`` is set
-        when configured and unset.
+        hami-core mode, rounded up to the smallest template holding it (or ``memoryAllocatable``
+        when only the whole device holds it) in template mode (or a mode no rule knows), and kept
+        as asked for a pod naming no mode, whose candidate node rounds it or not (HAMi #3107) but
+        which is refused all the same when no template nor the device holds it; without a memory
+        limit it is ``memoryAllocatable``; several NPUs with less than a whole one each (after
+        that rounding) are refused outside hami-core mode; the memory goes into limits and
+        requests; ``runtimeClassName`` is set when configured and unset.
 
         Raises RequestError with upstream's message for its refusals, and for a count or memory
         that is no whole non-negative number (upstream lets those through to be dropped later),
@@ -275,21 +282,24 @@ class AscendVendor(TemplateVendor):
                     raise RequestError(f"{VNPU_MODE_ANNOTATION} {go_quote(mode)} takes no {core_name}: cores are only "
                                        f"supported in hami-core (soft split) or enpu mode")
                 infer_hami_core = soft = True
-        memory = config.memory_allocatable
+        memory = hard = config.memory_allocatable      # written; charged on a template node
         memory_name = self.spec.memory_resource
         if memory_name and memory_name in limits:
             asked = rounded_quantity(name, memory_name, limits[memory_name])
             if asked < 0:
                 raise request_error(name, memory_name, limits[memory_name], "must not be negative")
             if soft:
-                memory = asked
+                memory = hard = asked
             else:
-                memory, _ = self.trim_memory(asked)
-                if memory <= 0:
+                hard, _ = self.trim_memory(asked)
+                if hard <= 0:
                     raise RequestError(f"{memory_name} {asked} is invalid")
+                # HAMi #3107: a pod naming no mode keeps its memory as asked; the candidate node's
+                # mode rounds it, or not, at fit time (charger.py).
+                memory = hard if mode else asked
         # A module's request (2 NPUs, or 1 raised to 2 below) is one unit either way, so the pod this
         # returns, reviewed again (reinvocationPolicy: IfNeeded), is admitted as the first pass was.
-        if units > 1 and not soft and memory != config.memory_allocatable:
+        if units > 1 and not soft and hard != config.memory_allocatable:
             raise RequestError("vNPU not supported for multiple devices")
         # Every check passed: the changes.
         limits = ensure_limits(container)
@@ -382,6 +392,11 @@ class AscendVendor(TemplateVendor):
             return _always(OK)
         return uuids
 
+    def charger(self, cache, pod: dict, row_container: list[int]) -> AscendCharger:
+        """Each row's charge per candidate node (:mod:`.charger`): memory rounded to a template
+        where the pod resolves to template mode, as asked where it resolves to a soft split."""
+        return AscendCharger(self, cache, pod, row_container)
+
     def chooser(self, cache, ask) -> Chooser | None:
         """The per-node choice of :mod:`.chooser`: the NPUs the pod may share, then which."""
         mode = ask.pod_annotations.get(VNPU_MODE_ANNOTATION)
@@ -413,19 +428,28 @@ class AscendVendor(TemplateVendor):
 
     def encode_allocation(self, pod_devices: PodDevices, *, node: str = "", partitions: list[dict] = (),
                           now: float = 0.0, pod_annotations: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Both allocation annotations, ``predicate-time`` (Unix seconds) and the runtime JSON.
+        """Both allocation annotations, ``predicate-time`` (Unix seconds), the runtime JSON and,
+        for a filter's decision, ``hami.io/effective-vnpu-mode``: the mode the pod resolves to on
+        the chosen node (template, hami-core or enpu; the charger's ``settle`` records it).
 
-        ``pod_annotations`` tell soft-split pods (hami-core, ENPU: no template name in the
-        runtime JSON); without them the hard-split form is written, which the device plugin reads
-        the same way for such a pod (it ignores ``temp`` in those modes)."""
+        The runtime JSON has no template name for a pod soft split there (hami-core, ENPU). The
+        mode is the decision's, else the pod's ``hami.io/effective-vnpu-mode`` (a decision
+        encoded again), else its ``huawei.com/vnpu-mode``; with none of them the hard-split form
+        is written, which the device plugin reads the same way for a soft-split pod (it ignores
+        ``temp`` in those modes)."""
         if not any(pod_devices):
             return {}
         text = encode_pod_devices(pod_devices)
-        soft = is_soft((pod_annotations or {}).get(VNPU_MODE_ANNOTATION))
-        return {self.to_allocate_annotation: text, self.allocated_annotation: text,
-                PREDICATE_TIME_ANNOTATION: str(int(now)),
-                self.runtime_annotation: self.runtime_info(pod_devices, soft=soft)}
+        annotations = pod_annotations or {}
+        settled = settled_mode(pod_devices)
+        mode = settled or annotations.get(EFFECTIVE_MODE_ANNOTATION) or annotations.get(VNPU_MODE_ANNOTATION)
+        out = {self.to_allocate_annotation: text, self.allocated_annotation: text,
+               PREDICATE_TIME_ANNOTATION: str(int(now)),
+               self.runtime_annotation: self.runtime_info(pod_devices, soft=is_soft(mode))}
+        if settled:
+            out[EFFECTIVE_MODE_ANNOTATION] = settled
+        return out
 
     def decision_annotations(self) -> tuple[str, ...]:
         return (self.to_allocate_annotation, self.allocated_annotation, self.runtime_annotation,
-                PREDICATE_TIME_ANNOTATION)
+                PREDICATE_TIME_ANNOTATION, EFFECTIVE_MODE_ANNOTATION)

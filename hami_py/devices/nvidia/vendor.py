@@ -29,6 +29,7 @@ from hami_py.devices.codec import (
 from hami_py.devices.nvidia.mig_preference import preference_ranks, preference_refusal
 from hami_py.devices.overwrite_env import overwrite_env
 from hami_py.devices.template import append_env, device_count, percentage
+from hami_py.devices.webhook_values import checked_integers
 from hami_py.quantity import INT32_MAX, INT64_MAX, parse_exact_int, parse_quantity_ceil
 from hami_py.devices.gates import make_selector, make_type_gate, non_blank, type_entries, uuid_entries
 
@@ -204,6 +205,10 @@ class NvidiaVendor(DeviceVendor):
     def request_resources(self) -> tuple[str, str, str, int]:
         return self._count_name, self._memory_name, self._core_name, self._memory_factor
 
+    def request_resource_names(self) -> frozenset[str]:
+        """What :meth:`container_request` reads (the priority is the webhook's alone)."""
+        return frozenset(n for n in (self._count_name, self._memory_name, self._percent_name, self._core_name) if n)
+
     def config_problems(self) -> list[str]:
         return config_problems(self.config)
 
@@ -375,10 +380,7 @@ class NvidiaVendor(DeviceVendor):
     def _check_percentages(self, container: str, limits: dict, requests: dict) -> None:
         """Upstream's webhook (#2740, #2789): the memory percentage and the cores, in limits and
         in requests alike, each an integer in 0..100 (``50.5`` is refused, not rounded)."""
-        for resource in (self._percent_name, self._core_name):
-            for values in (limits, requests):
-                if resource and resource in values:
-                    percentage(container, resource, values[resource])
+        checked_integers(container, ((self._percent_name, 0, 100), (self._core_name, 0, 100)), limits, requests)
 
     def _default_gpu_count(self, container: dict, limits: dict) -> bool:
         """Whether the count is limited, adding ``defaultGPUNum`` when only memory, percentage

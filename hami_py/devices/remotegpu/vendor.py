@@ -65,10 +65,12 @@ class RemoteGPUVendor(DeviceVendor):
         if not self.pooled:
             self.to_allocate_annotation, self.allocated_annotation = None, ""
         self.busy = BusyCards()
-        # Nodes ever seen serving cards: where the pool is looked for on each /filter instead of
-        # among every node of the cluster. Only a hint, never shrunk (one vendor may serve
-        # several books: the simulator's, the defragmenter's): the books say what a node serves.
-        self._servers: set[str] = set()
+        # The server nodes: every node ever seen labelled hami.io/lupine-server, with its endpoint
+        # ("" without an InternalIP). Where the pool is looked for on each /filter instead of among
+        # every node of the cluster, and what makes the per-node refusal one set lookup. Only a
+        # hint, never shrunk (one vendor may serve several books: the simulator's, the
+        # defragmenter's; and it is not told of a node's removal): the books confirm it.
+        self._servers: dict[str, str] = {}
 
     # -- resources -----------------------------------------------------------------------------
 
@@ -78,6 +80,11 @@ class RemoteGPUVendor(DeviceVendor):
 
     def request_resources(self) -> tuple[str, str, str, int]:
         return self.config.resource_count_name, self.config.resource_memory_name, "", 1
+
+    def request_resource_names(self) -> frozenset[str]:
+        """The count gates the request (none when the family is off), then the memory."""
+        count, memory = self.config.resource_count_name, self.config.resource_memory_name
+        return frozenset(name for name in (count, memory) if name) if count else frozenset()
 
     # -- inventory -----------------------------------------------------------------------------
 
@@ -92,23 +99,24 @@ class RemoteGPUVendor(DeviceVendor):
     def parse_node_devices(self, node: NodeView) -> list[DeviceInfo]:
         """The cards a server node serves: its NVIDIA registration's ``remote``-mode entries, on a
         node labelled ``hami.io/lupine-server`` with an InternalIP; [] anywhere else."""
-        found = self._served(node) if self.config.resource_count_name and SERVER_LABEL in node.labels else []
-        if found:
-            self._servers.add(node.name)
-        return found
+        if not self.config.resource_count_name or SERVER_LABEL not in node.labels:
+            return []
+        endpoint = (endpoint_of(node.internal_ip, server_port(node.labels[SERVER_LABEL], self.config.port))
+                    if node.internal_ip else "")
+        self._servers[node.name] = endpoint         # before the decode: a garbled one is a server too
+        return self._served(node, endpoint)
 
-    def _served(self, node: NodeView) -> list[DeviceInfo]:
+    def _served(self, node: NodeView, endpoint: str) -> list[DeviceInfo]:
         text = node.annotations.get(NVIDIA_REGISTER_ANNOTATION)
         if text is None:
             return []
-        if not node.internal_ip:
+        if not endpoint:
             log.warning("lupine server node has no InternalIP; its GPUs are not offered", node=node.name)
             return []
         try:
             devices = decode_json_devices(text) if text.lstrip().startswith("[") else decode_legacy_devices(text)
         except DeviceDecodeError as err:
             raise DeviceDecodeError(f"{NVIDIA_REGISTER_ANNOTATION}: {err}") from None
-        endpoint = endpoint_of(node.internal_ip, server_port(node.labels[SERVER_LABEL], self.config.port))
         return [DeviceInfo(id=f"{node.name}/{d.id}", index=d.index, count=1, devmem=d.devmem, devcore=100,
                            type=VENDOR_KEY, numa=d.numa, mode=d.mode, health=d.health,
                            custom={"uuid": d.id, "endpoint": endpoint, "model": d.type})
@@ -148,12 +156,21 @@ class RemoteGPUVendor(DeviceVendor):
         return server if sep and server else pod_node
 
     def pool_refusal(self, cache, node: str) -> str | None:
-        entry = cache.nodes.get(node)
         # A server serves its cards to others and offers none to its own pods (upstream: nil).
+        if node not in self._servers:
+            return None                 # every client node: one set lookup
+        entry = cache.nodes.get(node)
         return R.NODE_INSUFFICIENT_DEVICE_TEXT if entry is not None and SERVER_LABEL in entry.labels else None
 
     def servers(self, cache):
-        return servers_of(cache, cache.vendor_ids[VENDOR_KEY], set(self._servers))
+        return servers_of(cache, cache.vendor_ids[VENDOR_KEY], list(self._servers))
+
+    def server_nodes(self, cache) -> dict[str, str]:
+        """The server nodes the books know now, each with its endpoint ("" without an InternalIP):
+        what the leader keeps a session stub on (hami_py/k8s/lupine_sessions.py)."""
+        nodes = cache.nodes
+        return {name: endpoint for name, endpoint in sorted(self._servers.items())
+                if (entry := nodes.get(name)) is not None and SERVER_LABEL in entry.labels}
 
     def pool_choice(self, cache, asks: list[tuple[int, ContainerRequest]], containers: int,
                     pod_annotations: dict[str, str]) -> PodDevices | str:

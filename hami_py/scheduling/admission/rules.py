@@ -397,10 +397,11 @@ def quota_fits(pod: dict, *, namespace: str, vendors: Mapping[str, DeviceVendor]
 
     The pod's device memory and cores are the larger of (the app containers plus every native
     sidecar) and (each ordinary init container plus the sidecars started before it), each
-    container's ``request x count`` as the vendor parses it after the webhook's own defaults (a
-    percentage or whole-card request counts 0 MiB here; the filter checks those), the same rule
-    the filter's quota check and the books follow (hami_py/podshape.py). Vendors whose pod asks
-    for neither are skipped. Raises RequestError for a malformed request.
+    container's ``request x count`` as the vendor parses it after the webhook's own defaults
+    (``DeviceVendor.quota_request``; a percentage or whole-card request counts 0 MiB here: the
+    filter checks those), the same rule the filter's quota check and the books follow
+    (hami_py/podshape.py). Vendors whose pod asks for neither are skipped. Raises RequestError for
+    a malformed request.
     """
     spec = pod.get("spec") or {}
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -408,8 +409,7 @@ def quota_fits(pod: dict, *, namespace: str, vendors: Mapping[str, DeviceVendor]
         side_memory = side_cores = init_memory = init_cores = 0
         for container in spec.get("initContainers") or ():
             request = vendor.container_request(container, pod_annotations=annotations)
-            memory, cores = (request.memreq * request.nums, request.coresreq * request.nums) \
-                if request is not None and request.nums else (0, 0)
+            memory, cores = vendor.quota_request(container, request) if request is not None and request.nums else (0, 0)
             if is_sidecar(container):
                 side_memory, side_cores = side_memory + memory, side_cores + cores
             else:
@@ -419,8 +419,8 @@ def quota_fits(pod: dict, *, namespace: str, vendors: Mapping[str, DeviceVendor]
         for container in spec.get("containers") or ():
             request = vendor.container_request(container, pod_annotations=annotations)
             if request is not None and request.nums:
-                app_memory += request.memreq * request.nums
-                app_cores += request.coresreq * request.nums
+                memory, cores = vendor.quota_request(container, request)
+                app_memory, app_cores = app_memory + memory, app_cores + cores
         memory, cores = max(app_memory, init_memory), max(app_cores, init_cores)
         if memory == 0 and cores == 0:
             continue

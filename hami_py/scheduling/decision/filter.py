@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import time
 from array import array
-from itertools import compress, repeat
+from itertools import compress
 
 import structlog
 
 from hami_py import _kernel
 from hami_py.cache.stuck_locks import StuckLock
 from hami_py.cache.usage import VGPU_NODE_ANNOTATION, PodState, PodUsage, UsageCache
-from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ChoiceAsk, ContainerDevice, DeviceSelector, DeviceVendor, PodDevices
+from hami_py.devices.base import FLAG_CHARGE, FLAG_CHOOSE, ChoiceAsk, ContainerDevice, DeviceVendor, PodDevices
 from hami_py import reasons as R
+from hami_py.scheduling.decision.device_mask import device_mask, only_allowed
 from hami_py.scheduling.kernel.fit_query import FitQuery
 from hami_py.kernel_codes import POLICY_SPREAD
-from hami_py.scheduling.decision.policies import Policies, pod_policies
+from hami_py.scheduling.decision.policies import POLICY_ANNOTATIONS, Policies, pod_policies
 from hami_py.scheduling.decision.requests import PodRequest
 
 log = structlog.get_logger(__name__)
@@ -33,9 +34,13 @@ VGPU_NODE_LABEL = "hami.io/vgpu-node"     # the decision's node, also as a label
 LISTED_NODE_SCORES = 20
 
 
-def _concerns(node_annotations: dict[str, str], gate_keys: set[str]) -> bool:
-    """Whether a node's kept annotations can change the gates of a pod of these families."""
-    return any(k in gate_keys or k.startswith("hami.io/device-") for k in node_annotations)
+def _unregister(cand_idx: array, node_names: list[str], gone) -> array:
+    """A copy of ``cand_idx`` with the nodes named in ``gone`` as unknown ones (-1)."""
+    changed = cand_idx[:]
+    for c, name in enumerate(node_names):
+        if name in gone:
+            changed[c] = -1
+    return changed
 
 
 def _choice_ask(request: PodRequest, key: str, annotations: dict[str, str], policies: Policies,
@@ -49,24 +54,48 @@ def _choice_ask(request: PodRequest, key: str, annotations: dict[str, str], poli
 
 class FilterDecision:
     """The outcome of one filter: the winner (or None), why the others failed, the annotations to
-    write, the reservation made, and for the FilteringSucceed event the number of nodes that fit
-    and the best of them with their scores (best first, so the winner leads).
+    write, the reservation made, and for the FilteringSucceed event the number of nodes that fit,
+    the number of candidates, and the best of them with their scores (best first, so the winner
+    leads). A placed pod's ``failed`` is empty unless its caller asked for the reasons: best mode
+    answers with the winner alone.
 
-    It holds nothing sized by the candidate list beyond ``failed``: decisions wait in the event
-    queue, and one that kept the request's node names and score arrays held ~0.4 MB at N=5000."""
+    ``fit_count`` and ``best`` of a placed pod are read from its kernel run when first asked for
+    (the event, written after the answer), and the run is let go then. Nothing else it holds is
+    sized by the candidate list beyond ``failed``: decisions wait in the event queue, and one that
+    kept the request's node names and score arrays held ~0.4 MB at N=5000."""
 
-    __slots__ = ("node", "failed", "annotations", "reservation", "allocation", "fit_count", "best")
+    __slots__ = ("node", "failed", "annotations", "reservation", "allocation", "_fit_count", "_best", "total",
+                 "_listing")
 
     def __init__(self, node: str | None, failed: dict[str, str], annotations: dict[str, str] | None = None,
                  reservation: PodUsage | None = None, allocation: dict[str, PodDevices] | None = None,
-                 fit_count: int = 0, best: list[tuple[str, float]] | None = None):
+                 fit_count: int = 0, best: list[tuple[str, float]] | None = None, total: int | None = None,
+                 listing: Evaluation | None = None):
         self.node = node
         self.failed = failed
         self.annotations = annotations or {}
         self.reservation = reservation
         self.allocation = allocation or {}
-        self.fit_count = fit_count
-        self.best = best or []
+        self._fit_count = fit_count
+        self._best = best or []
+        self.total = len(failed) + fit_count if total is None else total   # candidates judged
+        self._listing = listing     # the kernel run fit_count and best are still to be read from
+
+    @property
+    def fit_count(self) -> int:
+        self.read_listing()
+        return self._fit_count
+
+    @property
+    def best(self) -> list[tuple[str, float]]:
+        self.read_listing()
+        return self._best
+
+    def read_listing(self) -> None:
+        """Read ``fit_count`` and ``best`` from the kernel run, and let the run go."""
+        if self._listing is not None:
+            self._fit_count, self._best = self._listing.listed()
+            self._listing = None
 
     def keep_for_bind(self, pod: dict) -> None:
         """What the bind of this decision needs, kept with its reservation: the annotations its
@@ -97,27 +126,41 @@ def pod_rv(pod: dict) -> int | None:
 
 class Evaluation:
     """One kernel run over a candidate list (``Filterer.evaluate``): the inputs and outputs
-    (``query``), the failing nodes' reasons, and the policy's winner position (-1: none fits)."""
+    (``query``), the policy's winner position (-1: none fits), and the failing nodes' reasons,
+    built from the outputs when first read (``failed``): a pod placed in best mode is answered
+    with its node alone, so the reasons of thousands of nodes it did not take are never needed."""
 
-    __slots__ = ("policies", "query", "cand_idx", "chargers", "best", "failed", "now", "pooled")
+    __slots__ = ("policies", "query", "cand_idx", "chargers", "best", "now", "pooled", "node_names",
+                 "_reasons", "_failed")
 
     def __init__(self, policies: Policies, query: FitQuery, cand_idx: array, chargers: list, best: int,
-                 failed: dict[str, str], now: float, pooled: dict[str, PodDevices] | None = None):
+                 now: float, pooled: dict[str, PodDevices] | None = None, *, node_names: list[str],
+                 reasons=None):
         self.policies = policies
         self.query = query
         self.cand_idx = cand_idx
         self.chargers = chargers
         self.best = best
-        self.failed = failed
         self.now = now
         self.pooled = pooled or {}      # the pool step's devices, per pooled family (any node's)
+        self.node_names = node_names
+        self._reasons = reasons         # (evaluation) -> the failing nodes' reasons
+        self._failed: dict[str, str] | None = None
 
-    def listed(self, node_names: list[str]) -> tuple[int, list[tuple[str, float]]]:
+    @property
+    def failed(self) -> dict[str, str]:
+        """Why each failing candidate fails, as upstream words it (built once, on first read)."""
+        if self._failed is None:
+            self._failed = self._reasons(self) if self._reasons is not None else {}
+            self._reasons = None
+        return self._failed
+
+    def listed(self) -> tuple[int, list[tuple[str, float]]]:
         """How many nodes fit, and the best of them with their scores (best first), for the
         FilteringSucceed event."""
         count, positions = _kernel.best_fit_nodes(self.query.out_status, self.query.out_score, LISTED_NODE_SCORES,
                                                   self.policies.node == POLICY_SPREAD)
-        return count, [(node_names[c], self.query.out_score[c]) for c in positions]
+        return count, [(self.node_names[c], self.query.out_score[c]) for c in positions]
 
 
 class Filterer:
@@ -137,19 +180,33 @@ class Filterer:
         self._choosing = {key: i for key, i in cache.vendor_ids.items() if self.vendor_flags[i] & FLAG_CHOOSE}
         self._charging = {key: i for key, i in cache.vendor_ids.items() if self.vendor_flags[i] & FLAG_CHARGE}
         self._no_choosers = [None] * len(cache.vendor_ids)
+        self._default_policies: dict[tuple, Policies] = {}   # for pods stating none of their own
 
     def policies(self, pod: dict, vendors=None) -> Policies:
         meta = pod.get("metadata") or {}
         annotations = meta.get("annotations") or {}
         asked = self.vendors.values() if vendors is None else [self.vendors[k] for k in vendors]
+        numa_bind = any(v.numa_bind(annotations) for v in asked)
+        if not annotations.keys() & POLICY_ANNOTATIONS:
+            # Most pods state no policy of their own: the configured ones, worked out once.
+            key = (self.default_node_policy, self.default_gpu_policy, numa_bind)
+            defaults = self._default_policies.get(key)
+            if defaults is None:
+                defaults = self._default_policies[key] = pod_policies(
+                    {}, default_node=self.default_node_policy, default_gpu=self.default_gpu_policy,
+                    numa_bind=numa_bind)
+            return defaults
         return pod_policies(annotations, default_node=self.default_node_policy,
-                            default_gpu=self.default_gpu_policy,
-                            numa_bind=any(v.numa_bind(annotations) for v in asked),
+                            default_gpu=self.default_gpu_policy, numa_bind=numa_bind,
                             pod=f"{meta.get('namespace')}/{meta.get('name')}")
 
     def decide(self, pod: dict, node_names: list[str], request: PodRequest, *,
-               reserve: bool = True) -> FilterDecision:
-        """Choose a node and devices; with ``reserve`` record the reservation under the pod UID."""
+               reserve: bool = True, report_failed: bool = False, defer_listing: bool = False) -> FilterDecision:
+        """Choose a node and devices; with ``reserve`` record the reservation under the pod UID.
+        A pod that fits nowhere gets every candidate's reason; a placed one only with
+        ``report_failed`` (the Nodes path answers them beside its node). With ``defer_listing``
+        the FilteringSucceed figures are read when first asked for (after the answer), and the
+        decision holds the kernel run until then: for callers that drop it soon after."""
         cache = self.cache
         meta = pod.get("metadata") or {}
         uid = meta.get("uid") or ""
@@ -163,16 +220,15 @@ class Filterer:
             # reservation below clears that mark.
             cache.release_pod(uid)
         fit = self.evaluate(pod, node_names, request, policies)
-        failed = fit.failed
         if fit.best < 0:
-            return FilterDecision(None, failed)
-        fit_count, best_scored = fit.listed(node_names)
-        names = node_names
+            return FilterDecision(None, fit.failed)
+        listing = fit
+        failed = fit.failed if report_failed else {}
         if (stuck := cache.stuck_lock(node_names[fit.best])) is not None:
-            fit, names = self._avoid_stuck(pod, node_names, request, policies, fit, stuck)
+            fit = self._avoid_stuck(pod, node_names, request, policies, fit, stuck)
         best, query, cand_idx, chargers, now = fit.best, fit.query, fit.cand_idx, fit.chargers, fit.now
 
-        winner = names[best]
+        winner = fit.node_names[best]
         allocation, mig = self._allocation(request, query, cand_idx[best], chargers)
         allocation.update(fit.pooled)
         pod_annotations = {VGPU_NODE_ANNOTATION: winner, VGPU_TIME_ANNOTATION: str(int(now))}
@@ -191,10 +247,14 @@ class Filterer:
                                    node=winner, entries=entries, state=PodState.RESERVED, mig=instances,
                                    marks=cache.marks_of(carried))
             cache.add_pod_usage(reservation)
-        return FilterDecision(winner, failed, pod_annotations, reservation, allocation, fit_count, best_scored)
+        decision = FilterDecision(winner, failed, pod_annotations, reservation, allocation, total=len(node_names),
+                                  listing=listing)
+        if not defer_listing:
+            decision.read_listing()
+        return decision
 
     def _avoid_stuck(self, pod: dict, node_names: list[str], request: PodRequest, policies: Policies,
-                     fit: Evaluation, stuck: StuckLock) -> tuple[Evaluation, list[str]]:
+                     fit: Evaluation, stuck: StuckLock) -> Evaluation:
         """The policy's favourite fits only where a node lock is stuck (cache/stuck_locks.py): a
         bind there would fail at once. The pod goes to the best of the fitting nodes without one
         (a second kernel run over just those), else stays with the favourite (its bind then says
@@ -203,13 +263,13 @@ class Filterer:
         fitting = [name for c, name in enumerate(node_names)
                    if fit.query.out_status[c] == R.NODE_FIT and cache.stuck_lock(name) is None]
         if not fitting:
-            return fit, node_names
+            return fit
         log.info("passing over a node whose node lock is stuck", pod=f"{(pod.get('metadata') or {}).get('namespace')}/"
                  f"{(pod.get('metadata') or {}).get('name')}", stuck=stuck.describe())
         if self.on_stuck is not None:
             self.on_stuck(stuck)
         again = self.evaluate(pod, fitting, request, policies)
-        return (again, fitting) if again.best >= 0 else (fit, node_names)
+        return again if again.best >= 0 else fit
 
     def evaluate(self, pod: dict, node_names: list[str], request: PodRequest,
                  policies: Policies | None = None, *, only_devices: frozenset[str] | None = None) -> Evaluation:
@@ -224,27 +284,20 @@ class Filterer:
         if policies is None:
             policies = self.policies(pod, request.vendors)  # may raise PolicyError
         now = time.time()
-        index_of = cache.node_index_of
-        cand_idx = array("i", map(index_of.get, node_names, repeat(-1)))   # C-speed over N names
+        cand_idx = cache.candidates.indices(node_names)   # shared: copied before any change
         expired = set()
         if cache.handshake_deadlines:
             expired = {n for n, deadline in cache.handshake_deadlines.items() if deadline <= now}
             if expired:
-                for c, name in enumerate(node_names):
-                    if name in expired:
-                        cand_idx[c] = -1  # its device plugin stopped answering: as upstream, gone
+                cand_idx = _unregister(cand_idx, node_names, expired)   # its device plugin stopped answering: as upstream, gone
         pooled, pool_failed = self._pool_step(request, node_names, annotations)
         if pool_failed:
-            for c, name in enumerate(node_names):
-                if name in pool_failed:
-                    cand_idx[c] = -1
+            cand_idx = _unregister(cand_idx, node_names, pool_failed)
 
-        mask = self._device_mask(annotations, node_names, cand_idx, request)
+        mask = device_mask(cache, self.vendors, annotations, node_names, cand_idx, request)
         if only_devices is not None:
-            mask = self._only(mask, node_names, only_devices)
+            mask = only_allowed(cache, mask, node_names, only_devices)
         quota_mem, quota_cores = cache.quota.headroom(namespace)
-        n = len(node_names)
-        nr = R.N_DEVICE_REASONS
         mig_ok = all(self.vendors[k].allows_partitions(annotations) for k in request.vendors)
         prof_rank = self._partition_ranks(annotations, request) if mig_ok and cache.prof_names else None
         chargers = self._hooks(self._charging, request, lambda v: v.charger(cache, pod, request.row_container))
@@ -259,13 +312,19 @@ class Filterer:
             best = self.kernel(cache, query)
         else:
             best = self._pool_only(query, node_names, pool_failed, expired)
-        out_status, out_reasons, out_total = query.out_status, query.out_reasons, query.out_total
+        return Evaluation(policies, query, cand_idx, chargers, best, now, pooled, node_names=node_names,
+                          reasons=lambda fit: self._failure_reasons(fit, request, pool_failed))
 
+    def _failure_reasons(self, fit: Evaluation, request: PodRequest, pool_failed: dict[str, str]) -> dict[str, str]:
+        """Each failing candidate's reason, as upstream words it, from the kernel's outputs."""
+        query, node_names = fit.query, fit.node_names
+        out_status, out_reasons, out_total = query.out_status, query.out_reasons, query.out_total
+        nr = R.N_DEVICE_REASONS
         failed: dict[str, str] = {}
         texts: dict[tuple[bytes, int], str] = {}
         # A pod of one family is refused in that family's upstream words (DeviceVendor.upstream_refusal).
         reword = self.vendors[next(iter(request.vendors))].upstream_refusal if len(request.vendors) == 1 else None
-        for c in compress(range(n), out_status):   # the failing ones only (NODE_FIT is 0)
+        for c in compress(range(len(node_names)), out_status):   # the failing ones only (NODE_FIT is 0)
             status = out_status[c]
             name = node_names[c]
             if status == R.NODE_UNREGISTERED:
@@ -283,11 +342,11 @@ class Filterer:
                         counts, total = reword(counts, total)
                     text = texts[key] = R.gen_reason(counts, total)
                 failed[name] = text
-        if cache.refused_nodes and failed:
+        if self.cache.refused_nodes and failed:
             self._name_refusals(failed, request)
         if pool_failed:
             failed.update((name, why) for name, why in pool_failed.items() if name in failed)
-        return Evaluation(policies, query, cand_idx, chargers, best, failed, now, pooled)
+        return failed
 
     def _pool_step(self, request: PodRequest, node_names: list[str],
                    annotations: dict[str, str]) -> tuple[dict[str, PodDevices], dict[str, str]]:
@@ -314,16 +373,36 @@ class Filterer:
     def _pool_only(self, query: FitQuery, node_names: list[str], pool_failed: dict[str, str],
                    expired: set[str]) -> int:
         """The kernel's outcome for a pod asking pooled families alone (no row to fit): every
-        node the books know fits with score 0 (devices of its own or not), unless the pool step
-        or a stale handshake refused it; the first fitting node wins (-1: none)."""
-        nodes, best = self.cache.nodes, -1
+        node the books know fits, unless the pool step or a stale handshake refused it, and the
+        policy's favourite wins (-1: none fits).
+
+        The pod uses no device of its node, so its score (the kernel's sense: the highest wins
+        under binpack, the lowest under spread) puts the nodes with no device of their own first,
+        keeping the device nodes for pods that need them, then follows the node policy over the
+        pods the books hold on each node: binpack packs onto the fullest, spread onto the
+        emptiest. A tie goes to the earlier candidate, as in the kernel. The device nodes' offset
+        is one more than any fitting node's pod count, so /prioritize (all mode) still sees the
+        counts within each group."""
+        nodes, node_pods = self.cache.nodes, self.cache.node_pods
+        status, score = query.out_status, query.out_score
+        fitting: list[tuple[int, int, bool]] = []     # (candidate, pods on it, devices of its own)
         for c, name in enumerate(node_names):
-            if name in nodes and name not in pool_failed and name not in expired:
-                query.out_status[c] = R.NODE_FIT
-                if best < 0:
-                    best = c
+            entry = nodes.get(name)
+            if entry is not None and name not in pool_failed and name not in expired:
+                status[c] = R.NODE_FIT
+                fitting.append((c, len(node_pods.get(name, ())), entry.length > 0))
             else:
-                query.out_status[c] = R.NODE_UNREGISTERED
+                status[c] = R.NODE_UNREGISTERED
+        if not fitting:
+            return -1
+        spread = query.node_policy == POLICY_SPREAD
+        offset = max(pods for _, pods, _ in fitting) + 1
+        best, best_score = -1, 0.0
+        for c, pods, own in fitting:
+            # binpack: device-less nodes lifted above the rest; spread: device nodes pushed below.
+            value = score[c] = float(pods + (offset if own == spread else 0))
+            if best < 0 or (value < best_score if spread else value > best_score):
+                best, best_score = c, value
         return best
 
     def _name_refusals(self, failed: dict[str, str], request: PodRequest) -> None:
@@ -342,20 +421,6 @@ class Filterer:
                       fit: Evaluation) -> tuple[dict[str, PodDevices], dict[str, list[dict]]]:
         """The winner's devices of an evaluation (``fit.best`` >= 0), as ``decide`` reads them."""
         return self._allocation(request, fit.query, fit.cand_idx[fit.best], fit.chargers)
-
-    def _only(self, mask: array, node_names: list[str], allowed: frozenset[str]) -> array:
-        """``mask`` with every device of these nodes outside ``allowed`` refused (CardUuidMismatch):
-        a NUMA refit fits onto the devices kubelet's Topology Manager allows (scheduling/verbs/refit.py)."""
-        if not len(mask):
-            mask = array("b", bytes(len(self.cache.total_mem)))
-        for name in node_names:
-            entry = self.cache.nodes.get(name)
-            if entry is None:
-                continue
-            for k, dev in enumerate(entry.devices):
-                if dev.id not in allowed:
-                    mask[entry.offset + k] = R.CARD_UUID_MISMATCH
-        return mask
 
     def _partition_ranks(self, annotations: dict[str, str], request: PodRequest) -> array | None:
         """The pod's order of partition profiles (DeviceVendor.partition_ranks): the first of
@@ -409,80 +474,3 @@ class Filterer:
                 chargers[vid].settle(node_index, out_dev[i] - cache.node_offset[node_index], container, device)
             devices.append(device)
         return allocation, mig
-
-    def _device_mask(self, pod_annotations: dict[str, str], node_names: list[str], cand_idx: array,
-                     request: PodRequest) -> array:
-        """Reason codes for devices this pod may not use; empty (free) when nothing restricts it.
-
-        Only pods that pick or avoid devices, and nodes that cordon some, pay for this."""
-        cache = self.cache
-        vendors = [self.vendors[k] for k in request.vendors]
-        # The pod's own gates are parsed once. Nodes whose annotations concern the pod's families
-        # (a cordon list, a family's node switch) need gates of their own: built once per group
-        # of nodes carrying the same annotations, since a family's plugin may write the same
-        # switch on every node it runs on.
-        pod_selectors = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, {}) for v in vendors}
-        gate_keys = {k for v in vendors for k in v.gate_annotations}
-        group_gates: dict[tuple, dict[int, DeviceSelector | None] | None] = {}   # None: restricts nothing
-        for key, members in cache.annotation_groups.items():
-            annotations = dict(key)
-            if members and _concerns(annotations, gate_keys):
-                gates = {cache.vendor_ids[v.vendor_key]: v.device_selector(pod_annotations, annotations)
-                         for v in vendors}
-                group_gates[key] = None if all(sel is None for sel in gates.values()) else gates
-        pod_wide = any(sel is not None for sel in pod_selectors.values())
-        # Model and mode gates are judged kind by kind over all devices at once; what is left
-        # (cordons, UUID lists) device by device on the nodes concerned.
-        mask = kind_mask = self._kind_mask(pod_selectors) if pod_wide else None
-        nodes = cache.nodes
-        if pod_wide and mask is None:
-            marked = [n for c, n in enumerate(node_names) if cand_idx[c] >= 0]
-        elif group_gates:
-            # Nodes whose own gates differ from the pod-wide ones: every concerned node when a
-            # pod-wide mask must be lifted or replaced there, else the restricting ones only.
-            wanted = set().union(*(cache.annotation_groups[k] for k, g in group_gates.items()
-                                   if g is not None or kind_mask is not None))
-            marked = [n for n in node_names if n in wanted] if wanted else []
-        else:
-            marked = []
-        if mask is None:
-            if not marked:
-                return array("b")
-            mask = array("b", bytes(len(cache.total_mem)))
-        for name in marked:
-            entry = nodes[name]
-            key = entry.annotation_key
-            if key in group_gates:
-                selectors = group_gates[key]
-                if selectors is None:
-                    # Nothing restricts the pod here: the node's slice is free of any pod-wide mark.
-                    if kind_mask is not None and entry.length:
-                        mask[entry.offset:entry.offset + entry.length] = array("b", bytes(entry.length))
-                    continue
-            else:
-                selectors = pod_selectors
-            for k, dev in enumerate(entry.devices):
-                j = entry.offset + k
-                vid = cache.vendor[j]
-                if vid in selectors:
-                    sel = selectors[vid]
-                    # A node's own gates replace the pod-wide ones (its annotations may lift
-                    # what the pod-wide judgement, made without them, refused).
-                    mask[j] = sel(dev) if sel is not None else 0
-        return mask
-
-    def _kind_mask(self, pod_selectors: dict[int, DeviceSelector | None]) -> array | None:
-        """The mask of every device from the pod's model and mode gates, judged once per device
-        kind and spread over the devices by one bytes.translate; None when a gate needs each
-        device (UUID lists) or there are more kinds than a byte holds."""
-        cache = self.cache
-        if len(cache.kind_ids) >= 256 or not all(
-                sel is None or getattr(sel, "per_kind", False) for sel in pod_selectors.values()):
-            return None
-        table = bytearray(256)
-        for kind, sample in enumerate(cache.kind_samples):
-            if sample is not None and (sel := pod_selectors.get(sample[0])) is not None:
-                table[kind] = sel(sample[1])
-        mask = array("b")
-        mask.frombytes(cache.kind.tobytes().translate(table))
-        return mask

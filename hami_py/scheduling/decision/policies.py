@@ -23,6 +23,8 @@ from hami_py.kernel_codes import (
 NODE_POLICY_ANNOTATION = "hami.io/node-scheduler-policy"
 GPU_POLICY_ANNOTATION = "hami.io/gpu-scheduler-policy"
 WEIGHTS_ANNOTATION = "hami.io/device-scoring-weights"
+# A pod without any of these is scheduled with the configured policies alone.
+POLICY_ANNOTATIONS = frozenset((NODE_POLICY_ANNOTATION, GPU_POLICY_ANNOTATION, WEIGHTS_ANNOTATION))
 
 BINPACK = "binpack"
 SPREAD = "spread"

@@ -69,7 +69,13 @@ def filter_nodes(table, query):
     of the row costs there, ``(memory MiB, cores, slots)``, which replace the row's memory and cores
     in every check, score and charge, and make the slot check ``count - used >= slots`` (a
     partition whose profile depends on the node's devices); a reason code instead refuses the node
-    with that reason alone (see ``kernel_ref_fit.charge``).
+    with that reason alone (see ``kernel_ref_fit.charge``). FLAG_SLOTS_FIRST moves that slot check
+    to the first gate, before memory and cores (a partition family since HAMi #2877), so a device
+    short of both slots and memory reads CardTimeSlicingExhausted.
+
+    NUMA binding (``numa_bind``) keeps a row's devices on one NUMA node: the walk starts over on
+    each NUMA node it reaches, and a collecting walk keeps the first NUMA node that holds the row
+    (``kernel_ref_fit.numa_group_done``).
 
     MIG: a device with ``dev_mig`` set hands out MIG instances. Its profiles are
     ``[mig_prof_off[j], +mig_prof_len[j])`` in the profile table (sorted by memory, then slices), each

@@ -15,8 +15,8 @@ from itertools import combinations, islice
 from hami_py import reasons as R
 from hami_py.cache.quota import UNLIMITED
 from hami_py.kernel_codes import (
-    CHAIN_BASE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, KEY_BINPACK, KEY_FRAG, KEY_SPREAD, MAX_MIG_INSTANCES,
-    MAX_TOPOLOGY_COMBOS, MEMPCT_UNSET, MIG_SEARCH_BUDGET, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK,
+    CHAIN_BASE, FLAG_CHOOSE, FLAG_EQUAL_SHARE, FLAG_EXCLUSIVE, FLAG_SLOTS_FIRST, KEY_BINPACK, KEY_FRAG, KEY_SPREAD,
+    MAX_MIG_INSTANCES, MAX_TOPOLOGY_COMBOS, MEMPCT_UNSET, MIG_SEARCH_BUDGET, ORDER_CHAIN, ORDER_MUTEX, POLICY_BINPACK,
 )
 # The fragmentation-aware policy's device cost (read by the KEY_FRAG sort key).
 from hami_py.scheduling.kernel.frag import frag_device_cost, has_key
@@ -56,8 +56,8 @@ class Row:
     device of the row costs on this node), among ``cands`` (positions of the node's devices of
     the row's vendor), with the vendor's rules (``flags``) and quota headroom (``qm``, ``qc``)."""
 
-    __slots__ = ("nums", "memreq", "mempct", "cores", "free_cores", "slots", "cands", "exclusive", "equal_share",
-                 "collect_all", "qm", "qc")
+    __slots__ = ("nums", "memreq", "mempct", "cores", "free_cores", "slots", "first_slots", "cands", "exclusive",
+                 "equal_share", "collect_all", "qm", "qc")
 
     def __init__(self, nums, memreq, mempct, cores, slots, cands, flags, topology, qm, qc):
         self.nums, self.memreq, self.mempct, self.slots, self.cands, self.qm, self.qc = (
@@ -67,6 +67,9 @@ class Row:
         self.cores = 0 if self.free_cores else cores
         self.exclusive = flags & FLAG_EXCLUSIVE
         self.equal_share = flags & FLAG_EQUAL_SHARE
+        # The slots the first gate asks free: one (is a slot left at all), or all of them for a
+        # family that checks a partition's slices before its memory (FLAG_SLOTS_FIRST).
+        self.first_slots = slots if flags & FLAG_SLOTS_FIRST else 1
         self.collect_all = topology or flags & FLAG_CHOOSE   # every fitting device, not the first nums
 
 
@@ -140,7 +143,7 @@ def walk(table, q, off, row, usage, pod, order):
     A pick is ``(position, memory, MIG profile, placement)``. The walk stops at ``nums`` picks,
     or collects every fitting device when the row's family chooses (or the policy is
     topology-aware). Under NUMA binding a device on another NUMA node than the previous one
-    starts the picking over there. On a MIG GPU the row's instances are planned together when
+    starts the picking over there (``numa_group_done``). On a MIG GPU the row's instances are planned together when
     the walk reaches it (``mig_plan``: as many of the instances still needed as the GPU can hold
     at once, all ``nums`` when collecting); the GPU is then offered again for each instance of
     the plan, so one container may get several instances of it, each through the gates."""
@@ -169,8 +172,9 @@ def walk(table, q, off, row, usage, pod, order):
             counts[m] += 1
             continue
         if q.numa_bind and numa[j] != prev_numa:
-            if picked and not row.collect_all:
-                counts[R.NUMA_NOT_FIT] += len(picked)
+            if numa_group_done(row, len(picked)):
+                break
+            counts[R.NUMA_NOT_FIT] += len(picked)
             picked = []
             plan_k = -1
             need = row.nums
@@ -202,6 +206,19 @@ def walk(table, q, off, row, usage, pod, order):
     return counts, picked, need
 
 
+def numa_group_done(row, npicked):
+    """Whether the walk, reaching another NUMA node with ``npicked`` devices picked on the one
+    before, stops there and keeps them. Upstream's rule (hami-scheduling.md §10, step 4) counts
+    the picks NumaNotFit and starts over on the new NUMA node: a walk that stops at ``nums``
+    picks only ever leaves a NUMA node short of them. A walk that collects every fitting device
+    (a chooser, topology-aware) would, by that rule, keep only the last NUMA node it walks and
+    refuse a node whose earlier NUMA node holds the whole row (upstream's topology-aware walk
+    does). Here it keeps the first NUMA node, in the walk's order (the policy's preferred one),
+    that holds the row: all ``nums`` devices on one NUMA node, the binding's promise, and the
+    node the non-collecting walk would have stopped in."""
+    return row.collect_all and npicked >= row.nums
+
+
 def device_reason(table, q, j, k, mem, row, usage, pod, picked):
     """Why device ``j`` (the node's ``k``-th) cannot take ``mem`` of the row beside ``picked``,
     upstream's checks in upstream's order; R.OK when it can."""
@@ -210,8 +227,9 @@ def device_reason(table, q, j, k, mem, row, usage, pod, picked):
     cores = row.cores
     # Upstream's first test is Count <= Used: is a slot left at all. A partition of several
     # slices (slots > 1) is checked for all of them after memory and cores, so that a
-    # card too full for it is refused for its memory, as upstream words it.
-    if count - used < 1:
+    # card too full for it is refused for its memory, as upstream v2.10 words it; a
+    # FLAG_SLOTS_FIRST family (a partition family, HAMi #2877) asks all of them here instead.
+    if count - used < row.first_slots:
         # A busy device of an exclusive family is refused for being busy, even when its
         # slots are gone too (a whole card has one): upstream's reason. Tested inside
         # the slot check so that rows of other families pay nothing for it (the

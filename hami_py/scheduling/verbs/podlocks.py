@@ -41,14 +41,10 @@ class PodLocks:
         """Whether anything holds or waits for pod ``key``'s lock (a bind in flight, a follow-up)."""
         return bool(self._users.get(key))
 
-    @asynccontextmanager
-    async def try_hold(self, key: str, what: str):
-        """Hold the lock of pod ``key`` without waiting: raises PodBusy when anything holds it or
-        waits for it (the lock is not taken then)."""
-        if self._users.get(key):
-            raise PodBusy(self._holders.get(key) or self._pending.get(key) or "another request")
-        async with self.hold(key, what):
-            yield
+    def try_hold(self, key: str, what: str) -> "_TryHold":
+        """Hold the lock of pod ``key`` without waiting (``async with``): raises PodBusy when
+        anything holds it or waits for it (the lock is not taken then)."""
+        return _TryHold(self, key, what)
 
     @asynccontextmanager
     async def hold(self, key: str, what: str = "bind"):
@@ -114,3 +110,35 @@ class PodLocks:
 
     def __len__(self) -> int:
         return len(self._locks)
+
+
+class _TryHold:
+    """``PodLocks.try_hold``: what ``hold`` does for a lock nobody holds or waits for, as a plain
+    context manager. Every /filter takes one, and three nested generator-based managers cost it
+    more than the lock itself."""
+
+    __slots__ = ("locks", "key", "what", "lock")
+
+    def __init__(self, locks: PodLocks, key: str, what: str):
+        self.locks, self.key, self.what = locks, key, what
+        self.lock: asyncio.Lock | None = None
+
+    async def __aenter__(self) -> None:
+        locks, key = self.locks, self.key
+        if locks._users.get(key):
+            raise PodBusy(locks._holders.get(key) or locks._pending.get(key) or "another request")
+        lock = self.lock = locks._join(key)
+        try:
+            await lock.acquire()     # free (nobody holds or waits for it): taken without waiting
+        except BaseException:
+            locks._leave(key)
+            raise
+        locks._holders[key] = self.what
+        if locks._pending.get(key) == self.what:
+            del locks._pending[key]
+
+    async def __aexit__(self, *exc) -> None:
+        locks, key = self.locks, self.key
+        locks._holders.pop(key, None)
+        self.lock.release()
+        locks._leave(key)

@@ -169,7 +169,7 @@ class AllNodes:
         positions = list(compress(range(len(node_names)), map(not_, status)))   # the fitting ones
         names = list(map(node_names.__getitem__, positions))
         self._last = (uid, time.monotonic(), names, fit, positions)
-        fit_count, best = fit.listed(node_names)
+        fit_count, best = fit.listed()
         self._remember(uid, pod)
         self._event(pod, "filter_succeeded", FilterDecision(node_names[fit.best], fit.failed,
                                                             fit_count=fit_count, best=best))
@@ -199,7 +199,8 @@ class AllNodes:
         if node_names is None:
             return none, ("extender args have no NodeNames: prioritize scores from the scheduler's own "
                           "node cache (nodeCacheCapable: true)")
-        if not isinstance(node_names, list) or not set(map(type, node_names)) <= _STR_ONLY:
+        if not isinstance(node_names, list) or not (self.cache.candidates.known(node_names)
+                                                     or set(map(type, node_names)) <= _STR_ONLY):
             return none, "extender args NodeNames must be a list of node names"
         meta = pod.get("metadata") or {}
         key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"

@@ -118,8 +118,7 @@ class SchedulerService:
             return filter_result(nodes=nodes, node_names=node_names)
         if node_names is None and nodes is None:
             return filter_result(error="extender args have neither NodeNames nor Nodes")
-        if node_names is not None and (not isinstance(node_names, list)
-                                       or not set(map(type, node_names)) <= _STR_ONLY):
+        if node_names is not None and not self._names_list(node_names):
             return filter_result(error="extender args NodeNames must be a list of node names")
         if node_names is None:
             return self._filter_nodes_path(pod, nodes, request)
@@ -155,6 +154,12 @@ class SchedulerService:
             return filter_result(error=f"pod {namespace}/{meta['name']}: its {busy.holder} is still running "
                                        f"(kube-scheduler retries the pod)")
 
+    def _names_list(self, node_names: Any) -> bool:
+        """Whether NodeNames is a list of names: at once for a list equal to one the cache has
+        mapped (kube-scheduler repeats its feasible list), else checked name by name at C speed."""
+        return isinstance(node_names, list) and (self.cache.candidates.known(node_names)
+                                                 or set(map(type, node_names)) <= _STR_ONLY)
+
     async def _filter_live(self, pod: dict, node_names: list[str], request) -> dict:
         meta = pod.get("metadata") or {}
         uid, name = meta["uid"], meta["name"]            # both checked by filter()
@@ -181,7 +186,7 @@ class SchedulerService:
             if decision is None and self.all_nodes is not None:
                 return self._filter_all(pod, node_names, request)
             if decision is None:
-                decision = self.filterer.decide(pod, node_names, request)
+                decision = self.filterer.decide(pod, node_names, request, defer_listing=True)
         except PolicyError as exc:
             # Upstream's wording: the weights are parsed while scoring.
             message = f"calcScore failed {exc} for pod {name}"
@@ -205,9 +210,15 @@ class SchedulerService:
         # write. A filter's latency is then the decision's alone, whatever the API server does,
         # and a decision kube-scheduler never binds leaves nothing on the pod.
         decision.keep_for_bind(pod)
-        self._event(pod, "filter_succeeded", decision)
-        count_outcome(self.metrics, "filter", decision.allocation or request.vendors, "none")
+        # The event and the outcome count wait until the answer is on its way: the loop runs
+        # them next, before it reads another request.
+        asyncio.get_running_loop().call_soon(self._placed, pod, decision, request.vendors)
         return filter_result(node_names=[decision.node])
+
+    def _placed(self, pod: dict, decision: FilterDecision, vendors: set[str]) -> None:
+        """What a placed pod's /filter records after its answer: FilteringSucceed, the outcome."""
+        self._event(pod, "filter_succeeded", decision)
+        count_outcome(self.metrics, "filter", decision.allocation or vendors, "none")
 
     def _filter_all(self, pod: dict, node_names: list[str], request) -> dict:
         """``--filter-mode=all``: every fitting node, nothing reserved, nothing written; a pod that
@@ -244,7 +255,7 @@ class SchedulerService:
         filterer = Filterer(scratch, self.vendors, default_node_policy=self.filterer.default_node_policy,
                             default_gpu_policy=self.filterer.default_gpu_policy)
         try:
-            decision = filterer.decide(pod, list(by_name), request, reserve=False)
+            decision = filterer.decide(pod, list(by_name), request, reserve=False, report_failed=True)
         except PolicyError as exc:
             return filter_result(error=str(exc))
         if decision.node is None:
