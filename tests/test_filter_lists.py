@@ -16,6 +16,7 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from hami_py.cache.candidates import SHORTEST_REMEMBERED
 from hami_py.cache.usage import UsageCache
 from hami_py.config import DeviceConfig
 from hami_py.devices.registry import build_vendors
@@ -48,6 +49,15 @@ def test_a_node_names_key_inside_the_pod_is_not_the_requests():
     nested = b'{"Pod":{"spec":{},"NodeNames":' + orjson.dumps(LISTS[0]) + b"}}"
     assert decoder.loads(nested) == orjson.loads(nested)
     assert "NodeNames" not in decoder.loads(nested)
+
+
+def test_a_longer_key_ending_in_the_same_bytes_is_not_the_requests():
+    decoder = NodeNamesDecoder()
+    decoder.loads(_body({"x": 1}, LISTS[0]))
+    # `"x\"NodeNames":` is one key whose quote is escaped; its document decodes with NodeNames
+    # null even when cut before the list, so only the member's opening quote tells them apart.
+    body = b'{"NodeNames":null,"x\\"NodeNames":' + orjson.dumps(LISTS[0]) + b"}"
+    assert decoder.loads(body) == orjson.loads(body) == {"NodeNames": None, 'x"NodeNames': LISTS[0]}
 
 
 pods = st.fixed_dictionaries({"metadata": st.fixed_dictionaries(
@@ -92,7 +102,11 @@ def _node(name: str, gpus: int) -> dict:
     st.tuples(st.just("map"), st.integers(0, 2), st.just(0))), min_size=1, max_size=25))
 def test_remembered_lists_follow_the_device_tables_node_indexes(steps):
     cache = UsageCache(VENDORS)
-    lists = [[f"n{i}" for i in range(8)], [f"n{i}" for i in (7, 3, 5, 0)], [f"n{i}" for i in range(0, 8, 2)]]
+    # Long enough to be remembered (CandidateLists.SHORTEST_REMEMBERED): the nodes, and names the
+    # table never knows.
+    absent = [f"absent-{k}" for k in range(SHORTEST_REMEMBERED)]
+    lists = [[f"n{i}" for i in range(8)] + absent, [f"n{i}" for i in (7, 3, 5, 0)] + absent,
+             absent + [f"n{i}" for i in range(0, 8, 2)]]
     for op, a, b in steps:
         if op == "upsert":
             cache.upsert_node(_node(f"n{a}", b))
@@ -103,3 +117,15 @@ def test_remembered_lists_follow_the_device_tables_node_indexes(steps):
             assert cache.candidates.known(names) in (True, False)
             mapped = cache.candidates.indices(names)
             assert list(mapped) == [cache.node_index_of.get(n, -1) for n in names]
+
+
+def test_a_short_list_is_mapped_afresh_and_pushes_no_feasible_list_out():
+    cache = UsageCache(VENDORS)
+    for i in range(3):
+        cache.upsert_node(_node(f"n{i}", 1))
+    feasible = [f"n{i}" for i in range(3)] + [f"absent-{k}" for k in range(SHORTEST_REMEMBERED)]
+    cache.candidates.indices(list(feasible))
+    for i in range(10):
+        assert list(cache.candidates.indices([f"n{i % 3}"])) == [cache.node_index_of[f"n{i % 3}"]]
+    assert cache.candidates.known(list(feasible))
+

@@ -19,6 +19,9 @@ from itertools import repeat
 # kube-scheduler's lists differ by the pod's own node constraints (selectors, affinities, taints):
 # a handful of distinct lists covers a steady workload, and each entry is the size of one list.
 REMEMBERED_LISTS = 4
+# Shorter lists (a bind's refit on its node, a preemption's or a hold's few nodes) are mapped
+# afresh, at no cost worth saving, and never push a feasible list out.
+SHORTEST_REMEMBERED = 64
 
 
 class CandidateLists:
@@ -58,6 +61,8 @@ class CandidateLists:
         if found is not None:
             return found
         idx = array("i", list(map(self.index_of.get, names, repeat(-1))))
+        if len(names) < SHORTEST_REMEMBERED:
+            return idx
         # A copy: the caller's list may be changed after the call, the remembered one never is.
         self._lists.insert(0, (list(names), idx))
         del self._lists[REMEMBERED_LISTS:]

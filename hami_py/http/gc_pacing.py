@@ -10,7 +10,8 @@ So once an answer is on its way, and the young generation is close to its thresh
 collection the next allocations would have started is run there, with the same choice of
 generation CPython would make. The oldest generation is left to CPython: whether a full collection
 is due depends on counts it does not expose, and leaving it keeps its cost rare and its rule
-unchanged. Nothing is collected more often than CPython would; only earlier, and off the path.
+unchanged (``collect_young`` says how). Nothing is collected more often than CPython would;
+only earlier, and off the path.
 """
 from __future__ import annotations
 
@@ -27,16 +28,29 @@ def collection_due() -> bool:
 
 
 def collect_young() -> None:
-    """Collect generation 0, or 1 when CPython's next automatic collection would have been that
-    one; nothing when it would be a full collection (or the collector is off)."""
+    """Collect generation 0, or 1 when CPython's next automatic collection would be that one
+    (its rule: the oldest generation whose count is over its threshold). When the oldest
+    generation is over its threshold too, CPython runs a full collection only if enough objects
+    have been promoted since the last one (a count it does not expose), else generation 1: so
+    there, one time in ``_FULL_EVERY``, the collection is left to CPython, in whichever request
+    it falls, and a full one still comes when it is due; the other times generation 1 is
+    collected here."""
+    global _waited
     if not gc.isenabled():
         return
     (_, count1, count2), (threshold0, threshold1, threshold2) = gc.get_count(), gc.get_threshold()
     if threshold0 == 0:
         return
-    if count1 + 1 > threshold1:
-        if count2 + 1 > threshold2:
-            return        # a full collection may be due: CPython decides, by rules it keeps to itself
-        gc.collect(1)
-    else:
+    if count1 <= threshold1:
         gc.collect(0)
+        return
+    if count2 > threshold2:
+        _waited += 1
+        if _waited % _FULL_EVERY == 0:
+            return
+    gc.collect(1)
+
+
+# How often, once a full collection may be due, CPython is left to decide (collect_young).
+_FULL_EVERY = 10
+_waited = 0

@@ -9,7 +9,8 @@ only the part before them is decoded, and the names are the list decoded the las
 That part alone is decoded as ``<prefix>null}``: a complete JSON document only when the key
 found was a member of the top-level object (one ``}`` closes it) and the last one, so a
 ``"NodeNames":`` nested in the pod, or a body shaped otherwise, decodes as an error and takes the
-ordinary path. A tail is remembered only after the whole body has been decoded once and the tail
+ordinary path. The key's quote must open a member (after ``{`` or ``,``): the same bytes can end
+a longer key whose quote is escaped. A tail is remembered only after the whole body has been decoded once and the tail
 itself decoded to exactly that list.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ class NodeNamesDecoder:
         tail = self._tail
         if tail is not None and len(body) > len(tail) + len(_KEY) and body.endswith(tail):
             at = len(body) - len(tail)
-            if body[at - len(_KEY):at] == _KEY:
+            if body[at - len(_KEY):at] == _KEY and _opens_member(body, at - len(_KEY)):
                 args = _top_level_prefix(body[:at])
                 if args is not None:
                     args["NodeNames"] = list(self._names)
@@ -48,7 +49,7 @@ class NodeNamesDecoder:
         if type(names) is not list or len(names) < 64:   # a short list costs nothing to decode
             return
         at = body.rfind(_KEY)
-        if at < 0:
+        if at < 0 or not _opens_member(body, at):
             return
         tail = body[at + len(_KEY):]
         closed = tail.rstrip()
@@ -60,6 +61,16 @@ class NodeNamesDecoder:
         except orjson.JSONDecodeError:
             return
         self._tail, self._names = tail, list(names)
+
+
+def _opens_member(body: bytes, quote: int) -> bool:
+    """Whether the ``"`` at ``quote`` opens an object member: after ``{`` or ``,`` (whitespace
+    between allowed), not the escaped quote of a longer key such as ``"x\\"NodeNames":``, whose
+    document would decode with NodeNames null all the same."""
+    at = quote - 1
+    while at >= 0 and body[at] in b" \t\r\n":
+        at -= 1
+    return at >= 0 and body[at] in b"{,"
 
 
 def _top_level_prefix(prefix: bytes) -> dict | None:
