@@ -372,18 +372,19 @@ cdef int choose(object choosers, int v, Py_ssize_t ni, int nums, int *picked, lo
 
 
 cdef int run_charger(object chargers, int v, Py_ssize_t ni, Py_ssize_t r, int *memreq, int *cores, int *slots,
-                     list errors) noexcept with gil:
+                     int *nums, list errors) noexcept with gil:
     """reference_fit.charge: 0 with ``memreq``/``cores``/``slots`` set to what one device of the row
-    costs on node ``ni`` (row ``r``), or the reason code the charger refused the node with; -1 when it raised
-    (the exception then in ``errors``, as run_chooser)."""
+    costs on node ``ni`` (row ``r``) and ``nums`` to the devices it takes there, or the reason code the
+    charger refused the node with; -1 when it raised (the exception then in ``errors``, as run_chooser)."""
     try:
-        return charge(chargers, v, ni, r, memreq, cores, slots)
+        return charge(chargers, v, ni, r, memreq, cores, slots, nums)
     except BaseException as exc:
         errors.append(exc)
         return -1
 
 
-cdef int charge(object chargers, int v, Py_ssize_t ni, Py_ssize_t r, int *memreq, int *cores, int *slots) except -1:
+cdef int charge(object chargers, int v, Py_ssize_t ni, Py_ssize_t r, int *memreq, int *cores, int *slots,
+                int *nums) except -1:
     charger = chargers[v] if v < len(chargers) else None
     if charger is None:
         raise ValueError(f"vendor id {v} has FLAG_CHARGE but the query carries no charger for it")
@@ -392,13 +393,17 @@ cdef int charge(object chargers, int v, Py_ssize_t ni, Py_ssize_t r, int *memreq
         if not 0 < answer < N_DEVICE_REASONS:
             raise ValueError(f"charger of vendor id {v} answered reason {answer}, not a device reason code")
         return answer
-    if (not isinstance(answer, tuple) or len(answer) != 3
+    if (not isinstance(answer, tuple) or not 3 <= len(answer) <= 4
             or not all(type(x) is int for x in answer)
-            or not (0 <= answer[0] <= 2147483647 and 0 <= answer[1] <= 100 and 1 <= answer[2] <= 2147483647)):
-        raise ValueError(f"charger of vendor id {v} answered {answer!r}, not (memory, cores, slots) or a reason")
+            or not (0 <= answer[0] <= 2147483647 and 0 <= answer[1] <= 100 and 1 <= answer[2] <= 2147483647)
+            or (len(answer) == 4 and not 1 <= answer[3] <= nums[0])):
+        raise ValueError(f"charger of vendor id {v} answered {answer!r}, not (memory, cores, slots), "
+                         f"(memory, cores, slots, devices <= {nums[0]}) or a reason")
     memreq[0] = answer[0]
     cores[0] = answer[1]
     slots[0] = answer[2]
+    if len(answer) == 4:
+        nums[0] = answer[3]
     return 0
 
 
@@ -491,6 +496,7 @@ def filter_nodes(table, query):
     cdef int[::1] out_prof = query.out_prof
     cdef int[::1] out_place = query.out_place
     cdef int[::1] out_slots = query.out_slots
+    cdef int[::1] out_count = query.out_count
     cdef const int[::1] prof_rank = query.prof_rank
 
     cdef Py_ssize_t n_rows = rows.shape[0] // ROW_WIDTH
@@ -588,7 +594,7 @@ def filter_nodes(table, query):
     cdef Py_ssize_t plan_k
     cdef long long qm, qc, tm, tc, add_m, add_c, tmp_u
     cdef bint mixed, first
-    cdef bint better, any_mig, revisit, free_cores, exclusive, equal_share, choosing, collect_all
+    cdef bint better, any_mig, revisit, free_cores, exclusive, equal_share, choosing, collect_all, too_few
     cdef list errors = []
     # A pod that is one plain row (no chooser, charger, quota, NUMA binding, topology search or
     # fragmentation score): the shortcut above the walk applies (its comment says why).
@@ -755,15 +761,22 @@ def filter_nodes(table, query):
                         ncands += 1
                         if dev_mig[off + k]:
                             any_mig = True
-                if nums > ncands and not (mig_ok and any_mig):
+                # Too few devices of the vendor: NODE_INSUFFICIENT_DEVICE, unless the row's charger
+                # answers fewer devices on this node that it has (reference._fit_row: the rule).
+                too_few = nums > ncands and not (mig_ok and any_mig)
+                if too_few and not (flags & FLAG_CHARGE and ncands > 0):
                     status = NODE_INSUFFICIENT_DEVICE
                     break
                 slots = 1
                 if flags & FLAG_CHARGE:
-                    # What one device of this row costs here (a partition's profile on this node).
-                    refused = run_charger(chargers, v, ni, r, &memreq, &cores, &slots, errors)
+                    # What one device of this row costs here (a partition's profile on this node),
+                    # and how many devices the row takes here.
+                    refused = run_charger(chargers, v, ni, r, &memreq, &cores, &slots, &nums, errors)
                     if refused < 0:
                         status = -1
+                        break
+                    if too_few and (refused or nums > ncands):
+                        status = NODE_INSUFFICIENT_DEVICE
                         break
                     if refused:
                         status = NODE_DEVICE_REASONS
@@ -1053,6 +1066,7 @@ def filter_nodes(table, query):
                     out_prof[i] = ch_prof[i]
                     out_place[i] = ch_place[i]
                     out_slots[i] = ch_slots[i]
+                out_count[0] = <int> nchosen
     free(lscratch); free(iscratch); free(score); free(ch_row); free(ch_mem); free(mig_i); free(mig_l)
     if errors:
         raise errors[0]

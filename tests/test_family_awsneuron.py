@@ -76,24 +76,30 @@ def test_a_garbled_capacity_is_refused_precisely(devices, cores, message):
 
 # -- requests and webhook ------------------------------------------------------------------------------
 
-def test_requests_are_devices_or_cores_spread_two_a_device():
+def test_requests_are_devices_or_cores_sized_by_each_nodes_cores_a_device():
     assert NEURON.container_request(ctr({COUNT: "1"}, {COUNT: "1"}), pod_annotations={}) == \
         ContainerRequest("AWSNeuron", 1, 0, 0, 2)
     assert NEURON.container_request(ctr(requests={COUNT: "2"}), pod_annotations={}).nums == 2
-    # Odd core counts are no longer refused (HAMi v2.11 dropped splitCoreRequest): the last
-    # device gets what is left.
-    for cores, nums, each in (("1", 1, 1), ("2", 1, 2), ("3", 2, 2), ("6", 3, 2), ("7", 4, 2)):
+    # A core request's row asks one device a core (the most a node of one core a device gives);
+    # each node's charger sizes it by that node's cores a device. Odd counts are not refused
+    # (HAMi v2.11 dropped splitCoreRequest): the last device gets what is left.
+    for cores, nums, each in (("1", 1, 1), ("2", 2, 2), ("3", 3, 3), ("6", 6, 4), ("7", 7, 4)):
         assert NEURON.container_request(ctr({CORE: cores}), pod_annotations={}) == \
             ContainerRequest("AWSNeuron", nums, 0, 0, each)
-    assert [split_cores(k) for k in (1, 2, 3, 4, 5)] == [(1,), (2,), (2, 1), (2, 2), (2, 2, 1)]
-    for k in range(1, 12):      # what a request's devices get is the split, computed per device
-        ask = NeuronAsk(nums=device_count(k), cores=k, whole=False)
-        assert tuple(ask.part(i) for i in range(ask.nums)) == split_cores(k)
-        assert (ask.largest_part, ask.smallest_part) == (max(split_cores(k)), min(split_cores(k)))
+    assert [split_cores(k, 2) for k in (1, 2, 3, 4, 5)] == [(1,), (2,), (2, 1), (2, 2), (2, 2, 1)]
+    assert [split_cores(k, 4) for k in (1, 3, 4, 5, 9)] == [(1,), (3,), (4,), (4, 1), (4, 4, 1)]
+    for per_device in (1, 2, 3, 4):
+        for k in range(1, 12):      # what a request's devices get is the split, computed per device
+            ask = NeuronAsk(nums=k, cores=k, whole=False)
+            parts = tuple(ask.part(i, per_device) for i in range(device_count(k, per_device)))
+            assert parts == split_cores(k, per_device) and sum(parts) == k
+            assert ask.smallest_part(per_device) == min(parts)
     # A request of billions of cores is read without listing its devices' parts (that list
-    # would take gigabytes: one pod could exhaust the scheduler's memory).
+    # would take gigabytes: one pod could exhaust the scheduler's memory); its row asks one device
+    # more than any node registers, so every node is short of devices for it, as upstream says.
     huge = NEURON.container_request(ctr({CORE: "4000000001"}), pod_annotations={})
-    assert (huge.nums, huge.coresreq) == (2000000001, 2)
+    assert (huge.nums, huge.coresreq) == (awsneuron.ROW_DEVICES, 4)
+    assert NeuronAsk(huge.nums, 4000000001, False).smallest_part(4) == 1
     assert NEURON.container_request(ctr({"cpu": "1"}), pod_annotations={}) is None
     # The count wins over cores, as upstream reads them.
     assert NEURON.container_request(ctr({COUNT: "1", CORE: "1"}), pod_annotations={}).coresreq == 2
@@ -104,10 +110,8 @@ def test_requests_are_devices_or_cores_spread_two_a_device():
     ({CORE: "-2"}, 'aws.amazon.com/neuroncore "-2" must be greater than 0'),
     ({COUNT: "1.5"}, 'aws.amazon.com/neuron "1.5" must be an integer'),
     ({COUNT: str(2**31)}, 'aws.amazon.com/neuron "2147483648" must not exceed 2147483647'),
-    # Up to 4 cores a device now (#3082): 4 x MaxInt32 cores, which need more devices than a
-    # request may name.
+    # Up to 4 cores a device now (#3082): 4 x MaxInt32 cores.
     ({CORE: str(2**33)}, 'aws.amazon.com/neuroncore "8589934592" must not exceed 8589934588'),
-    ({CORE: str(2**32)}, 'aws.amazon.com/neuroncore "4294967296" needs 2147483648 devices, more than 2147483647'),
 ])
 def test_a_malformed_request_is_refused_naming_container_and_value(limits, message):
     with pytest.raises(RequestError) as err:
@@ -552,13 +556,50 @@ async def test_a_whole_inferentia1_device_is_its_four_cores(api, app, extender):
     assert_books_balance(app)
 
 
-async def test_a_core_request_over_two_is_spread_two_a_device_on_inferentia1_too(api, app, extender):
-    """The deliberate difference (docs/devices/awsneuron.md): the device count of a core request
-    may not depend on the node here, so 4 cores are 2 devices of 2 on inf1 as on inf2 (HAMi v2.11
-    gives one inf1 device all 4)."""
-    names = await register_nodes(api, app, inf1_node("f1", devices=2))
+@pytest.mark.parametrize("cores, node, devices, masks, ids", [
+    # inf1: 4 cores a device, so 3 or 4 cores are ONE device (even on a node of one device), 5 two.
+    ("3", "inf1", 1, [7], "0,1,2"),
+    ("4", "inf1", 1, [15], "0,1,2,3"),
+    ("5", "inf1", 2, [15, 1], "0,1,2,3,4"),
+    # inf2: 2 cores a device, so the same asks take 2, 2 and 3 devices.
+    ("3", "inf2", 2, [3, 1], "0,1,2"),
+    ("4", "inf2", 2, [3, 3], "0,1,2,3"),
+    ("5", "inf2", 3, [3, 3, 1], "0,1,2,3,4"),
+])
+async def test_a_core_request_takes_devices_by_the_nodes_cores_a_device(api, app, extender, cores, node, devices,
+                                                                         masks, ids):
+    """HAMi after v2.10 (#3082): a core request keeps its total and is spread over as many of the
+    node's devices as its addressable cores a device need, the last with what is left; the masks
+    the annotations carry are what the books charge. A node of exactly those devices fits."""
+    built = inf1_node("n1", devices) if node == "inf1" else neuron_node("n1", model="inf2", devices=devices)
+    names = await register_nodes(api, app, built)
+    _, result = await place(api, extender, device_pod("p", {CORE: cores}), names)
+    assert result["NodeNames"] == ["n1"], result
+    ann = decision_annotations(api, app, "p")
+    assert ann["hami.io/aws-neuron-devices-allocated"] == "".join(
+        f"n1-AWSNeuron-{i},AWSNeuron,0,{mask}:" for i, mask in enumerate(masks)) + ";"
+    assert (ann["AWS_NEURON_IDS"], ann["NEURON_RESOURCE_TYPE"]) == (ids, CORE)
+    assert usage(app, "n1") == [(1, mask) for mask in masks]
+    assert_books_balance(app)
+
+
+@pytest.mark.parametrize("node, devices", [("inf1", 1), ("inf2", 2)])
+async def test_a_node_with_fewer_devices_than_its_count_for_the_cores_is_short_of_devices(api, app, extender, node,
+                                                                                         devices):
+    """5 cores need 2 inf1 devices or 3 inf2 devices: a node with fewer reads NodeInsufficientDevice,
+    as upstream words a device count beyond the node's."""
+    built = inf1_node("n1", devices) if node == "inf1" else neuron_node("n1", model="inf2", devices=devices)
+    names = await register_nodes(api, app, built)
+    _, result = await place(api, extender, device_pod("p", {CORE: "5"}), names)
+    assert result["NodeNames"] is None and result["FailedNodes"] == {"n1": "NodeInsufficientDevice"}, result
+
+
+async def test_four_cores_take_one_inf1_device_or_two_inf2_devices_in_one_cluster(api, app, extender):
+    """The device count is each node's own: 4 cores fit a one-device inf1 node and not a one-device
+    inf2 node, in the same filter (the inf2 node, listed first, is short of devices for them)."""
+    names = await register_nodes(api, app, neuron_node("i1", model="inf2", devices=1), inf1_node("f1", 1))
     _, result = await place(api, extender, device_pod("four", {CORE: "4"}), names)
     assert result["NodeNames"] == ["f1"], result
-    assert decision_annotations(api, app, "four")["AWS_NEURON_IDS"] == "0,1,4,5"
-    assert usage(app, "f1") == [(1, 3), (1, 3)]
+    assert decision_annotations(api, app, "four")["AWS_NEURON_IDS"] == "0,1,2,3"
+    assert usage(app, "f1") == [(1, 15)]
     assert_books_balance(app)

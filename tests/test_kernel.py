@@ -215,10 +215,13 @@ class RecordingChooser:
 
 class RecordingCharger:
     """A deterministic charger that logs its calls: it refuses nodes whose index is 2 mod 5 with
-    ModeNotFit, and charges the others a memory, cores and slots that depend on the node."""
+    ModeNotFit, and charges the others a memory, cores and slots that depend on the node; with
+    most seeds it also sizes the row's device count by the node (the 4-tuple: 1 up to the row's
+    count, often fewer), so nodes with fewer devices than the row asks may fit."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, rows=()):
         self.seed = seed
+        self.rows = rows
         self.calls = []
 
     def __call__(self, node_index, row):
@@ -226,7 +229,11 @@ class RecordingCharger:
         if (node_index + row) % 5 == 2:
             return R.MODE_NOT_FIT
         key = node_index + self.seed + row
-        return (key % 4) * 3000, (node_index * 7 + self.seed + row) % 101, 1 + key % 3
+        charge = (key % 4) * 3000, (node_index * 7 + self.seed + row) % 101, 1 + key % 3
+        if self.seed % 3 == 0:
+            return charge
+        nums = self.rows[row * ROW_WIDTH + 3]
+        return (*charge, 1 + (node_index * 5 + self.seed + row) % nums)
 
 
 def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, quotas, topology=0, mig_ok=1,
@@ -234,7 +241,7 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
     """``impl`` on these inputs: (winner, outputs, chooser and charger calls per vendor)."""
     table = _table(cols, node_offset, node_len)
     choosers = [None if refusal is None else RecordingChooser(refusal) for refusal in refusals]
-    chargers = [None if seed is None else RecordingCharger(seed) for seed in charges]
+    chargers = [None if seed is None else RecordingCharger(seed, rows) for seed in charges]
     node_policy, gpu_policy, numa_bind, mutex, *weights = policies
     total_nums = sum(rows[i * ROW_WIDTH + 3] for i in range(len(rows) // ROW_WIDTH))
     query = FitQuery(array("i", candidates), array("i", rows), total_nums, mask=array("b", mask),
@@ -247,6 +254,9 @@ def _run(impl, cols, node_offset, node_len, candidates, rows, mask, policies, qu
     if best < 0:  # the allocation buffers are only meaningful for a winner
         for k in ("row", "dev", "mem", "cores", "prof", "place", "slots"):
             result.pop(k)
+    else:   # only the entries given are the answer (a charger may have sized a row smaller)
+        for k in ("row", "dev", "mem", "cores", "prof", "place", "slots"):
+            result[k] = result[k][:result["count"][0]]
     calls = [None if chooser is None else chooser.calls for chooser in choosers]
     calls += [charger.calls for charger in chargers if charger is not None]
     return best, result, calls
@@ -336,6 +346,8 @@ def test_cython_kernel_matches_reference(cluster, rows, node_policy, gpu_policy,
         event("a charger was asked")
     if best >= 0 and any(s > 1 for s in out["slots"]):
         event("a device took several slots")
+    if best >= 0 and out["count"][0] < sum(rows[i * ROW_WIDTH + 3] for i in range(len(rows) // ROW_WIDTH)):
+        event("a charger sized a row smaller on the winner")
     assert (best, out, calls) == _run(kernel_ref.filter_nodes, *args, **kw)
 
 
@@ -903,3 +915,45 @@ def test_a_slots_first_family_refuses_a_card_without_the_slices_before_its_memor
                          vendor_flags=array("i", [flags]), choosers=[None], chargers=[charger])
         assert impl(_table(_plain_node(used=[3], used_mem=[20480], total_mem=40960, count=6), [0], [1]), query) == -1
         assert {r: query.out_reasons[r] for r in range(nr) if query.out_reasons[r]} == {reason: 1}
+
+
+# -- a charger sizing a row's device count by the node (the 4-tuple) ------------------------------
+
+def _sized_query(nums, charger, flags=FLAG_CHARGE):
+    return FitQuery(array("i", [0]), array("i", _one_row(nums=nums)), nums, gpu_policy=ORDER_SPREAD,
+                    quota_mem=array("q", [UNLIMITED]), quota_cores=array("q", [UNLIMITED]),
+                    vendor_flags=array("i", [flags]), choosers=[None], chargers=[charger])
+
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+def test_a_charger_may_size_a_row_smaller_on_a_node_and_the_kernel_gives_that_many(impl):
+    """A row of 4 devices on a node of 2: the charger says 2 devices there, so the node fits with
+    2 entries (out_count), where a charger keeping the count leaves NodeInsufficientDevice."""
+    table = _table(_plain_node(used=[0, 0], used_mem=[0, 0]), [0], [2])
+    query = _sized_query(4, lambda node_index, row: (1000, 10, 1, 2))
+    assert impl(table, query) == 0
+    assert list(query.out_count) == [2] and sorted(query.out_dev[:2]) == [0, 1]
+    assert list(query.out_mem[:2]) == [1000, 1000] and list(query.out_cores[:2]) == [10, 10]
+    query = _sized_query(4, lambda node_index, row: (1000, 10, 1, 1), FLAG_CHARGE | FLAG_CHOOSE)
+    query.choosers = [lambda node_index, positions, nums: (positions[:nums], 0.0)]
+    assert impl(table, query) == 0 and list(query.out_count) == [1]
+
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+@pytest.mark.parametrize("answer", [(1000, 10, 1), (1000, 10, 1, 3), R.MODE_NOT_FIT], ids=["kept", "still-too-many",
+                                                                                          "refused"])
+def test_too_few_devices_still_reads_node_insufficient_device_unless_the_charger_fits_the_node(impl, answer):
+    """The rule of today for every charger that does not size the node's count to what it has:
+    a refusal or a count the node still lacks reads NodeInsufficientDevice, not the charger's reason."""
+    query = _sized_query(4, lambda node_index, row: answer)
+    assert impl(_table(_plain_node(used=[0, 0], used_mem=[0, 0]), [0], [2]), query) == -1
+    assert list(query.out_status) == [R.NODE_INSUFFICIENT_DEVICE]
+    assert not any(query.out_reasons)
+
+
+@pytest.mark.parametrize("impl", [_kernel.filter_nodes, kernel_ref.filter_nodes], ids=["cython", "reference"])
+@pytest.mark.parametrize("answer", [(1000, 10, 1, 0), (1000, 10, 1, 3), (1000, 10, 1, 1, 1)])
+def test_a_charger_answering_a_count_outside_one_to_the_rows_raises(impl, answer):
+    query = _sized_query(2, lambda node_index, row: answer)
+    with pytest.raises(ValueError, match="charger of vendor id 0"):
+        impl(_table(_plain_node(used=[0, 0, 0], used_mem=[0, 0, 0]), [0], [3]), query)

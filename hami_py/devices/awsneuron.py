@@ -9,15 +9,19 @@ v2.10 refuses it); at most 4 of them are addressable (Inferentia1 has 4, Inferen
 annotations carry them (core 0 = 1, core 1 = 2, cores 0-1 = 3, ...).
 
 A container asks for devices (``aws.amazon.com/neuron: n``) or cores
-(``aws.amazon.com/neuroncore: k``): 1 or 2 cores take one device, more are spread 2 cores a device
-over ``ceil(k / 2)`` unused devices (the last one gets what is left). One device is given one
-contiguous run of free cores, the lowest that fits (upstream's ``allocateCoreMask``). Several
-devices are given as a contiguous window of unused devices: on ``inf*`` instances any window, on
-the others only 4, 8 or 16 devices aligned on their size.
+(``aws.amazon.com/neuroncore: k``). A core request is sized by each node's addressable cores a
+device ``a`` (HAMi after v2.10, #3082): ``k <= a`` cores take one device, more are spread ``a``
+cores a device over ``ceil(k / a)`` unused devices (the last one gets what is left): 4 cores are
+one inf1 device but two inf2 devices. One device is given one contiguous run of free cores, the
+lowest that fits (upstream's ``allocateCoreMask``). Several devices are given as a contiguous
+window of unused devices: on ``inf*`` instances any window, on the others only 4, 8 or 16 devices
+aligned on their size.
 
 The family is FLAG_CHARGE | FLAG_CHOOSE (hami_py/devices/perdevice.py): the mask a device is
-charged depends on its own usage, which the chooser reads. Why a core request is spread 2 cores a
-device on every node, where HAMi v2.11 sizes it by each node's cores a device: docs/devices/awsneuron.md.
+charged depends on its own usage, which the chooser reads. Since the device count of a core
+request depends on the node, its request row asks the most devices any node could give it (one a
+core, at most :data:`ROW_DEVICES`) and the charger answers the node's own count (the kernel's
+4-tuple, ``devices.base.Charger``).
 """
 from __future__ import annotations
 
@@ -50,8 +54,12 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 MAX_DEVICES = INT32_MAX
 ADDRESSABLE_CORES = 4                           # upstream's maxCoresPerNeuronDevice (Inferentia1)
-SPLIT_CORES = 2                                 # cores a device of a core request over several devices
+COMMON_CORES = 2                                # the cores every Neuron device has (inf2, trn1: all of them)
 MAX_CORES = MAX_DEVICES * ADDRESSABLE_CORES
+# A core request's row asks one device a core, the most any node (one core a device) could give,
+# capped past the most devices a node registers: a node is then short of devices for the cap as it
+# is for the count its charger sizes (NodeInsufficientDevice either way).
+ROW_DEVICES = MAX_CAPACITY_CARDS + 1
 MAX_CORES_PER_DEVICE = INT32_MAX                # the device's slots column is an int32
 LEGACY_CORES_PER_DEVICE = 2                     # what upstream assumes of an allocation without its geometry
 ALIGNED_WINDOWS = (1, 4, 8, 16)                 # window sizes off inf* instances
@@ -87,29 +95,23 @@ class InvalidNeuronRequest(ValueError):
 @dataclass(slots=True, frozen=True)
 class NeuronAsk:
     """One container's Neuron request: ``nums`` devices, each with every addressable core
-    (``whole``: the device count was asked) or with ``cores`` in all, spread by
-    :func:`split_cores`; ``count_in_limits``: upstream's annotations then name device indexes
-    instead of core indexes."""
+    (``whole``: the device count was asked), or ``cores`` in all, spread by :func:`split_cores`
+    over a node's devices (``nums`` is then the row's bound, :data:`ROW_DEVICES`);
+    ``count_in_limits``: upstream's annotations then name device indexes instead of core indexes."""
     nums: int
     cores: int
     whole: bool
     count_in_limits: bool = False
 
-    def part(self, i: int) -> int:
-        """The cores device ``i`` (window order) of a core request gets (:func:`split_cores`),
-        computed, never listed: a request may name billions of cores."""
-        if self.cores <= SPLIT_CORES:
-            return self.cores
-        last = device_count(self.cores) - 1
-        return (self.cores - SPLIT_CORES * last) if i == last else SPLIT_CORES
+    def part(self, i: int, per_device: int) -> int:
+        """The cores device ``i`` (window order) of a core request gets on devices of
+        ``per_device`` addressable cores (:func:`split_cores`), computed, never listed: a request
+        may name billions of cores."""
+        last = device_count(self.cores, per_device) - 1
+        return (self.cores - per_device * last) if i == last else per_device
 
-    @property
-    def largest_part(self) -> int:
-        return min(self.cores, SPLIT_CORES)
-
-    @property
-    def smallest_part(self) -> int:
-        return self.part(device_count(self.cores) - 1)
+    def smallest_part(self, per_device: int) -> int:
+        return self.part(device_count(self.cores, per_device) - 1, per_device)
 
 
 def validate(raw: object, resource: str, maximum: int) -> int:
@@ -124,19 +126,18 @@ def validate(raw: object, resource: str, maximum: int) -> int:
     return value
 
 
-def split_cores(cores: int) -> tuple[int, ...]:
-    """The cores each device of a core request gets: one device for 1 or 2 cores, else
-    ``SPLIT_CORES`` a device with the rest on the last (5 cores: 2, 2, 1). The device count must
-    not depend on the node (the kernel fits a fixed count per request), so the split is by the
-    cores every Neuron device has; docs/devices/awsneuron.md says how HAMi v2.11 differs."""
-    if cores <= SPLIT_CORES:
-        return (cores,)
-    whole, rest = divmod(cores, SPLIT_CORES)
-    return (SPLIT_CORES,) * whole + ((rest,) if rest else ())
+def split_cores(cores: int, per_device: int) -> tuple[int, ...]:
+    """The cores each device of a core request gets on devices of ``per_device`` addressable
+    cores, as HAMi after v2.10 spreads ``TotalCoresreq``: one device for up to ``per_device``
+    cores, else ``per_device`` a device with the rest on the last (5 cores: 4, 1 on inf1; 2, 2, 1
+    on inf2)."""
+    whole, rest = divmod(cores, per_device)
+    return (per_device,) * whole + ((rest,) if rest else ())
 
 
-def device_count(cores: int) -> int:
-    return -(-cores // SPLIT_CORES)
+def device_count(cores: int, per_device: int) -> int:
+    """The devices ``cores`` take on devices of ``per_device`` addressable cores."""
+    return -(-cores // per_device)
 
 
 def allocate_core_mask(used: int, available: int, need: int) -> int | None:
@@ -187,8 +188,9 @@ def choose_window(free: set[int], devices: int, nums: int, instance_type: str) -
 class NeuronCharge(DeviceCharge):
     """The kernel checks each device against the smallest mask the row can be given there (a
     run of n cores is at least ``2^n - 1``; a whole device: its full mask; at most 100, the
-    kernel's bound), which never refuses a device the chooser would take; the chooser applies
-    upstream's rules and gives the mask."""
+    kernel's bound), which never refuses a device the chooser would take, and a core request
+    takes the node's own count of devices (:func:`device_count` by its addressable cores a
+    device); the chooser applies upstream's rules and gives the masks."""
 
     def __init__(self, cache, asks, row_container, shape):
         super().__init__(cache, NEURON_KEY, asks, row_container, shape)
@@ -213,13 +215,15 @@ class NeuronCharge(DeviceCharge):
     def row_charge(self, node_index: int, ask: NeuronAsk):
         _, mask, _, _ = self.node_shape(node_index)
         if ask.whole:
-            check = mask
-        else:
-            need = ask.smallest_part
-            if ask.largest_part > popcount(mask):
-                return CARD_INSUFFICIENT_CORE      # a device here has fewer cores than one part
-            check = (1 << need) - 1
-        return 0, max(1, min(check, 100)), 1
+            return 0, max(1, min(mask, 100)), 1
+        per_device = popcount(mask)
+        if per_device == 0:
+            return CARD_INSUFFICIENT_CORE          # no addressable core here (upstream's reason)
+        # More devices than the row's bound: only past any node's devices (ROW_DEVICES), so the
+        # kernel reads NodeInsufficientDevice, as upstream does for a count beyond the node's.
+        nums = min(device_count(ask.cores, per_device), ask.nums)
+        check = (1 << ask.smallest_part(per_device)) - 1
+        return 0, max(1, min(check, 100)), 1, nums
 
     def pick(self, node_index: int, ask: NeuronAsk, positions, nums, extra):
         answer = self.place(node_index, ask, positions, nums, extra)
@@ -262,8 +266,9 @@ class NeuronCharge(DeviceCharge):
             if start is None:
                 return NUMA_NOT_FIT
             window = [free[i] for i in range(start, start + nums)]
+            per_device = popcount(devices[window[0]].devcore)
             masks = ([devices[p].devcore for p in window] if ask.whole
-                     else [(1 << ask.part(i)) - 1 for i in range(len(window))])
+                     else [(1 << ask.part(i, per_device)) - 1 for i in range(len(window))])
             return [(p, 0, mask, self.data(devices[p], cpd, ask)) for p, mask in zip(window, masks)]
         for p in positions:
             dev = devices[p]
@@ -309,10 +314,10 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
         return popcount(cores)
 
     def quota_request(self, container: dict, request: ContainerRequest) -> tuple[int, int]:
-        """The cores a core request asks in all (3 cores: 3, not 2 a device on 2 devices); a whole
-        device counts the 2 cores every Neuron device has (its own count is the node's)."""
+        """The cores a core request asks in all (whatever devices they take); a whole device
+        counts the 2 cores every Neuron device has (its own count is the node's)."""
         ask = self.ask(container)
-        return 0, (ask.cores if ask is not None and not ask.whole else SPLIT_CORES * request.nums)
+        return 0, (ask.cores if ask is not None and not ask.whole else COMMON_CORES * request.nums)
 
     # -- inventory ---------------------------------------------------------------------------------
 
@@ -371,10 +376,7 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
         if raw is MISSING:
             return None
         cores = validate(raw, self.core_resource, MAX_CORES)
-        nums = device_count(cores)
-        if nums > MAX_DEVICES:
-            raise InvalidNeuronRequest(self.core_resource, raw, f"needs {nums} devices, more than {MAX_DEVICES}")
-        return NeuronAsk(nums, cores, False)
+        return NeuronAsk(min(cores, ROW_DEVICES), cores, False)
 
     def container_request(self, container: dict, *, pod_annotations: dict[str, str]) -> ContainerRequest | None:
         try:
@@ -384,9 +386,11 @@ class AWSNeuronVendor(PerDeviceCharging, DeviceVendor):
             raise RequestError(f"container {go_quote(name)}: {err.resource} {quote_value(err.raw)} {err.problem}") from None
         if ask is None:
             return None
-        # Cores a device, as the generic readers of a request (the webhook's quota pre-check) take
-        # them: a whole device counts its 2 common cores; the charger gives each device its mask.
-        return ContainerRequest(NEURON_KEY, ask.nums, 0, 0, SPLIT_CORES if ask.whole else ask.largest_part)
+        # Cores a device, as the generic readers of a request take them: a whole device counts its
+        # 2 common cores, a core request the most one device may take; the charger gives each
+        # device its mask and a core request its device count on each node.
+        return ContainerRequest(NEURON_KEY, ask.nums, 0, 0,
+                                COMMON_CORES if ask.whole else min(ask.cores, ADDRESSABLE_CORES))
 
     def mutate_admission(self, container: dict, pod: dict) -> bool:
         """Upstream's webhook: the request is validated, with upstream's messages."""

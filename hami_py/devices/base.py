@@ -156,13 +156,17 @@ class Charger:
     charge is not the row's (a hardware partition charges its profile, chosen from the node's
     devices). The kernel calls it once per request row of the family and candidate node:
 
-        charger(node_index, row) -> (memory MiB, cores percent, slots) | reason code
+        charger(node_index, row) -> (memory MiB, cores percent, slots[, devices]) | reason code
 
     and checks and charges each device of the row with those values (``count - used >= slots``);
-    a reason code (hami_py.reasons) refuses the node. ``describe`` gives what the decision's
+    ``devices`` (1 up to the row's count) is how many devices the row takes on that node (a family
+    whose count depends on the node's devices; without it the row's count); a reason code
+    (hami_py.reasons) refuses the node. A node with fewer devices of the family than the row's
+    count still reads NodeInsufficientDevice unless ``devices`` fits it
+    (``scheduling.kernel.reference._fit_row``). ``describe`` gives what the decision's
     annotations need of a chosen device (stored in ``ContainerDevice.custom``)."""
 
-    def __call__(self, node_index: int, row: int) -> "tuple[int, int, int] | int":
+    def __call__(self, node_index: int, row: int) -> "tuple[int, int, int] | tuple[int, int, int, int] | int":
         raise NotImplementedError
 
     def describe(self, node_index: int, position: int, container: int) -> dict | None:

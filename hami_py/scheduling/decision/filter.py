@@ -459,7 +459,7 @@ class Filterer:
         mig: dict[str, list[dict]] = {}
         cache = self.cache
         ids = cache.device_ids
-        for i in range(request.total_nums):
+        for i in range(query.out_count[0]):     # a charger may have sized a row smaller on this node
             r = out_row[i]
             key = request.row_vendor[r]
             container = request.row_container[r]

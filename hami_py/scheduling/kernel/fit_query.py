@@ -25,7 +25,7 @@ TABLE_COLUMNS = (
 
 # The answer: per candidate node, then per device given to the winner.
 OUTPUTS = ("out_status", "out_reasons", "out_total", "out_score",
-           "out_row", "out_dev", "out_mem", "out_cores", "out_prof", "out_place", "out_slots")
+           "out_row", "out_dev", "out_mem", "out_cores", "out_prof", "out_place", "out_slots", "out_count")
 
 _NO_MASK = array("b")   # read only: an empty mask means no device is masked
 _NO_RANK = array("i")   # read only: no profile preferred
@@ -55,7 +55,9 @@ class FitQuery:
     Outputs, allocated zeroed for ``len(candidates)`` nodes and ``devices`` given devices (the
     request's total count): per candidate ``out_status``, ``out_total``, ``out_score`` and
     ``N_DEVICE_REASONS`` counts in ``out_reasons``; for the winner, one entry per device given in
-    ``out_row``, ``out_dev``, ``out_mem``, ``out_cores``, ``out_prof``, ``out_place``, ``out_slots``.
+    ``out_row``, ``out_dev``, ``out_mem``, ``out_cores``, ``out_prof``, ``out_place``, ``out_slots``,
+    and in ``out_count[0]`` how many of those entries are given (at most the request's total
+    count: a charger may size a row smaller on the winner, ``devices.base.Charger``).
     """
 
     __slots__ = _INPUTS + OUTPUTS
@@ -101,6 +103,7 @@ class FitQuery:
         self.out_prof = _ZERO_I * k
         self.out_place = _ZERO_I * k
         self.out_slots = _ZERO_I * k
+        self.out_count = _ZERO_I * 1
 
     def clone(self) -> FitQuery:
         """The same inputs with zeroed outputs of its own (to run another kernel on them)."""

@@ -68,8 +68,10 @@ def filter_nodes(table, query):
     ``kernel_ref_fit.choose``); FLAG_CHARGE asks ``chargers[vendor](node, row)`` once per row and node what one device
     of the row costs there, ``(memory MiB, cores, slots)``, which replace the row's memory and cores
     in every check, score and charge, and make the slot check ``count - used >= slots`` (a
-    partition whose profile depends on the node's devices); a reason code instead refuses the node
-    with that reason alone (see ``kernel_ref_fit.charge``). FLAG_SLOTS_FIRST moves that slot check
+    partition whose profile depends on the node's devices), or ``(memory, cores, slots, nums)``
+    with ``1 <= nums <=`` the row's count: the devices the row takes on that node (the walk, the
+    chooser and the outputs then use that count; ``_fit_row`` says how it meets the too-few-devices
+    check); a reason code instead refuses the node with that reason alone (see ``kernel_ref_fit.charge``). FLAG_SLOTS_FIRST moves that slot check
     to the first gate, before memory and cores (a partition family since HAMi #2877), so a device
     short of both slots and memory reads CardTimeSlicingExhausted.
 
@@ -94,7 +96,7 @@ def filter_nodes(table, query):
     counts and ``out_total[c]`` (the number of candidate devices of the failing request). Returns
     the winning candidate position, or -1; the winner's devices are written to
     ``out_row/out_dev/out_mem/out_cores/out_slots`` (one entry per device given, in request order) and their
-    number is ``sum(nums)``; ``out_prof``/``out_place`` name the MIG profile and placement of each
+    number to ``out_count[0]`` (``sum(nums)``, each row's count as its charger sized it on that node); ``out_prof``/``out_place`` name the MIG profile and placement of each
     (-1 for a shared, non-MIG device).
     """
     q = query
@@ -133,6 +135,7 @@ def filter_nodes(table, query):
                 q.out_cores[i] = cores
                 q.out_prof[i] = prof
                 q.out_place[i] = place
+            q.out_count[0] = len(node.chosen)
     return best
 
 
@@ -212,17 +215,26 @@ def _fit_row(table, q, node, r, usage):
     mempct = rows[base + ROW_MEMPCT]
     cores = min(rows[base + ROW_CORESREQ], 100)
     cands = [k for k in range(node.n) if table.vendor[off + k] == v]
-    if nums > len(cands) and not (q.mig_ok and any(table.dev_mig[off + k] for k in cands)):
-        return R.NODE_INSUFFICIENT_DEVICE, None, None
     flags = q.vendor_flags[v]
+    # Too few devices of the vendor reads NODE_INSUFFICIENT_DEVICE, before anything else, as it
+    # always has; a FLAG_CHARGE row's charger may say the row takes fewer devices on this node
+    # (the 4-tuple), so on a node with some devices of the vendor it is asked first, and the node
+    # goes on only when the charger answers a count the node has: a refusal or a count still too
+    # large keeps NODE_INSUFFICIENT_DEVICE. A charger that never lowers the count (every 3-tuple
+    # family) therefore reads exactly as before: too few devices first, then its refusal.
+    too_few = nums > len(cands) and not (q.mig_ok and any(table.dev_mig[off + k] for k in cands))
+    if too_few and not (flags & FLAG_CHARGE and cands):
+        return R.NODE_INSUFFICIENT_DEVICE, None, None
     slots = 1
     if flags & FLAG_CHARGE:
-        answer = charge(q.chargers, v, node.ni, r)
+        answer = charge(q.chargers, v, node.ni, r, nums)
+        if too_few and (isinstance(answer, int) or answer[3] > len(cands)):
+            return R.NODE_INSUFFICIENT_DEVICE, None, None
         if isinstance(answer, int):   # no device of this node can hold the row: its reason
             q.out_reasons[c * nr + answer] = 1
             q.out_total[c] = len(cands)
             return R.NODE_DEVICE_REASONS, None, None
-        memreq, cores, slots = answer
+        memreq, cores, slots, nums = answer
         mempct = 0
     row = Row(nums, memreq, mempct, cores, slots, cands, flags, q.topology, q.quota_mem[v], q.quota_cores[v])
     counts, picked, need = walk(table, q, off, row, usage, node.pod, order_devices(table, q, off, row, usage))

@@ -407,10 +407,12 @@ def choose(choosers, v, ni, picked, nums):
     return [by_position[p] for p in chosen], float(delta)
 
 
-def charge(chargers, v, ni, r):
-    """Vendor ``v``'s charge of one device of row ``r`` on node ``ni``: ``(memory MiB, cores, slots)``
-    or the reason code it refused the node with. An answer outside the contract
-    (``devices.base.Charger``) is the family's bug: it raises ValueError."""
+def charge(chargers, v, ni, r, nums):
+    """Vendor ``v``'s charge of one device of row ``r`` (of ``nums`` devices) on node ``ni``:
+    ``(memory MiB, cores, slots, devices)``, the devices ``nums`` unless the charger answered a
+    4-tuple with ``1 <= devices <= nums`` (the row's count on that node), or the reason code it
+    refused the node with. An answer outside the contract (``devices.base.Charger``) is the
+    family's bug: it raises ValueError."""
     charger = chargers[v] if v < len(chargers) else None
     if charger is None:
         raise ValueError(f"vendor id {v} has FLAG_CHARGE but the query carries no charger for it")
@@ -419,7 +421,9 @@ def charge(chargers, v, ni, r):
         if not 0 < answer < R.N_DEVICE_REASONS:
             raise ValueError(f"charger of vendor id {v} answered reason {answer}, not a device reason code")
         return answer
-    if (not isinstance(answer, tuple) or len(answer) != 3 or not all(type(x) is int for x in answer)
-            or not (0 <= answer[0] <= 2147483647 and 0 <= answer[1] <= 100 and 1 <= answer[2] <= 2147483647)):
-        raise ValueError(f"charger of vendor id {v} answered {answer!r}, not (memory, cores, slots) or a reason")
-    return answer
+    if (not isinstance(answer, tuple) or not 3 <= len(answer) <= 4 or not all(type(x) is int for x in answer)
+            or not (0 <= answer[0] <= 2147483647 and 0 <= answer[1] <= 100 and 1 <= answer[2] <= 2147483647)
+            or (len(answer) == 4 and not 1 <= answer[3] <= nums)):
+        raise ValueError(f"charger of vendor id {v} answered {answer!r}, not (memory, cores, slots), "
+                         f"(memory, cores, slots, devices <= {nums}) or a reason")
+    return answer if len(answer) == 4 else (*answer, nums)
