@@ -109,18 +109,22 @@ def merge_collapsed(paths: list[Path], into: Path) -> Path:
     return into
 
 
+def _stacks(path: Path):
+    """(the stack's frames, its sample count) for each line of a collapsed-stack profile."""
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if stack and count.isdigit():
+            yield stack.split(";"), int(count)
+
+
 def summarize_collapsed(path: Path, *, top: int = 25) -> str:
     """The functions with most samples on top of the stack (self) and anywhere on it (total)."""
     own: Counter = Counter()
     total: Counter = Counter()
     samples = 0
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
+    for stack, n in _stacks(path):
         samples += n
-        frames = [_function(f) for f in stack.split(";")]
+        frames = [_function(f) for f in stack]
         own[frames[-1]] += n
         for f in set(frames):
             total[f] += n
@@ -166,13 +170,9 @@ def filter_stages(path: Path) -> list[tuple[str, float]]:
     owner = {name: label for label, names in FILTER_STAGES for name in names}
     counts: Counter = Counter()
     samples = 0
-    for line in path.read_text(errors="replace").splitlines():
-        stack, _, count = line.rpartition(" ")
-        if not stack or not count.isdigit():
-            continue
-        n = int(count)
+    for stack, n in _stacks(path):
         samples += n
-        names = [f.split(" (", 1)[0] for f in stack.split(";")]
+        names = [f.split(" (", 1)[0] for f in stack]
         label = OTHER_STAGE
         if names[-1] == "Filterer.evaluate":
             label = KERNEL_STAGE

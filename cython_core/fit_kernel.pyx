@@ -631,52 +631,43 @@ def filter_nodes(table, query):
             ncands = 0
             npicked = 0
             any_mig = False
+            # reference_fit's walk, for a pod that is one plain row (``quick``): each device's
+            # verdict is its own (no quota, NUMA group, partition plan or earlier row links them),
+            # so the node fits when enough devices pass, and a failing node's counts are the same
+            # whatever the order. Devices are ordered and picked only where the node would become
+            # the winner; elsewhere the outcome and the score are all there is to know. One pass
+            # over the node: the score's sums, and for such a pod each device's verdict.
             if quick:
-                # reference_fit's walk, for a pod that is one plain row: each device's verdict is
-                # its own (no quota, NUMA group, partition plan or earlier row links them), so the
-                # node fits when enough devices pass, and a failing node's counts are the same
-                # whatever the order. Devices are ordered and picked only where the node would
-                # become the winner; elsewhere the outcome and the score are all there is to know.
-                # One pass over the node: the score's sums and each device's verdict.
                 memset(counts, 0, sizeof(counts))
-                for k in range(n):
-                    j = off + k
-                    s_u += used[j]
-                    s_c += count[j]
-                    s_uc += used_cores[j]
-                    s_tc += total_cores[j]
-                    s_um += used_mem[j]
-                    s_tm += total_mem[j]
-                    if vendor[j] != q_v:
-                        continue
-                    ncands += 1
-                    if dev_mig[j]:
-                        any_mig = True
-                    if any_mig:
-                        continue
-                    if not health[j]:
-                        counts[CARD_NOT_HEALTH] += 1
-                        continue
-                    m = mask[j] if has_mask else 0
-                    if m == 0:
-                        m = slot_reason(count[j], used[j], q_first_slots, q_exclusive, mutex)
-                    if m == 0:
-                        m = share_reason(count[j], total_mem[j], total_cores[j], used[j], used_mem[j], used_cores[j],
-                                         resolve_mem(q_memreq, q_mempct, total_mem[j]), q_cores, 1, q_free_cores,
-                                         q_equal_share)
-                    if m:
-                        counts[m] += 1
-                    else:
-                        npicked += 1
-            else:
-                for k in range(n):      # the node score's sums
-                    j = off + k
-                    s_u += used[j]
-                    s_c += count[j]
-                    s_uc += used_cores[j]
-                    s_tc += total_cores[j]
-                    s_um += used_mem[j]
-                    s_tm += total_mem[j]
+            for k in range(n):
+                j = off + k
+                s_u += used[j]
+                s_c += count[j]
+                s_uc += used_cores[j]
+                s_tc += total_cores[j]
+                s_um += used_mem[j]
+                s_tm += total_mem[j]
+                if not quick or vendor[j] != q_v:
+                    continue
+                ncands += 1
+                if dev_mig[j]:
+                    any_mig = True
+                if any_mig:
+                    continue
+                if not health[j]:
+                    counts[CARD_NOT_HEALTH] += 1
+                    continue
+                m = mask[j] if has_mask else 0
+                if m == 0:
+                    m = slot_reason(count[j], used[j], q_first_slots, q_exclusive, mutex)
+                if m == 0:
+                    m = share_reason(count[j], total_mem[j], total_cores[j], used[j], used_mem[j], used_cores[j],
+                                     resolve_mem(q_memreq, q_mempct, total_mem[j]), q_cores, 1, q_free_cores,
+                                     q_equal_share)
+                if m:
+                    counts[m] += 1
+                else:
+                    npicked += 1
             if s_c == 0 or s_tc == 0 or s_tm == 0:
                 node_score = 0.0
             else:

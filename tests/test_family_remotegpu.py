@@ -474,40 +474,41 @@ async def test_a_remote_only_pod_goes_to_a_node_without_devices_by_the_node_poli
         assert_books_balance(app)
 
 
-async def test_filter_mode_all_ranks_device_less_nodes_first(api):
+@contextlib.asynccontextmanager
+async def all_mode_scheduler(api):
+    """A scheduler in --filter-mode=all with the family on, and an extender client to it."""
     from hami_py.embedded import embedded_options
     async with running_scheduler(api, options=embedded_options(filter_mode="all"),
                                  device_config=device_config()) as app:
         extender = ExtenderClient(app.url)
         try:
-            names = await cluster(api, app, *_big_fleet())
-            pod, result = await filter_pod(api, extender, remote_pod("p", asks(1)), names)
-            assert sorted(result["NodeNames"]) == ["cpu-1", "cpu-2", "local"], result
-            scores = {h["Host"]: h["Score"] for h in await extender.prioritize(pod, result["NodeNames"])}
-            assert scores["cpu-1"] == scores["cpu-2"] > scores["local"], scores
+            yield app, extender
         finally:
             await extender.close()
+
+
+async def test_filter_mode_all_ranks_device_less_nodes_first(api):
+    async with all_mode_scheduler(api) as (app, extender):
+        names = await cluster(api, app, *_big_fleet())
+        pod, result = await filter_pod(api, extender, remote_pod("p", asks(1)), names)
+        assert sorted(result["NodeNames"]) == ["cpu-1", "cpu-2", "local"], result
+        scores = {h["Host"]: h["Score"] for h in await extender.prioritize(pod, result["NodeNames"])}
+        assert scores["cpu-1"] == scores["cpu-2"] > scores["local"], scores
 
 
 async def test_filter_mode_all_lists_every_client_and_the_bind_takes_the_server(api):
-    from hami_py.embedded import embedded_options
-    async with running_scheduler(api, options=embedded_options(filter_mode="all"),
-                                 device_config=device_config()) as app:
-        extender = ExtenderClient(app.url)
-        try:
-            names = await cluster(api, app, *fleet())
-            pod, result = await filter_pod(api, extender, remote_pod("p", asks(1)), names)
-            assert sorted(result["NodeNames"]) == ["cpu-1", "cpu-2"], result
-            assert (await extender.bind(pod, "cpu-2")) == {"Error": ""}
-            stored = api.get("pods", "p", namespace="default")
-            ann = stored["metadata"]["annotations"]
-            assert (stored["spec"]["nodeName"], ann[ALLOCATED], ann[ENDPOINT]) == \
-                ("cpu-2", "gpu-b/GPU-B0,RemoteGPU,81920,100:;", "127.0.0.3:14833")
-            await pod_events_applied(app, stored)
-            assert usage(app, "gpu-b") == {"gpu-b/GPU-B0": (1, 81920, 100)}
-            assert_books_balance(app)
-        finally:
-            await extender.close()
+    async with all_mode_scheduler(api) as (app, extender):
+        names = await cluster(api, app, *fleet())
+        pod, result = await filter_pod(api, extender, remote_pod("p", asks(1)), names)
+        assert sorted(result["NodeNames"]) == ["cpu-1", "cpu-2"], result
+        assert (await extender.bind(pod, "cpu-2")) == {"Error": ""}
+        stored = api.get("pods", "p", namespace="default")
+        ann = stored["metadata"]["annotations"]
+        assert (stored["spec"]["nodeName"], ann[ALLOCATED], ann[ENDPOINT]) == \
+            ("cpu-2", "gpu-b/GPU-B0,RemoteGPU,81920,100:;", "127.0.0.3:14833")
+        await pod_events_applied(app, stored)
+        assert usage(app, "gpu-b") == {"gpu-b/GPU-B0": (1, 81920, 100)}
+        assert_books_balance(app)
 
 
 def test_the_books_follow_the_server_node_away_and_back():
