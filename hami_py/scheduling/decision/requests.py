@@ -91,32 +91,22 @@ class Askers:
         return [pairs[position] for position in sorted(chosen)]
 
 
-# One Askers per vendors mapping: found by the mapping's identity (the scheduler's, a planning
-# tool's, a test's, built once and never changed after), else by its contents (a caller passing a
-# fresh copy each time). A few of each are kept, the oldest dropped first; an Askers holds its
-# vendors, so the ids in a contents key stay theirs while it is kept.
+# One Askers per vendors mapping, found by the mapping's identity (the scheduler's, a planning
+# tool's, a test's: built once and never changed after). A few are kept, the oldest dropped first;
+# an entry holds its mapping, so its id stays that mapping's while it is kept.
 _BY_ID: dict[int, tuple[dict, Askers]] = {}
-_BY_CONTENTS: dict[tuple, Askers] = {}
 _KEPT = 8
-
-
-def _keep(cache: dict, key, value) -> None:
-    cache.pop(key, None)
-    if len(cache) >= _KEPT:
-        cache.pop(next(iter(cache)))
-    cache[key] = value
 
 
 def askers_of(vendors: dict[str, DeviceVendor]) -> Askers:
     known = _BY_ID.get(id(vendors))
     if known is not None and known[0] is vendors and known[1].size == len(vendors):
         return known[1]
-    contents = tuple((key, id(vendor)) for key, vendor in vendors.items())
-    askers = _BY_CONTENTS.get(contents)
-    if askers is None:
-        askers = Askers(vendors)
-        _keep(_BY_CONTENTS, contents, askers)
-    _keep(_BY_ID, id(vendors), (vendors, askers))
+    askers = Askers(vendors)
+    _BY_ID.pop(id(vendors), None)
+    if len(_BY_ID) >= _KEPT:
+        _BY_ID.pop(next(iter(_BY_ID)))
+    _BY_ID[id(vendors)] = (vendors, askers)
     return askers
 
 

@@ -178,7 +178,7 @@ class Refitter:
             raise RefitRefused(f"pod {key} is not bound to node {req.node}")
         annotations = dict(meta.get("annotations") or {})
         try:
-            request = parse_pod_requests(pod, dict(self.vendors), self.cache.vendor_ids)
+            request = parse_pod_requests(pod, self.vendors, self.cache.vendor_ids)
         except RequestError as exc:
             raise RefitRefused(f"pod {key}: {exc}") from None
         if request is None:
